@@ -1,0 +1,62 @@
+"""Reference activations for a token batch, computed once and kept on disk.
+
+The key is (weights fingerprint, tokens, library versions), so grading a second time runs no
+reference forward pass, and a library upgrade or other weights never serve stale arrays.
+"""
+import hashlib
+import json
+
+import torch
+
+from graders.paths import cache_dir
+
+FORMAT = 1
+PER_BLOCK_HOOKS = (
+    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "ln1.hook_out",
+    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
+    "attn.hook_z", "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
+    "ln2.hook_out", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+)
+FINAL_HOOKS = ("ln_final.hook_scale", "ln_final.hook_normalized", "ln_final.hook_out")
+
+
+def graded_hooks(n_layers: int) -> list[str]:
+    """The hook names the course grades, in forward order (logits last, under "logits")."""
+    names = ["hook_embed", "hook_pos_embed"]
+    names += [f"blocks.{i}.{h}" for i in range(n_layers) for h in PER_BLOCK_HOOKS]
+    return names + list(FINAL_HOOKS) + ["logits"]
+
+
+def _key(fingerprint: str, tokens: torch.Tensor) -> str:
+    from importlib.metadata import version
+
+    parts = {
+        "format": FORMAT, "weights": fingerprint, "tokens": tokens.tolist(),
+        "versions": [version(p) for p in ("torch", "transformers", "transformer-lens", "numpy")],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def reference_activations(reference, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every graded activation of `reference` (a graders.reference.Reference) on `tokens`."""
+    from safetensors.torch import load_file, save_file
+
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    path = cache_dir("activations") / f"{_key(reference.fingerprint, tokens)}.safetensors"
+    if path.is_file():
+        try:
+            return load_file(path)
+        except Exception:  # a truncated or corrupt file: recompute it
+            path.unlink(missing_ok=True)
+    bridge = reference.bridge
+    names = graded_hooks(bridge.cfg.n_layers)
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(tokens, names_filter=lambda n: n in names)
+    acts = {n: cache[n].detach().to(torch.float32).clone() for n in names if n != "logits"}
+    acts["logits"] = logits.detach().to(torch.float32).contiguous()
+    partial = path.with_suffix(".tmp")
+    save_file(acts, partial)
+    partial.replace(path)  # atomic: a reader never sees half a file
+    return acts

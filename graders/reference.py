@@ -1,0 +1,162 @@
+"""The reference GPT-2 small, as a TransformerLens 4 `TransformerBridge`.
+
+One setting picks the weights: the argument `source`, else `$GPT2_COURSE_WEIGHTS`, else `auto`.
+- `pretrained`: the real openai-community/gpt2, from `$GPT2_COURSE_PRETRAINED_DIR` (a folder in
+  Hugging Face format) or the local Hugging Face cache. Never downloads: `python -m
+  graders.reference download` does that, once, on a machine with internet.
+- `synthetic`: the deterministic stand-in of :mod:`graders.synthetic`, generated once into the
+  course cache and checked against its sha256 fingerprint on every load.
+- `auto`: pretrained when it is on disk, otherwise synthetic; one line says which.
+
+Both go through the same path: a Hugging Face `GPT2LMHeadModel` booted into a bridge in
+compatibility mode with no weight processing, so the hooks see the plain GPT-2 forward.
+"""
+import json
+import os
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from graders import synthetic
+from graders.paths import cache_dir
+
+SOURCE_ENV = "GPT2_COURSE_WEIGHTS"
+PRETRAINED_DIR_ENV = "GPT2_COURSE_PRETRAINED_DIR"
+HUB_NAME = "openai-community/gpt2"
+SOURCES = ("auto", "pretrained", "synthetic")
+
+
+class ReferenceUnavailable(RuntimeError):
+    """The requested reference weights are not on this machine."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    bridge: "object"        # transformer_lens.model_bridge.TransformerBridge
+    hf_model: "object"      # the transformers GPT2LMHeadModel inside the bridge
+    tokenizer: "object"     # Hugging Face tokenizer (prepends BOS)
+    source: str             # "pretrained" or "synthetic"
+    fingerprint: str        # sha256 over the weights
+    label: str              # one line saying which weights these are
+
+
+def _chosen_source(source: str | None) -> str:
+    chosen = (source or os.environ.get(SOURCE_ENV) or "auto").strip().lower()
+    if chosen not in SOURCES:
+        raise ValueError(
+            f"Unknown reference source {chosen!r} (from the argument or ${SOURCE_ENV}); "
+            f"choose one of {', '.join(SOURCES)}."
+        )
+    return chosen
+
+
+def _load_hf(where):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(
+        where, local_files_only=True, attn_implementation="eager", dtype=torch.float32
+    )
+
+
+def _pretrained_model():
+    """The real GPT-2 from a named folder or the Hugging Face cache, without network access."""
+    folder = os.environ.get(PRETRAINED_DIR_ENV)
+    where = folder or HUB_NAME
+    try:
+        model = _load_hf(where)
+    except (OSError, ValueError) as err:
+        raise ReferenceUnavailable(
+            f"The pretrained GPT-2 weights are not on this machine (looked in "
+            f"{folder or 'the Hugging Face cache'}). With internet, run "
+            f"`.venv/bin/python -m graders.reference download`; offline, copy a Hugging Face "
+            f"folder of {HUB_NAME} here and set ${PRETRAINED_DIR_ENV} to it. Or use the "
+            f"synthetic reference: ${SOURCE_ENV}=synthetic."
+        ) from err
+    digest = synthetic.fingerprint(model.state_dict())
+    return model, digest, f"pretrained GPT-2 small ({where}, sha256 {digest[:12]})"
+
+
+def _synthetic_model():
+    """The synthetic reference from the cache, (re)generated when missing or corrupt."""
+    folder = cache_dir(f"synthetic-gpt2-v{synthetic.VERSION}")
+    expected = synthetic.expected_fingerprint()
+    for attempt in range(2):
+        if attempt or not (folder / "config.json").is_file():
+            print(f"Generating the synthetic GPT-2 reference in {folder} ...", file=sys.stderr)
+            synthetic.write_synthetic(folder)
+        try:
+            model = _load_hf(folder)
+        except (OSError, ValueError, RuntimeError):
+            continue
+        if synthetic.fingerprint(model.state_dict()) == expected:
+            label = f"synthetic GPT-2-small-shaped reference (seed {synthetic.SEED}, sha256 {expected[:12]})"
+            return model, expected, label
+    raise RuntimeError(
+        f"The synthetic reference generated in {folder} does not match the committed "
+        f"fingerprint {expected[:12]} (data/synthetic_gpt2.json): numpy produced different "
+        "numbers on this platform. Please report it with `pip freeze`."
+    )
+
+
+def _boot(hf_model):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from graders.tokenizer import hf_tokenizer
+
+    hf_model.eval()
+    bridge = TransformerBridge.boot_transformers(
+        HUB_NAME, hf_model=hf_model, tokenizer=hf_tokenizer(), device="cpu"
+    )
+    bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+    return bridge
+
+
+@lru_cache(maxsize=None)
+def load_reference(source: str | None = None, quiet: bool = False) -> Reference:
+    """The reference model, its tokenizer, and a label saying which weights they are."""
+    chosen = _chosen_source(source)
+    if chosen == "auto":
+        try:
+            model, digest, label = _pretrained_model()
+            chosen = "pretrained"
+        except ReferenceUnavailable:
+            model, digest, label = _synthetic_model()
+            chosen = "synthetic"
+    elif chosen == "pretrained":
+        model, digest, label = _pretrained_model()
+    else:
+        model, digest, label = _synthetic_model()
+    bridge = _boot(model)
+    if not quiet:
+        print(f"Reference: {label}")
+    return Reference(
+        bridge=bridge, hf_model=model, tokenizer=bridge.tokenizer, source=chosen,
+        fingerprint=digest, label=label,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m graders.reference", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["show", "download"],
+                        help="show: load the reference and print which it is; "
+                             "download: fetch the real GPT-2 into the Hugging Face cache (online)")
+    args = parser.parse_args(argv)
+    if args.command == "download":
+        from transformers import GPT2LMHeadModel
+
+        GPT2LMHeadModel.from_pretrained(HUB_NAME)
+        print(f"Downloaded {HUB_NAME}; `auto` now uses it.")
+        return 0
+    reference = load_reference()
+    print(f"source={reference.source} fingerprint={reference.fingerprint}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

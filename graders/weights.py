@@ -1,0 +1,88 @@
+"""Reference weights under the course's names and shapes, and strict loading into learner modules.
+
+Names follow the learner's `DemoTransformer`: `embed.W_E`, `pos_embed.W_pos`,
+`blocks.{i}.ln1.w`, `blocks.{i}.attn.W_Q`, ..., `ln_final.b`, `unembed.W_U`, `unembed.b_U`.
+"""
+import einops
+import torch
+from torch import nn
+
+
+def course_weights(hf_model) -> dict[str, torch.Tensor]:
+    """Every reference weight by course name, converted from a Hugging Face GPT2LMHeadModel."""
+    cfg = hf_model.config
+    n_heads, d_model = cfg.n_head, cfg.n_embd
+    sd = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+    weights = {
+        "embed.W_E": sd["transformer.wte.weight"],                      # [d_vocab, d_model]
+        "pos_embed.W_pos": sd["transformer.wpe.weight"],                # [n_ctx, d_model]
+        "ln_final.w": sd["transformer.ln_f.weight"],
+        "ln_final.b": sd["transformer.ln_f.bias"],
+        "unembed.W_U": sd["transformer.wte.weight"].T.contiguous(),     # [d_model, d_vocab]
+        "unembed.b_U": torch.zeros(cfg.vocab_size),                     # GPT-2 has no unembed bias
+    }
+    for i in range(cfg.n_layer):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        # Conv1D stores [in, out]; c_attn's out is q, k, v side by side, each head-major.
+        w_q, w_k, w_v = sd[h + "attn.c_attn.weight"].split(d_model, dim=1)
+        b_q, b_k, b_v = sd[h + "attn.c_attn.bias"].split(d_model)
+        for name, w in (("W_Q", w_q), ("W_K", w_k), ("W_V", w_v)):
+            weights[b + "attn." + name] = einops.rearrange(
+                w, "d_model (n_heads d_head) -> n_heads d_model d_head", n_heads=n_heads)
+        for name, bias in (("b_Q", b_q), ("b_K", b_k), ("b_V", b_v)):
+            weights[b + "attn." + name] = einops.rearrange(
+                bias, "(n_heads d_head) -> n_heads d_head", n_heads=n_heads)
+        weights[b + "attn.W_O"] = einops.rearrange(
+            sd[h + "attn.c_proj.weight"], "(n_heads d_head) d_model -> n_heads d_head d_model",
+            n_heads=n_heads)
+        weights[b + "attn.b_O"] = sd[h + "attn.c_proj.bias"]
+        for ln, hf_ln in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            weights[b + ln + ".w"] = sd[h + hf_ln + ".weight"]
+            weights[b + ln + ".b"] = sd[h + hf_ln + ".bias"]
+        weights[b + "mlp.W_in"] = sd[h + "mlp.c_fc.weight"]             # [d_model, d_mlp]
+        weights[b + "mlp.b_in"] = sd[h + "mlp.c_fc.bias"]
+        weights[b + "mlp.W_out"] = sd[h + "mlp.c_proj.weight"]          # [d_mlp, d_model]
+        weights[b + "mlp.b_out"] = sd[h + "mlp.c_proj.bias"]
+    return {k: v.to(torch.float32).contiguous() for k, v in weights.items()}
+
+
+def component(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The slice of `weights` under `prefix` (e.g. "blocks.3.attn"), with the prefix removed."""
+    head = prefix.rstrip(".") + "."
+    part = {k[len(head):]: v for k, v in weights.items() if k.startswith(head)}
+    if not part:
+        raise KeyError(f"No reference weights under {prefix!r}.")
+    return part
+
+
+class WeightLoadError(ValueError):
+    """The learner's module does not have the parameters the course expects."""
+
+
+def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], what: str = "module") -> nn.Module:
+    """Copy `weights` into `module`, naming every missing, unexpected or mis-shaped parameter."""
+    if not isinstance(module, nn.Module):
+        raise WeightLoadError(
+            f"Expected your {what} to be a torch.nn.Module, got {type(module).__name__}. "
+            "Did you forget to subclass nn.Module or to call super().__init__()?")
+    own = module.state_dict()
+    problems = []
+    for name, tensor in weights.items():
+        if name not in own:
+            problems.append(f"  missing: {name} with shape {list(tensor.shape)}")
+        elif own[name].shape != tensor.shape:
+            problems.append(f"  wrong shape: {name} is {list(own[name].shape)}, "
+                            f"expected {list(tensor.shape)}")
+    for name in own:
+        if name not in weights:
+            problems.append(f"  unexpected: {name} with shape {list(own[name].shape)} "
+                            "(the course's version has no such parameter or buffer)")
+    if problems:
+        raise WeightLoadError(
+            f"Your {what} cannot take the reference weights:\n" + "\n".join(problems) +
+            "\nName parameters exactly as in the exercise (nn.Parameter attributes, "
+            "submodules as attributes), and register helper constants as "
+            "non-persistent buffers (register_buffer(..., persistent=False)).")
+    with torch.no_grad():
+        module.load_state_dict({k: v.clone() for k, v in weights.items()}, strict=True)
+    return module
