@@ -13,7 +13,6 @@ compatibility mode with no weight processing, so the hooks see the plain GPT-2 f
 """
 import json
 import os
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +36,7 @@ class ReferenceUnavailable(RuntimeError):
 class Reference:
     bridge: "object"        # transformer_lens.model_bridge.TransformerBridge
     hf_model: "object"      # the transformers GPT2LMHeadModel inside the bridge
+    state_dict: dict        # its Hugging Face-named weights, taken before the bridge wrapped it
     tokenizer: "object"     # Hugging Face tokenizer (prepends BOS)
     source: str             # "pretrained" or "synthetic"
     fingerprint: str        # sha256 over the weights
@@ -55,7 +55,10 @@ def _chosen_source(source: str | None) -> str:
 
 def _load_hf(where):
     from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # progress bars go to stderr, which nbgrader punishes
+    hf_logging.set_verbosity_error()
     return GPT2LMHeadModel.from_pretrained(
         where, local_files_only=True, attn_implementation="eager", dtype=torch.float32
     )
@@ -85,7 +88,7 @@ def _synthetic_model():
     expected = synthetic.expected_fingerprint()
     for attempt in range(2):
         if attempt or not (folder / "config.json").is_file():
-            print(f"Generating the synthetic GPT-2 reference in {folder} ...", file=sys.stderr)
+            print(f"Generating the synthetic GPT-2 reference in {folder} ...")
             synthetic.write_synthetic(folder)
         try:
             model = _load_hf(folder)
@@ -129,11 +132,12 @@ def load_reference(source: str | None = None, quiet: bool = False) -> Reference:
         model, digest, label = _pretrained_model()
     else:
         model, digest, label = _synthetic_model()
+    state = {k: v.detach() for k, v in model.state_dict().items()}
     bridge = _boot(model)
     if not quiet:
         print(f"Reference: {label}")
     return Reference(
-        bridge=bridge, hf_model=model, tokenizer=bridge.tokenizer, source=chosen,
+        bridge=bridge, hf_model=model, state_dict=state, tokenizer=bridge.tokenizer, source=chosen,
         fingerprint=digest, label=label,
     )
 

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 
-def course_weights(hf_model) -> dict[str, torch.Tensor]:
-    """Every reference weight by course name, converted from a Hugging Face GPT2LMHeadModel."""
-    cfg = hf_model.config
+def course_weights(reference) -> dict[str, torch.Tensor]:
+    """Every reference weight by course name, from a graders.reference.Reference."""
+    cfg = reference.hf_model.config
     n_heads, d_model = cfg.n_head, cfg.n_embd
-    sd = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+    sd = reference.state_dict
     weights = {
         "embed.W_E": sd["transformer.wte.weight"],                      # [d_vocab, d_model]
         "pos_embed.W_pos": sd["transformer.wpe.weight"],                # [n_ctx, d_model]
@@ -43,7 +43,7 @@ def course_weights(hf_model) -> dict[str, torch.Tensor]:
         weights[b + "mlp.b_in"] = sd[h + "mlp.c_fc.bias"]
         weights[b + "mlp.W_out"] = sd[h + "mlp.c_proj.weight"]          # [d_mlp, d_model]
         weights[b + "mlp.b_out"] = sd[h + "mlp.c_proj.bias"]
-    return {k: v.to(torch.float32).contiguous() for k, v in weights.items()}
+    return {k: v.to(torch.float32).contiguous().clone() for k, v in weights.items()}
 
 
 def component(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

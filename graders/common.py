@@ -1,0 +1,115 @@
+"""What every notebook's grader shares: the reference, its weights, and the grading cases."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from graders.config import Config
+
+REFERENCE_TEXT = ("I am an amazing autoregressive, decoder-only, GPT-2 style transformer. "
+                  "One day I will exceed human level intelligence and take over the world!")
+
+
+@dataclass(frozen=True)
+class Case:
+    """The inputs of one check. Visible checks use the defaults; hidden tests vary them."""
+    text: str | None = REFERENCE_TEXT   # a text, or None for random tokens from `seed`
+    seed: int = 0
+    batch: int = 1
+    seq: int = 20                       # length of random token sequences
+    block: int = 0                      # which transformer block's weights and activations
+
+    def tokens(self) -> torch.Tensor:
+        if self.text is not None:
+            from graders.tokenizer import to_tokens
+
+            return to_tokens([self.text] * self.batch)
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.randint(0, Config().d_vocab, (self.batch, self.seq), generator=generator)
+
+    def describe(self) -> str:
+        what = "the reference text" if self.text == REFERENCE_TEXT else (
+            f"text {self.text[:30]!r}" if self.text else f"random tokens (seed {self.seed})")
+        return f"{what}, batch {self.batch}, block {self.block}"
+
+
+@lru_cache(maxsize=1)
+def reference():
+    """The reference model (loaded once per process; prints which weights it is)."""
+    from graders.reference import load_reference
+
+    return load_reference()
+
+
+@lru_cache(maxsize=1)
+def weights() -> dict[str, torch.Tensor]:
+    """All reference weights under the course's names."""
+    from graders.weights import course_weights
+
+    return course_weights(reference())
+
+
+def part(prefix: str) -> dict[str, torch.Tensor]:
+    from graders.weights import component
+
+    return component(weights(), prefix)
+
+
+def activations(case: Case) -> dict[str, torch.Tensor]:
+    from graders.activations import reference_activations
+
+    return reference_activations(reference(), case.tokens())
+
+
+def rand_float(seed: int, *shape: int) -> torch.Tensor:
+    """Random fp32 input for shape checks, as in the classic rand_float_test."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def rand_int(seed: int, *shape: int) -> torch.Tensor:
+    """Random token ids for shape checks, as in the classic rand_int_test."""
+    return torch.randint(100, 1000, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def loaded(what: str, cls, prefix: str, cfg: Config | None = None):
+    """The learner's module built with `cfg` and strictly loaded with the reference `prefix`."""
+    from graders.engine import CheckFailed, build_module
+    from graders.weights import WeightLoadError, load_strict
+
+    module = build_module(what, cls, cfg or Config())
+    try:
+        return load_strict(module, part(prefix), what)
+    except WeightLoadError as err:
+        raise CheckFailed(str(err)) from None
+
+
+EXERCISES: dict[str, "Exercise"] = {}
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise: `produce` runs learner code, `judge` decides without running it."""
+    name: str
+    produce: "object"   # (learner object, Case) -> dict[str, Tensor]
+    judge: "object"     # (Case, outputs) -> None, raises CheckFailed
+
+    def __post_init__(self):
+        EXERCISES[self.name] = self
+
+    def check(self, learner, **case) -> None:
+        """Grade `learner` on one case; print a line when it passes, raise with a diagnosis if not."""
+        import contextlib
+        import sys
+        import warnings
+
+        from graders.engine import ok
+
+        chosen = Case(**case)
+        # Library warnings and progress bars go to stdout: nbgrader zeroes a test cell that
+        # wrote anything to stderr, even when every check in it passed.
+        with contextlib.redirect_stderr(sys.stdout), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.judge(chosen, self.produce(learner, chosen))
+        ok(f"{self.name}: correct on {chosen.describe()}.")

@@ -1,0 +1,80 @@
+"""Grader for 01_layernorm: `LayerNorm` against the reference's ln1 / ln2 / ln_final."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graders.common import Case, Exercise, activations, loaded, part, rand_float
+from graders.config import Config
+from graders.engine import CheckFailed, Forbidden, check_shape, compare, run_learner
+
+DIMS = ("batch", "position", "d_model")
+FORBIDDEN = Forbidden(
+    "LayerNorm",
+    targets=[(F, "layer_norm"), (torch, "layer_norm"), (nn.LayerNorm, "forward"),
+             (F, "group_norm"), (F, "instance_norm")],
+    source_words=["nn.LayerNorm", "F.layer_norm", "layer_norm", "functional.layer_norm"],
+)
+
+
+def _where(case: Case) -> tuple[str, str, str]:
+    """(weights prefix, input hook, output hook) graded for this case's block."""
+    if case.block == -1:
+        return "ln_final", "blocks.11.hook_resid_post", "ln_final.hook_out"
+    b = f"blocks.{case.block}"
+    return f"{b}.ln1", f"{b}.hook_resid_pre", f"{b}.ln1.hook_out"
+
+
+def layernorm_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5):
+    """What the usual LayerNorm mistakes output on `x`, by description."""
+    centred = x - x.mean(-1, keepdim=True)
+    pop_var = centred.pow(2).mean(-1, keepdim=True)
+    return {
+        "sample variance (divides by d_model - 1): use var(..., unbiased=False) or mean of squares":
+            centred / (x.var(-1, keepdim=True, unbiased=True) + eps).sqrt() * w + b,
+        "eps added outside the square root: it belongs inside, sqrt(var + eps)":
+            centred / (pop_var.sqrt() + eps) * w + b,
+        "the mean is not subtracted before dividing (centre first)":
+            x / (pop_var + eps).sqrt() * w + b,
+        "the learned scale w is not applied": centred / (pop_var + eps).sqrt() + b,
+        "the learned shift b is not added": centred / (pop_var + eps).sqrt() * w,
+        "dividing by the variance instead of the standard deviation":
+            centred / (pop_var + eps) * w + b,
+        "normalising over the wrong dimension (the last dimension, d_model, is the one)":
+            (x - x.mean(-2, keepdim=True)) / (x.var(-2, keepdim=True, unbiased=False) + eps).sqrt() * w + b,
+    }
+
+
+def produce_layernorm(LayerNorm, case: Case) -> dict:
+    prefix, source, _ = _where(case)
+    fresh = loaded("LayerNorm", LayerNorm, prefix)
+    random_input = rand_float(case.seed, 2, 4, Config().d_model)
+    x = activations(case)[source]
+    x_before = x.clone()
+    out = run_learner("LayerNorm", fresh, x, forbidden=FORBIDDEN)
+    return {
+        "random_out": run_learner("LayerNorm", fresh, random_input, forbidden=FORBIDDEN),
+        "out": out,
+        "input_modified": torch.tensor(not torch.equal(x, x_before)),
+    }
+
+
+def judge_layernorm(case: Case, outputs: dict) -> None:
+    prefix, source, target = _where(case)
+    check_shape("LayerNorm output on a random [2, 4, d_model] input", outputs["random_out"],
+                (2, 4, Config().d_model), DIMS)
+    if bool(outputs["input_modified"]):
+        raise CheckFailed("LayerNorm changed its input tensor in place (e.g. `x -= mean`). "
+                          "Compute a new tensor instead (`x = x - mean`): the residual stream "
+                          "must not be modified by reading it.")
+    acts, w = activations(case), part(prefix)
+    compare(f"LayerNorm output ({prefix})", outputs["out"], acts[target], DIMS,
+            mistakes=layernorm_mistakes(acts[source], w["w"], w["b"]),
+            hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
+
+
+layernorm = Exercise("LayerNorm", produce_layernorm, judge_layernorm)
+
+
+def check_layernorm(LayerNorm, **case) -> None:
+    """Grade the learner's `LayerNorm` class (visible check: block 0 on the reference text)."""
+    layernorm.check(LayerNorm, **case)

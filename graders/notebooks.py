@@ -1,0 +1,82 @@
+"""Exercises are generated from the solution notebooks by nbgrader, never edited by hand.
+
+`python -m graders.notebooks exercises` (what `make exercises` runs) rewrites `exercises/` from
+`solutions/`; `python -m graders.notebooks release DIR` writes the same student versions into
+an nbgrader course folder an instructor can hand out.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+
+
+def notebook_names() -> list[str]:
+    """The course's notebooks in teaching order (their file stems)."""
+    return sorted(p.stem for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def venv_env() -> dict:
+    """The environment with this interpreter's bin/ first on PATH (nbgrader calls `alembic`)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
+    """Run nbgrader generate_assignment on each solution notebook; write the results to out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory() as course:
+        for name in names or notebook_names():
+            source = Path(course, "source", name)
+            source.mkdir(parents=True)
+            shutil.copy(SOLUTIONS / f"{name}.ipynb", source / f"{name}.ipynb")
+            subprocess.run(
+                [sys.executable, "-m", "nbgrader", "generate_assignment", name, "--force",
+                 f"--CourseDirectory.root={course}", "--log-level=ERROR"],
+                check=True, cwd=course, env=venv_env(),
+            )
+            target = out_dir / f"{name}.ipynb"
+            shutil.copy(Path(course, "release", name, f"{name}.ipynb"), target)
+            written.append(target)
+    return written
+
+
+def stripped(path: Path) -> dict:
+    """A notebook's JSON without outputs or execution counts (what we commit)."""
+    notebook = json.loads(path.read_text())
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    return notebook
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m graders.notebooks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
+    release = sub.add_parser("release", help="write student notebooks into an nbgrader course folder")
+    release.add_argument("course_dir", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "exercises":
+        for path in generate(EXERCISES):
+            print(f"wrote {path.relative_to(ROOT)}")
+    else:
+        for name in notebook_names():
+            for path in generate(args.course_dir / "release" / name, [name]):
+                print(f"released {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

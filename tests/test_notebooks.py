@@ -1,0 +1,51 @@
+"""Solutions pass every test cell, untouched exercises fail every one, and the two stay in sync."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from graders.notebooks import EXERCISES, SOLUTIONS, generate, notebook_names, stripped, venv_env
+
+NAMES = notebook_names()
+
+
+def _validate(path, invert=False) -> str:
+    command = [sys.executable, "-m", "nbgrader", "validate", str(path)]
+    if invert:
+        command.append("--invert")
+    run = subprocess.run(command, capture_output=True, text=True, env=venv_env(), timeout=900)
+    return run.stdout + run.stderr
+
+
+def _graded_cells(path) -> int:
+    cells = json.loads(path.read_text())["cells"]
+    return sum(1 for c in cells if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_solution_passes_every_test_cell(name):
+    output = _validate(SOLUTIONS / f"{name}.ipynb")
+    assert "Success! Your notebook passes all the tests." in output, output[-3000:]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if _graded_cells(SOLUTIONS / f"{n}.ipynb")])
+def test_untouched_exercise_fails_every_test_cell(name):
+    output = _validate(EXERCISES / f"{name}.ipynb", invert=True)
+    assert "Success! The notebook does not pass any tests." in output, output[-3000:]
+
+
+def test_exercises_are_generated_from_solutions(tmp_path):
+    generate(tmp_path)
+    fresh = sorted(p.name for p in tmp_path.glob("*.ipynb"))
+    assert fresh == sorted(p.name for p in EXERCISES.glob("*.ipynb")), \
+        "exercises/ and solutions/ hold different notebooks: run `make exercises`"
+    for name in fresh:
+        assert stripped(tmp_path / name) == json.loads((EXERCISES / name).read_text()), \
+            f"exercises/{name} is out of date with solutions/: run `make exercises`"
+
+
+@pytest.mark.parametrize("path", sorted(SOLUTIONS.glob("*.ipynb")) + sorted(EXERCISES.glob("*.ipynb")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_notebooks_are_committed_without_outputs(path):
+    assert json.loads(path.read_text()) == stripped(path), f"{path} has outputs: clear them"
