@@ -44,6 +44,11 @@ def layernorm_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
     }
 
 
+def _quiet(x: torch.Tensor) -> torch.Tensor:
+    """`x` shrunk until its variance is about eps: where eps's place in the formula shows."""
+    return x * (1e-5 / x.var(-1, keepdim=True, unbiased=False).mean()).sqrt()
+
+
 def produce_layernorm(LayerNorm, case: Case) -> dict:
     prefix, source, _ = _where(case)
     fresh = loaded("LayerNorm", LayerNorm, prefix)
@@ -54,6 +59,7 @@ def produce_layernorm(LayerNorm, case: Case) -> dict:
     return {
         "random_out": run_learner("LayerNorm", fresh, random_input, forbidden=FORBIDDEN),
         "out": out,
+        "quiet_out": run_learner("LayerNorm", fresh, _quiet(x), forbidden=FORBIDDEN),
         "input_modified": torch.tensor(not torch.equal(x, x_before)),
     }
 
@@ -70,6 +76,12 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
     compare(f"LayerNorm output ({prefix})", outputs["out"], acts[target], DIMS,
             mistakes=layernorm_mistakes(acts[source], w["w"], w["b"]),
             hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
+    # Real residuals have a variance far above eps; this input's is about eps, so it matters.
+    quiet = _quiet(acts[source])
+    compare(f"LayerNorm output ({prefix}) on a residual with variance close to eps",
+            outputs["quiet_out"], F.layer_norm(quiet, quiet.shape[-1:], w["w"], w["b"], 1e-5), DIMS,
+            mistakes=layernorm_mistakes(quiet, w["w"], w["b"]),
+            hint="eps goes inside the square root: sqrt(var + eps).")
 
 
 layernorm = Exercise("LayerNorm", produce_layernorm, judge_layernorm)
