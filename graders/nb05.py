@@ -1,0 +1,257 @@
+"""Grader for 05_transformer_block: `TransformerBlock` (ln1, attn, ln2, mlp) against blocks.{i}.
+
+The learner wires the course's LayerNorm / Attention / MLP into a pre-norm residual block. When
+the block's output is wrong, the grader reports the FIRST activation in forward order that differs
+from the reference, read with forward hooks on the learner's own submodules:
+ln1.hook_out -> hook_attn_out -> hook_resid_mid (what goes into ln2) -> ln2.hook_out ->
+hook_mlp_out -> hook_resid_post.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from graders import components
+from graders.common import Case, Exercise, activations, loaded, part, rand_float
+from graders.config import Config
+from graders.engine import CheckFailed, Forbidden, check_shape, close, compare, run_learner
+from graders.weights import load_strict
+
+DIMS = ("batch", "position", "d_model")
+FORBIDDEN = Forbidden(
+    "TransformerBlock",
+    targets=[(components.TransformerBlock, "forward")],
+    source_words=["components.TransformerBlock", "nn.TransformerEncoderLayer", "nn.TransformerDecoderLayer"],
+)
+
+
+# --- Watching submodules with forward hooks (shared with nb06) ------------------------------
+
+class Recorder:
+    """Record (input, output) of every call of some named submodules while a forward runs.
+
+    Names that point at the same object (e.g. `self.ln2 = self.ln1`) share that object's calls in
+    order: the first name gets its first call, the second name its second call, and so on.
+    """
+
+    def __init__(self, named: dict[str, nn.Module]):
+        self.named = {n: m for n, m in named.items() if isinstance(m, nn.Module)}
+        self.calls: dict[int, list] = {}
+        self.handles = []
+
+    def __enter__(self):
+        for module in {id(m): m for m in self.named.values()}.values():
+            self.calls[id(module)] = []
+            self.handles.append(module.register_forward_hook(self._hook(id(module))))
+        return self
+
+    def _hook(self, key):
+        def record(module, inputs, output):
+            first = inputs[0] if inputs else None
+            self.calls[key].append((_keep(first), _keep(output)))
+        return record
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def call(self, name: str):
+        """(input, output) of the call that belongs to `name`, or None when there was none."""
+        if name not in self.named:
+            return None
+        module = self.named[name]
+        earlier = [n for n in self.named if n != name and self.named[n] is module]
+        index = sum(1 for n in earlier if list(self.named).index(n) < list(self.named).index(name))
+        calls = self.calls.get(id(module), [])
+        return calls[index] if index < len(calls) else None
+
+    def count(self, name: str) -> int:
+        module = self.named.get(name)
+        return len(self.calls.get(id(module), [])) if module is not None else 0
+
+
+def _keep(value):
+    return value.detach().clone() if isinstance(value, torch.Tensor) else None
+
+
+def _module(obj, attr):
+    value = getattr(obj, attr, None)
+    return value if isinstance(value, nn.Module) else None
+
+
+# --- What the learner's block computes, hook by hook ------------------------------------------
+
+HOOKS = ("ln1.hook_out", "hook_attn_out", "hook_resid_mid", "ln2.hook_out", "hook_mlp_out",
+         "hook_resid_post")
+SUBMODULES = ("ln1", "attn", "ln2", "mlp")
+HINTS = {
+    "ln1.hook_out": "ln1 must read the block's input resid_pre, before attention (pre-norm).",
+    "hook_attn_out": "attention reads ln1(resid_pre), not the raw residual stream.",
+    "hook_resid_mid": "resid_mid = resid_pre + attn_out is what ln2 reads.",
+    "ln2.hook_out": "ln2 normalises resid_mid.",
+    "hook_mlp_out": "the MLP reads ln2(resid_mid).",
+    "hook_resid_post": "resid_post = resid_mid + mlp_out.",
+}
+
+
+def block_trace(block: nn.Module, resid_pre: torch.Tensor, forward: Callable | None = None,
+                runner: Callable | None = None) -> dict:
+    """The block's graded activations, read with hooks on ln1/attn/ln2/mlp, plus call counts."""
+    named = {name: _module(block, name) for name in SUBMODULES}
+    run = forward or block
+    with Recorder(named) as rec:
+        out = runner(run, resid_pre) if runner else run(resid_pre)
+    trace = {}
+    for name, hook, which in (("ln1", "ln1.hook_out", 1), ("attn", "hook_attn_out", 1),
+                              ("ln2", "hook_resid_mid", 0), ("ln2", "ln2.hook_out", 1),
+                              ("mlp", "hook_mlp_out", 1)):
+        call = rec.call(name)
+        if call is not None and call[which] is not None:
+            trace[hook] = call[which]
+    trace["hook_resid_post"] = out
+    for name in SUBMODULES:
+        trace[f"calls.{name}"] = torch.tensor(rec.count(name))
+    trace["shared_ln"] = torch.tensor(named["ln1"] is not None and named["ln1"] is named["ln2"])
+    return trace
+
+
+def _reference_block(i: int) -> nn.Module:
+    return load_strict(components.TransformerBlock(Config()), part(f"blocks.{i}")).eval()
+
+
+# Each common mistake as a forward of a block with the course's submodules.
+BLOCK_MISTAKES: dict[str, Callable] = {
+    "post-norm (LayerNorm after each residual addition, as in the original Transformer): GPT-2 is "
+    "pre-norm, resid_mid = resid_pre + attn(ln1(resid_pre))":
+        lambda b, x: (lambda m: b.ln2(m + b.mlp(m)))(b.ln1(x + b.attn(x))),
+    "no residual connection around attention: resid_mid = resid_pre + attn_out, not attn_out alone":
+        lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(b.attn(b.ln1(x))),
+    "no residual connection around the MLP: resid_post = resid_mid + mlp_out, not mlp_out alone":
+        lambda b, x: (lambda m: b.mlp(b.ln2(m)))(x + b.attn(b.ln1(x))),
+    "no residual connections at all: each sublayer adds its output to the stream":
+        lambda b, x: b.mlp(b.ln2(b.attn(b.ln1(x)))),
+    "the same LayerNorm (ln1) is used before attention and before the MLP: the MLP reads "
+    "ln2(resid_mid), each sublayer has its own LayerNorm":
+        lambda b, x: (lambda m: m + b.mlp(b.ln1(m)))(x + b.attn(b.ln1(x))),
+    "the same LayerNorm (ln2) is used before attention and before the MLP: attention reads "
+    "ln1(resid_pre)":
+        lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(x + b.attn(b.ln2(x))),
+    "attention and MLP in parallel on one shared LayerNorm (GPT-J style): in GPT-2 the MLP reads "
+    "ln2(resid_mid), after attention":
+        lambda b, x: x + b.attn(b.ln1(x)) + b.mlp(b.ln1(x)),
+    "the MLP reads resid_pre instead of resid_mid, i.e. attention and MLP run in parallel "
+    "(GPT-J style): in GPT-2 ln2 normalises resid_mid = resid_pre + attn_out, after attention":
+        lambda b, x: x + b.attn(b.ln1(x)) + b.mlp(b.ln2(x)),
+    "the MLP branch is missing: the block returns resid_mid":
+        lambda b, x: x + b.attn(b.ln1(x)),
+    "attention reads the raw residual stream (ln1 is skipped)":
+        lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(x + b.attn(x)),
+    "the MLP reads the raw resid_mid (ln2 is skipped)":
+        lambda b, x: (lambda m: m + b.mlp(m))(x + b.attn(b.ln1(x))),
+}
+
+
+def mistake_traces(i: int, resid_pre: torch.Tensor) -> dict[str, dict]:
+    block = _reference_block(i)
+    traces = {}
+    with torch.no_grad():
+        for description, forward in BLOCK_MISTAKES.items():
+            traces[description] = block_trace(block, resid_pre, lambda x, f=forward: f(block, x))
+        shared = copy.deepcopy(block)
+        shared.ln1 = shared.ln2  # what loading does to `self.ln2 = self.ln1`: ln2's weights win
+        traces["ln1 and ln2 are one LayerNorm object (e.g. `self.ln2 = self.ln1`): create two "
+               "separate LayerNorms, each gets its own weights"] = block_trace(shared, resid_pre)
+    return traces
+
+
+def _matching_first(traces: dict[str, dict], actual, key: str = "hook_resid_post") -> dict[str, dict]:
+    """The traces, those whose `key` matches `actual` first (so the likeliest mistake is named)."""
+    def matches(trace):
+        value = trace.get(key)
+        return (isinstance(actual, torch.Tensor) and value is not None and
+                value.shape == actual.shape and close(actual, value))
+    return dict(sorted(traces.items(), key=lambda item: not matches(item[1])))
+
+
+def first_divergence(what: str, outputs: dict, acts: dict, hooks: Sequence[tuple[str, str]],
+                     traces: dict[str, dict], dims: Sequence[str], hints: dict, counts: str,
+                     final: str) -> None:
+    """Raise for the first hook (learner key, reference key) whose value differs from the reference."""
+    traces = _matching_first(traces, outputs.get(final), final)
+    for key, ref_key in hooks:
+        expected = acts[ref_key]
+        actual = outputs.get(key)
+        if actual is None:
+            lines = [f"{what}: could not see {key} ({counts}). The value is read from the input or "
+                     "output of your submodule; call each submodule once, as `self.name(x)`."]
+            for description, trace in traces.items():
+                if key not in trace:
+                    final_value = trace.get(final)
+                    if (isinstance(outputs.get(final), torch.Tensor) and final_value is not None
+                            and final_value.shape == outputs[final].shape
+                            and close(outputs[final], final_value)):
+                        lines.append(f"  Likely mistake: {description}")
+                        break
+            if hints.get(key):
+                lines.append(f"  Hint: {hints[key]}")
+            raise CheckFailed("\n".join(lines))
+        if isinstance(actual, torch.Tensor) and actual.shape == expected.shape and close(actual, expected):
+            continue
+        mistakes = {d: t[key] for d, t in traces.items() if t.get(key) is not None}
+        compare(f"{what}: {key}, the first activation in forward order that differs from the "
+                f"reference,", actual, expected, dims, mistakes=mistakes, hint=hints.get(key, ""))
+        return
+
+
+# --- The exercise ----------------------------------------------------------------------------
+
+def produce_block(TransformerBlock, case: Case) -> dict:
+    block = loaded("TransformerBlock", TransformerBlock, f"blocks.{case.block}")
+    x = activations(case)[f"blocks.{case.block}.hook_resid_pre"]
+    x_before = x.clone()
+
+    def runner(fn, inp):
+        return run_learner("TransformerBlock", fn, inp, forbidden=FORBIDDEN)
+
+    outputs = block_trace(block, x, runner=runner)
+    outputs["input_modified"] = torch.tensor(not torch.equal(x, x_before))
+    outputs["random_out"] = run_learner("TransformerBlock", block,
+                                        rand_float(case.seed, 2, 4, Config().d_model), forbidden=FORBIDDEN)
+    return {k: v for k, v in outputs.items() if v is not None}
+
+
+def judge_block(case: Case, outputs: dict) -> None:
+    i = case.block
+    check_shape("TransformerBlock output on a random [2, 4, d_model] input", outputs.get("random_out"),
+                (2, 4, Config().d_model), DIMS)
+    if bool(outputs["input_modified"]):
+        raise CheckFailed("TransformerBlock changed its input tensor in place (e.g. `resid += attn_out`). "
+                          "Compute a new tensor instead (`resid_mid = resid_pre + attn_out`).")
+    acts = activations(case)
+    expected = acts[f"blocks.{i}.hook_resid_post"]
+    out = outputs.get("hook_resid_post")
+    check_shape(f"TransformerBlock output (blocks.{i})", out, expected.shape, DIMS)
+    if out.is_floating_point() and torch.isfinite(out).all() and close(out, expected):
+        return
+    if bool(outputs["shared_ln"]):
+        raise CheckFailed(f"TransformerBlock output (blocks.{i}) does not match the reference.\n"
+                          "  Likely mistake: ln1 and ln2 are one LayerNorm object (e.g. "
+                          "`self.ln2 = self.ln1`): create two separate LayerNorms, each gets its own weights.")
+    counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
+    traces = mistake_traces(i, acts[f"blocks.{i}.hook_resid_pre"])
+    first_divergence(f"TransformerBlock (blocks.{i})", outputs, acts,
+                     [(h, f"blocks.{i}.{h}") for h in HOOKS], traces, DIMS, HINTS, counts,
+                     "hook_resid_post")
+    compare(f"TransformerBlock output (blocks.{i})", out, expected, DIMS)  # e.g. NaNs
+
+
+block = Exercise("TransformerBlock", produce_block, judge_block)
+
+
+def check_transformer_block(TransformerBlock, **case) -> None:
+    """Grade the learner's `TransformerBlock` class (visible check: block 0 on the reference text)."""
+    block.check(TransformerBlock, **case)
