@@ -1,0 +1,330 @@
+"""Attention grader: catalogued mistakes fail with their diagnosis; correct variants pass."""
+import math
+
+import einops
+import pytest
+import torch
+import torch.nn.functional as F
+from fancy_einsum import einsum as fancy_einsum
+from torch import nn
+
+from graders import nb03
+from graders.common import Case
+from graders.engine import CheckFailed
+
+
+class Base(nn.Module):
+    def __init__(self, cfg, ignore=float("-inf"), persistent=False):
+        super().__init__()
+        self.cfg = cfg
+        shape_in, shape_out = (cfg.n_heads, cfg.d_model, cfg.d_head), (cfg.n_heads, cfg.d_head, cfg.d_model)
+        self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.empty(shape_in)) for _ in range(3))
+        self.W_O = nn.Parameter(torch.empty(shape_out))
+        self.b_Q, self.b_K, self.b_V = (nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head)) for _ in range(3))
+        self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
+        self.register_buffer("IGNORE", torch.tensor(ignore), persistent=persistent)
+
+
+def mask_future(self, attn_scores):
+    n = attn_scores.shape[-1]
+    future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=attn_scores.device), diagonal=1)
+    return attn_scores.masked_fill(future, self.IGNORE)
+
+
+def forward_einops(self, x):
+    q = einops.einsum(x, self.W_Q, "b p d, n d h -> b p n h") + self.b_Q
+    k = einops.einsum(x, self.W_K, "b p d, n d h -> b p n h") + self.b_K
+    v = einops.einsum(x, self.W_V, "b p d, n d h -> b p n h") + self.b_V
+    scores = einops.einsum(q, k, "b q n h, b k n h -> b n q k") / math.sqrt(self.cfg.d_head)
+    pattern = self.apply_causal_mask(scores).softmax(-1)
+    z = einops.einsum(pattern, v, "b n q k, b k n h -> b q n h")
+    return einops.einsum(z, self.W_O, "b q n h, n h d -> b q d") + self.b_O
+
+
+def variant(forward=forward_einops, mask=mask_future, ignore=float("-inf"), persistent=False, name=None):
+    def __init__(self, cfg):
+        Base.__init__(self, cfg, ignore, persistent)
+    return type(name or f"{forward.__name__}_{mask.__name__}", (Base,),
+                {"__init__": __init__, "forward": forward, "apply_causal_mask": mask})
+
+
+# --- apply_causal_mask: correct variants ---------------------------------------------------------
+
+def mask_where_big_negative(self, attn_scores):
+    q, k = attn_scores.shape[-2:]
+    keys, queries = torch.arange(k), torch.arange(q)
+    return torch.where(keys[None, :] > queries[:, None], torch.tensor(-1e5), attn_scores)
+
+
+def mask_added(self, attn_scores):
+    n = attn_scores.shape[-1]
+    additive = torch.full((n, n), float("-inf")).triu(1)      # -inf above the diagonal, 0 elsewhere
+    return attn_scores + additive
+
+
+def mask_in_place(self, attn_scores):                           # the classic masked_fill_
+    mask = torch.triu(torch.ones(attn_scores.size(-2), attn_scores.size(-1)), diagonal=1).bool()
+    attn_scores.masked_fill_(mask, self.IGNORE)
+    return attn_scores
+
+
+def mask_added_constant(self, attn_scores):
+    n = attn_scores.shape[-1]
+    return attn_scores - 1e5 * torch.ones(n, n).triu(1)
+
+
+MASK_CORRECT = [mask_future, mask_where_big_negative, mask_added, mask_in_place, mask_added_constant]
+
+
+@pytest.mark.parametrize("mask", MASK_CORRECT, ids=lambda f: f.__name__)
+def test_correct_masks_pass(mask):
+    cls = variant(mask=mask)
+    nb03.check_apply_causal_mask(cls)
+    nb03.check_apply_causal_mask(cls, block=5, text=None, seed=3, batch=2)
+
+
+def test_finite_ignore_buffer_passes():
+    nb03.check_apply_causal_mask(variant(ignore=-1e5))
+
+
+# --- apply_causal_mask: mistakes -------------------------------------------------------------------
+
+def mask_hides_diagonal(self, attn_scores):
+    n = attn_scores.shape[-1]
+    return attn_scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool)), self.IGNORE)
+
+
+def mask_hides_past(self, attn_scores):
+    n = attn_scores.shape[-1]
+    return attn_scores.masked_fill(torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1), self.IGNORE)
+
+
+def mask_to_zero(self, attn_scores):
+    n = attn_scores.shape[-1]
+    return attn_scores * (1 - torch.ones(n, n).triu(1))
+
+
+def mask_result_dropped(self, attn_scores):
+    n = attn_scores.shape[-1]
+    attn_scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), self.IGNORE)
+    return attn_scores
+
+
+def mask_not_negative_enough(self, attn_scores):
+    n = attn_scores.shape[-1]
+    return attn_scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -100.0)
+
+
+def mask_misses_next_token(self, attn_scores):
+    n = attn_scores.shape[-1]
+    return attn_scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(2), self.IGNORE)
+
+
+def mask_then_softmax(self, attn_scores):
+    return mask_future(self, attn_scores).softmax(-1)
+
+
+def mask_scales_again(self, attn_scores):
+    return mask_future(self, attn_scores) / math.sqrt(self.cfg.d_head)
+
+
+def mask_fixed_size(self, attn_scores):
+    mask = torch.triu(torch.ones(35, 35, dtype=torch.bool), diagonal=1)
+    return attn_scores.masked_fill(mask, self.IGNORE)
+
+
+def mask_library(self, attn_scores):
+    return nn.MultiheadAttention(4, 1)(attn_scores, attn_scores, attn_scores)[0]
+
+
+MASK_BUGS = [
+    (mask_hides_diagonal, "hides the diagonal too"),
+    (mask_hides_past, "hides the past instead of the future"),
+    (mask_to_zero, "set to 0, not to -inf"),
+    (mask_result_dropped, "nothing was masked"),
+    (mask_not_negative_enough, "not made negative enough"),
+    (mask_misses_next_token, "Future entries left unmasked: (query 0, key 1)"),
+    (mask_then_softmax, "returned probabilities"),
+    (mask_scales_again, "scaled again inside apply_causal_mask"),
+    (mask_fixed_size, "raised RuntimeError"),
+    (mask_library, "your code uses `nn.MultiheadAttention`"),
+]
+
+
+@pytest.mark.parametrize("mask, message", MASK_BUGS, ids=lambda v: getattr(v, "__name__", ""))
+def test_mask_mistakes_are_named(mask, message):
+    case = {"text": None, "seed": 5, "seq": 12} if mask is mask_fixed_size else {}
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_apply_causal_mask(variant(mask=mask), **case)
+    assert message in str(failure.value), str(failure.value)
+
+
+def test_persistent_ignore_buffer_is_refused():
+    with pytest.raises(CheckFailed, match="unexpected: IGNORE"):
+        nb03.check_apply_causal_mask(variant(persistent=True))
+
+
+# --- Attention forward: correct variants ------------------------------------------------------------
+
+def forward_matmul(self, x):
+    batch, posn, _ = x.shape
+    q = (x[:, None] @ self.W_Q + self.b_Q[:, None]).transpose(1, 2)     # [b, p, n, h]
+    k = (x[:, None] @ self.W_K + self.b_K[:, None]).transpose(1, 2)
+    v = (x[:, None] @ self.W_V + self.b_V[:, None]).transpose(1, 2)
+    scores = q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / self.cfg.d_head ** 0.5  # [b, n, q, k]
+    pattern = torch.softmax(self.apply_causal_mask(scores), dim=-1)
+    z = (pattern @ v.transpose(1, 2)).transpose(1, 2)                     # [b, p, n, h]
+    return z.reshape(batch, posn, -1) @ self.W_O.reshape(-1, self.cfg.d_model) + self.b_O
+
+
+def forward_fancy(self, x):
+    q = fancy_einsum("b p d, n d h -> b p n h", x, self.W_Q) + self.b_Q
+    k = fancy_einsum("b p d, n d h -> b p n h", x, self.W_K) + self.b_K
+    v = fancy_einsum("b p d, n d h -> b p n h", x, self.W_V) + self.b_V
+    scores = fancy_einsum("b q n h, b k n h -> b n q k", q, k) / math.sqrt(self.cfg.d_head)
+    pattern = self.apply_causal_mask(scores).softmax(dim=-1)
+    z = fancy_einsum("b n q k, b k n h -> b q n h", pattern, v)
+    return fancy_einsum("b q n h, n h d -> b q d", z, self.W_O) + self.b_O
+
+
+def forward_torch_einsum_per_head(self, x):
+    out = self.b_O.expand(*x.shape[:2], -1)
+    for h in range(self.cfg.n_heads):
+        q = torch.einsum("bpd,dh->bph", x, self.W_Q[h]) + self.b_Q[h]
+        k = torch.einsum("bpd,dh->bph", x, self.W_K[h]) + self.b_K[h]
+        v = torch.einsum("bpd,dh->bph", x, self.W_V[h]) + self.b_V[h]
+        scores = torch.einsum("bqh,bkh->bqk", q, k)[:, None] / math.sqrt(self.cfg.d_head)
+        pattern = self.apply_causal_mask(scores)[:, 0].softmax(-1)
+        out = out + torch.einsum("bqk,bkh,hd->bqd", pattern, v, self.W_O[h])
+    return out
+
+
+def forward_scale_after_mask(self, x):
+    q = einops.einsum(x, self.W_Q, "b p d, n d h -> b n p h") + self.b_Q[:, None]
+    k = einops.einsum(x, self.W_K, "b p d, n d h -> b n p h") + self.b_K[:, None]
+    v = einops.einsum(x, self.W_V, "b p d, n d h -> b n p h") + self.b_V[:, None]
+    pattern = (self.apply_causal_mask(q @ k.transpose(-1, -2)) / self.cfg.d_head ** 0.5).softmax(-1)
+    z = einops.rearrange(pattern @ v, "b n p h -> b p (n h)")
+    return z @ einops.rearrange(self.W_O, "n h d -> (n h) d") + self.b_O
+
+
+ATTN_CORRECT = [
+    variant(forward_einops), variant(forward_matmul), variant(forward_fancy),
+    variant(forward_torch_einsum_per_head, mask_where_big_negative),
+    variant(forward_scale_after_mask, mask_added_constant, ignore=-1e5),
+]
+
+
+@pytest.mark.parametrize("cls", ATTN_CORRECT, ids=lambda c: c.__name__)
+def test_correct_attention_passes(cls):
+    nb03.check_attention(cls)
+    nb03.check_attention(cls, block=9, text=None, seed=7, batch=3)
+
+
+# --- Attention forward: mistakes -----------------------------------------------------------------
+
+def _forward(scale=None, mask=True, softmax_dim=-1, drop=(), z_reshape="ok", heads=None, in_place=False,
+             library=False):
+    def forward(self, x):
+        if library:
+            return F.scaled_dot_product_attention(x, x, x)
+        if in_place:
+            x -= 0.1
+        b = {n: (torch.zeros_like(getattr(self, n)) if n in drop else getattr(self, n))
+             for n in ("b_Q", "b_K", "b_V", "b_O")}
+        q = einops.einsum(x, self.W_Q, "b p d, n d h -> b p n h") + b["b_Q"]
+        k = einops.einsum(x, self.W_K, "b p d, n d h -> b p n h") + b["b_K"]
+        v = einops.einsum(x, self.W_V, "b p d, n d h -> b p n h") + b["b_V"]
+        scores = einops.einsum(q, k, "b q n h, b k n h -> b n q k") / math.sqrt(scale or self.cfg.d_head)
+        if mask:
+            scores = self.apply_causal_mask(scores)
+        pattern = scores.softmax(dim=softmax_dim)
+        if z_reshape == "no-transpose":
+            z = einops.einsum(pattern, v, "b n q k, b k n h -> b n q h")
+            z = z.reshape(x.shape[0], x.shape[1], -1)
+            return z @ self.W_O.reshape(-1, self.cfg.d_model) + b["b_O"]
+        z = einops.einsum(pattern, v, "b n q k, b k n h -> b q n h")
+        if heads is not None:
+            z = z[:, :, :heads]
+            return einops.einsum(z, self.W_O[:heads], "b q n h, n h d -> b q d") + b["b_O"]
+        return einops.einsum(z, self.W_O, "b q n h, n h d -> b q d") + b["b_O"]
+    return forward
+
+
+ATTN_BUGS = [
+    ("sqrt_d_model", variant(_forward(scale=768)), {}, "scaling the scores by 1/sqrt(d_model)"),
+    ("no_scale", variant(_forward(scale=1)), {}, "the scores are not scaled"),
+    ("diagonal_hidden", variant(mask=mask_hides_diagonal), {}, "the mask hides the diagonal too"),
+    ("diagonal_hidden_finite", variant(mask=mask_hides_diagonal, ignore=-1e5), {},
+     "the mask hides the diagonal too"),
+    ("past_hidden", variant(mask=mask_hides_past), {}, "the mask hides the past instead of the future"),
+    ("softmax_over_queries", variant(_forward(softmax_dim=-2)), {}, "softmax over the query axis"),
+    ("mask_not_applied", variant(_forward(mask=False)), {}, "the causal mask is not applied"),
+    ("no_b_Q", variant(_forward(drop=("b_Q",))), {}, "b_Q is not added"),
+    ("no_b_V", variant(_forward(drop=("b_V",))), {}, "b_V is not added"),
+    ("no_b_O", variant(_forward(drop=("b_O",))), {}, "b_O is not added"),
+    ("heads_mixed", variant(_forward(z_reshape="no-transpose")), {}, "heads mixed up"),
+    ("last_head_dropped", variant(_forward(heads=11)), {}, "Heads whose own contribution"),
+    ("in_place", variant(_forward(in_place=True)), {}, "changed its input tensor in place"),
+    ("library", variant(_forward(library=True)), {}, "scaled_dot_product_attention"),
+    ("batch_1_other_seed_no_scale", variant(_forward(scale=1)), {"text": None, "seed": 4, "batch": 2},
+     "the scores are not scaled"),
+]
+
+
+@pytest.mark.parametrize("name, cls, case, message", ATTN_BUGS, ids=[b[0] for b in ATTN_BUGS])
+def test_attention_mistakes_are_named(name, cls, case, message):
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_attention(cls, **case)
+    assert message in str(failure.value), str(failure.value)
+
+
+def test_localisation_points_before_the_mask():
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_attention(variant(_forward(drop=("b_Q",))))
+    assert "The difference starts before the mask" in str(failure.value)
+    assert "b_Q missing from the queries" in str(failure.value)
+
+
+def test_missing_b_K_is_harmless():
+    # q . b_K is the same for every key, and softmax ignores a constant added to a row.
+    nb03.check_attention(variant(_forward(drop=("b_K",))))
+
+
+def test_localisation_points_after_the_mask():
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_attention(variant(_forward(drop=("b_V",))))
+    assert "scores your forward passed to apply_causal_mask are right" in str(failure.value)
+
+
+def test_mask_never_called_is_reported():
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_attention(variant(_forward(mask=False)))
+    assert "never called self.apply_causal_mask" in str(failure.value)
+
+
+# --- Property checks, on produced outputs (judge only) ------------------------------------------
+
+@pytest.fixture(scope="module")
+def correct_outputs():
+    case = Case()
+    return case, nb03.produce_attention(variant(), case)
+
+
+def test_non_causal_outputs_fail(correct_outputs):
+    case, outputs = correct_outputs
+    tampered = dict(outputs, changed_later_out=outputs["changed_later_out"].clone())
+    tampered["changed_later_out"][:, 3] += 1.0
+    with pytest.raises(CheckFailed, match="not causal.*earlier positions 3"):
+        nb03.judge_attention(case, tampered)
+
+
+def test_batch_mixing_fails(correct_outputs):
+    case, outputs = correct_outputs
+    tampered = dict(outputs, pair_out=outputs["pair_out"].flip(0))
+    with pytest.raises(CheckFailed, match="mixes the batch"):
+        nb03.judge_attention(case, tampered)
+
+
+def test_correct_outputs_pass_judge(correct_outputs):
+    nb03.judge_attention(*correct_outputs)
