@@ -88,6 +88,58 @@ def loaded(what: str, cls, prefix: str, cfg: Config | None = None):
 EXERCISES: dict[str, "Exercise"] = {}
 
 
+class Recorder:
+    """Autograding mode: checks save what the learner's code produced instead of judging it.
+
+    The instructor's harness turns this on inside the learner's kernel; a clean process that
+    never ran learner code judges the saved tensors later. Whatever learner code does to this
+    object can only change what gets recorded, never a verdict.
+    """
+    directory = None
+    cell = None
+    count = 0
+
+    @classmethod
+    def start(cls, directory: str, cell: str) -> None:
+        from pathlib import Path
+
+        cls.directory, cls.cell = Path(directory), cell
+
+    @classmethod
+    def save(cls, exercise: str, case: "Case", outputs: dict | None, message: str = "") -> None:
+        import dataclasses
+        import json
+
+        from safetensors.torch import save_file
+
+        cls.count += 1
+        stem = cls.directory / f"{cls.count:05d}"
+        record = {"cell": cls.cell, "exercise": exercise, "case": dataclasses.asdict(case),
+                  "message": message, "tensors": outputs is not None}
+        if outputs is not None:
+            save_file({k: torch.as_tensor(v).detach().cpu().contiguous().clone()
+                       for k, v in outputs.items()}, f"{stem}.safetensors")
+        stem.with_suffix(".json").write_text(json.dumps(record))
+
+
+_LISTING: list | None = None
+
+
+class listing_checks:
+    """Within this block, checks only append (exercise, case) to `into`: nothing runs."""
+
+    def __init__(self, into: list):
+        self.into = into
+
+    def __enter__(self):
+        global _LISTING
+        _LISTING = self.into
+
+    def __exit__(self, *exc):
+        global _LISTING
+        _LISTING = None
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One graded exercise: `produce` runs learner code, `judge` decides without running it."""
@@ -106,10 +158,25 @@ class Exercise:
 
         from graders.engine import ok
 
+        from graders.engine import CheckFailed
+
         chosen = Case(**case)
+        if _LISTING is not None:
+            import dataclasses
+
+            _LISTING.append((self.name, dataclasses.asdict(chosen)))
+            return
         # Library warnings and progress bars go to stdout: nbgrader zeroes a test cell that
         # wrote anything to stderr, even when every check in it passed.
         with contextlib.redirect_stderr(sys.stdout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.judge(chosen, self.produce(learner, chosen))
+            if Recorder.directory is None:
+                self.judge(chosen, self.produce(learner, chosen))
+            else:
+                try:
+                    Recorder.save(self.name, chosen, self.produce(learner, chosen))
+                except CheckFailed as failure:
+                    Recorder.save(self.name, chosen, None, str(failure))
+                print(f"{self.name}: outputs recorded for grading on {chosen.describe()}.")
+                return
         ok(f"{self.name}: correct on {chosen.describe()}.")

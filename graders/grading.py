@@ -1,0 +1,341 @@
+"""Grade one submitted notebook: run it in a sandboxed kernel, judge in this clean process.
+
+1. Restore: every locked cell of the source notebook (test cells, given code) replaces the
+   submission's version, by nbgrader grade_id; a deleted test cell is put back where it was.
+2. Run: a fresh kernel (`graders.sandbox_kernel`: memory cap, scrubbed environment, own folder)
+   executes the cells with a per-cell timeout. Test cells run in recording mode: each check
+   saves what the learner's code produced (tensors in safetensors files, never pickles). A
+   kernel that dies (os._exit, segfault, memory) is restarted; the cell that killed it is
+   skipped and the learner's other cells are replayed, so only the affected tests are lost.
+3. Judge: this process, which never runs learner code, replays each test cell's source from
+   the *source* notebook to list the checks it must contain, and judges each recorded output
+   with the exercise's `judge`. A test cell scores its points only if all its checks pass.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from graders.notebooks import SOLUTIONS
+
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+KERNEL_NAME = "gpt2-course-sandbox"
+DEFAULT_CELL_TIMEOUT = 300
+MAX_RESTARTS = 6
+OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
+
+
+@dataclass
+class CellResult:
+    grade_id: str
+    points: float
+    max_points: float
+    status: str          # passed | failed | error | timeout | crashed | missing-notebook
+    message: str = ""
+
+
+@dataclass
+class NotebookResult:
+    student: str
+    notebook: str
+    cells: list[CellResult] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)   # restored cells, renamed notebook, ...
+
+    @property
+    def score(self) -> float:
+        return sum(c.points for c in self.cells)
+
+    def to_json(self) -> dict:
+        return {"student": self.student, "notebook": self.notebook, "flags": self.flags,
+                "cells": [asdict(c) for c in self.cells]}
+
+
+def _nbgrader(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def is_test_cell(cell) -> bool:
+    meta = _nbgrader(cell)
+    return bool(meta.get("grade")) and not meta.get("solution") and cell["cell_type"] == "code"
+
+
+def source_notebook(name: str):
+    return nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
+
+
+def test_cells(source) -> list:
+    return [cell for cell in source.cells if is_test_cell(cell)]
+
+
+def restore(submission, source) -> tuple[object, list[str]]:
+    """The submission with every locked source cell put back as the source has it."""
+    flags = []
+    theirs = {_nbgrader(c).get("grade_id"): c for c in submission.cells if _nbgrader(c).get("grade_id")}
+    restored = []
+    for cell in source.cells:
+        meta = _nbgrader(cell)
+        grade_id = meta.get("grade_id")
+        if meta.get("solution") and grade_id in theirs:
+            answer = copy.deepcopy(theirs[grade_id])
+            answer["metadata"]["nbgrader"] = copy.deepcopy(meta)
+            restored.append(answer)
+        elif meta.get("solution"):
+            flags.append(f"answer cell {grade_id} is missing: graded as unanswered")
+            restored.append(_unanswered(cell))
+        elif grade_id:  # locked: tests and given code always come from the source
+            if grade_id not in theirs:
+                flags.append(f"cell {grade_id} was deleted: restored from the source")
+            elif theirs[grade_id].get("source") != _released_source(cell):
+                flags.append(f"cell {grade_id} was edited: restored from the source")
+            restored.append(copy.deepcopy(cell))
+        else:
+            continue
+    # The learner's own extra cells run in place, after the cell they followed.
+    extras = _extra_cells(submission)
+    result = nbformat.v4.new_notebook()
+    for cell in restored:
+        result.cells.append(cell)
+        result.cells.extend(extras.get(_nbgrader(cell).get("grade_id"), []))
+    result.cells[0:0] = extras.get(None, [])
+    result.metadata = {"kernelspec": {"name": KERNEL_NAME, "display_name": "sandbox",
+                                      "language": "python"}}
+    return result, flags
+
+
+def _released_source(cell) -> str:
+    """What a test cell looks like in the student version (hidden tests removed)."""
+    lines, hidden = [], False
+    for line in cell["source"].splitlines():
+        if line.strip() == HIDDEN_BEGIN:
+            hidden = True
+        elif line.strip() == HIDDEN_END:
+            hidden = False
+        elif not hidden:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _unanswered(cell):
+    blank = copy.deepcopy(cell)
+    blank["source"] = "raise NotImplementedError()"
+    return blank
+
+
+def _extra_cells(submission) -> dict:
+    """Cells the learner added (no nbgrader id), keyed by the grade_id of the cell before them."""
+    extras, previous = {}, None
+    for cell in submission.cells:
+        grade_id = _nbgrader(cell).get("grade_id")
+        if grade_id:
+            previous = grade_id
+        elif cell["cell_type"] == "code":
+            extras.setdefault(previous, []).append(copy.deepcopy(cell))
+    return extras
+
+
+# --- Running the submission --------------------------------------------------------------
+
+def _kernel_dir(root: Path) -> Path:
+    spec = root / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "graders.sandbox_kernel", "-f", "{connection_file}"],
+        "display_name": "GPT-2 course sandbox", "language": "python"}))
+    return root
+
+
+def sandbox_env(home: Path) -> dict:
+    """A scrubbed environment: nothing of the grader's but what Python needs to run."""
+    keep = ("PATH", "LANG", "LC_ALL", "GPT2_COURSE_CACHE", "GPT2_COURSE_WEIGHTS",
+            "GPT2_COURSE_PRETRAINED_DIR", "GPT2_COURSE_SHAKESPEARE", "GPT2_COURSE_SANDBOX_MEMORY_MB")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    if "GPT2_COURSE_CACHE" not in env:
+        env["GPT2_COURSE_CACHE"] = str(Path.home() / ".cache" / "gpt2-from-scratch")
+    env.update(HOME=str(home), PYTHONUNBUFFERED="1", MPLBACKEND="Agg", HF_HUB_OFFLINE="1",
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return env
+
+
+def _recording_prelude(records: Path, grade_id: str) -> str:
+    return (f"import graders.common as _grading\n"
+            f"_grading.Recorder.start({str(records)!r}, {grade_id!r})\n")
+
+
+def run(notebook, records: Path, workdir: Path, cell_timeout: int) -> dict[int, str]:
+    """Execute the restored notebook; return {cell index: problem} for cells that failed to run."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+
+    problems: dict[int, str] = {}
+    test_indices = {i for i, c in enumerate(notebook.cells) if is_test_cell(c)}
+    done: set[int] = set()
+    os.environ["JUPYTER_PATH"] = str(_kernel_dir(workdir / ".jupyter"))
+    for _attempt in range(MAX_RESTARTS):
+        order = [i for i in range(len(notebook.cells))
+                 if notebook.cells[i]["cell_type"] == "code" and i not in problems and i not in done]
+        if not order:
+            break
+        cells = []
+        for i in order:
+            cell = copy.deepcopy(notebook.cells[i])
+            if i in test_indices:
+                cell["source"] = _recording_prelude(records, _nbgrader(cell)["grade_id"]) + cell["source"]
+            cells.append(cell)
+        batch = nbformat.v4.new_notebook(cells=cells, metadata=notebook.metadata)
+        current = {"index": None}
+        client = NotebookClient(
+            batch, timeout=cell_timeout, kernel_name=KERNEL_NAME, allow_errors=True,
+            interrupt_on_timeout=True, startup_timeout=120,
+            resources={"metadata": {"path": str(workdir)}},
+            on_cell_start=lambda cell, cell_index: current.update(index=order[cell_index]),
+        )
+        try:
+            client.execute(env=sandbox_env(workdir), cwd=str(workdir))
+        except DeadKernelError:
+            died = current["index"]
+            problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
+                             "segfault, or running out of memory)"
+            done.update(i for i in order if i < died)
+            _copy_outputs(batch, order, notebook, problems)
+            continue
+        _copy_outputs(batch, order, notebook, problems)
+        break
+    return problems
+
+
+def _copy_outputs(batch, order, notebook, problems) -> None:
+    for cell, index in zip(batch.cells, order):
+        outputs = cell.get("outputs", [])
+        for output in outputs:
+            if output.get("output_type") == "error" and output.get("ename") == "CellTimeoutError":
+                problems.setdefault(index, "timeout")
+            for key in ("text",):
+                if isinstance(output.get(key), str) and len(output[key]) > OUTPUT_LIMIT:
+                    output[key] = output[key][:OUTPUT_LIMIT] + "\n... [output truncated]"
+        if outputs:
+            notebook.cells[index]["outputs"] = outputs
+
+
+# --- Judging (no learner code runs here) ----------------------------------------------------
+
+class _AnyName(dict):
+    """Names a test cell refers to that are not graders' (the learner's classes): placeholders."""
+    def __missing__(self, key):
+        import builtins
+        import importlib
+        import re
+
+        if re.fullmatch(r"nb\d\d", key) or key == "graders":
+            return importlib.import_module("graders" if key == "graders" else f"graders.{key}")
+        if hasattr(builtins, key):
+            raise KeyError(key)
+        return f"<learner's {key}>"
+
+
+def expected_checks(test_source: str) -> list[tuple[str, dict]]:
+    """The (exercise, case) pairs a source test cell asks for, without running learner code."""
+    from graders import common
+
+    listed: list[tuple[str, dict]] = []
+    with common.listing_checks(listed):
+        exec(compile(test_source, "<test cell>", "exec"), {"__builtins__": __builtins__}, _AnyName())
+    return listed
+
+
+def load_records(records: Path) -> dict[str, list[dict]]:
+    """Recorded outputs by test cell. Only JSON and safetensors are read: nothing executable."""
+    from safetensors.torch import load_file
+
+    by_cell: dict[str, list[dict]] = {}
+    for path in sorted(records.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            tensors = path.with_suffix(".safetensors")
+            record["outputs"] = load_file(tensors) if record.get("tensors") else None
+        except Exception:  # a malformed record counts as a missing one
+            continue
+        by_cell.setdefault(str(record.get("cell")), []).append(record)
+    return by_cell
+
+
+def judge_cell(cell, records: list[dict], problem: str | None, cell_error: str) -> CellResult:
+    from graders.common import EXERCISES, Case
+    from graders.engine import CheckFailed
+
+    meta = _nbgrader(cell)
+    grade_id, points = meta["grade_id"], float(meta.get("points", 0))
+
+    def failed(status: str, message: str) -> CellResult:
+        return CellResult(grade_id, 0.0, points, status, message)
+
+    try:
+        wanted = expected_checks(cell["source"])
+    except Exception as err:  # a source test cell we cannot read is the course's bug, not theirs
+        return failed("error", f"grader could not list this cell's checks: {err}")
+    for exercise, case in wanted:
+        found = next((r for r in records if r.get("exercise") == exercise and r.get("case") == case), None)
+        if found is None:
+            reason = {"timeout": "timeout: the cell ran past its time limit"}.get(problem, problem)
+            return failed("timeout" if problem == "timeout" else "crashed" if problem else "error",
+                          reason or cell_error or f"{exercise} did not run (an error before it?)")
+        if found["outputs"] is None:
+            return failed("failed", found.get("message", ""))
+        try:
+            EXERCISES[exercise].judge(Case(**case), found["outputs"])
+        except CheckFailed as failure:
+            return failed("failed", str(failure))
+        except Exception as err:  # malformed outputs (wrong keys, types): the learner's loss
+            return failed("failed", f"{exercise}: the recorded outputs are unusable ({type(err).__name__}: {err})")
+    if not wanted and cell_error:
+        return failed("error", cell_error)
+    return CellResult(grade_id, points, points, "passed")
+
+
+def _cell_error(cell) -> str:
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            return f"{output.get('ename')}: {output.get('evalue')}"[:2000]
+    return ""
+
+
+def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
+                   cell_timeout: int = DEFAULT_CELL_TIMEOUT, flags: list[str] | None = None) -> tuple[NotebookResult, object]:
+    """Grade one student's notebook; returns the result and the executed, restored notebook."""
+    source = source_notebook(name)
+    result = NotebookResult(student, name, flags=list(flags or []))
+    if path is None:
+        result.cells = [CellResult(_nbgrader(c)["grade_id"], 0.0, float(_nbgrader(c).get("points", 0)),
+                                   "missing-notebook", f"{name}.ipynb was not submitted")
+                        for c in test_cells(source)]
+        return result, None
+    try:
+        submission = nbformat.read(path, as_version=4)
+    except Exception as err:
+        submission = nbformat.v4.new_notebook()
+        result.flags.append(f"the notebook could not be read ({type(err).__name__}); graded as empty")
+    notebook, restore_flags = restore(submission, source)
+    result.flags += restore_flags
+    records = workdir / "records"
+    records.mkdir(parents=True, exist_ok=True)
+    problems = run(notebook, records, workdir, cell_timeout)
+    recorded = load_records(records)
+    for index, cell in enumerate(notebook.cells):
+        if is_test_cell(cell):
+            source_cell = next(c for c in source.cells if _nbgrader(c).get("grade_id") == _nbgrader(cell)["grade_id"])
+            result.cells.append(judge_cell(source_cell, recorded.get(_nbgrader(cell)["grade_id"], []),
+                                           problems.get(index), _cell_error(cell)))
+    return result, notebook
+
+
+@contextlib.contextmanager
+def scratch_dir():
+    with tempfile.TemporaryDirectory(prefix="gpt2-grade-") as folder:
+        yield Path(folder)
