@@ -1,0 +1,155 @@
+"""Grader for 04_mlp: `gelu_new` (hook_pre -> hook_post) and `MLP` (ln2.hook_out -> hook_mlp_out).
+
+The two are graded apart: `MLP` is compared with the reference MLP as a whole, so a wrong
+`gelu_new` costs the GELU exercise only; when the MLP output matches an MLP built with one of the
+usual wrong activations, the message says so and points back at `gelu_new`.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import graders.components as course
+from graders.common import Case, Exercise, activations, loaded, part, rand_float
+from graders.config import Config
+from graders.engine import CheckFailed, Forbidden, check_shape, compare, run_learner
+
+GELU_FORBIDDEN = Forbidden(
+    "gelu_new",
+    targets=[(F, "gelu"), (nn.GELU, "forward"), (course, "gelu_new")],
+    source_words=["F.gelu", "functional.gelu", "nn.GELU", "NewGELU", "gelu_pytorch_tanh",
+                  "graders.components"],
+)
+MLP_FORBIDDEN = Forbidden(
+    "the MLP",
+    targets=[(course.MLP, "forward"), (nn.Linear, "forward")],
+    source_words=["graders.components", "nn.Linear"],
+)
+LINSPACE = (-6.0, 6.0, 1201)
+
+
+def reference_gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's activation, computed in float64 (the tanh approximation of x * Phi(x))."""
+    x = x.double()
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+def activation_mistakes(x: torch.Tensor) -> dict:
+    """What the usual wrong activations output on `x` (float64), by description."""
+    x = x.double()
+    c = math.sqrt(2.0 / math.pi)
+    return {
+        "the exact GELU, x * Phi(x) with the erf (what F.gelu / nn.GELU compute by default); "
+        "GPT-2 uses the tanh approximation": 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
+        "ReLU instead of GELU": x.clamp(min=0),
+        "the sigmoid approximation x * sigmoid(1.702 x); GPT-2 uses the tanh one":
+            x * torch.sigmoid(1.702 * x),
+        "the cubic term is missing: tanh(sqrt(2/pi) * (x + 0.044715 * x**3))":
+            0.5 * x * (1.0 + torch.tanh(c * x)),
+        "the factor sqrt(2/pi) is missing inside the tanh":
+            0.5 * x * (1.0 + torch.tanh(x + 0.044715 * x.pow(3))),
+        "x**2 instead of x**3 in the cubic term":
+            0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * x.pow(2)))),
+        "the leading factor 0.5 is missing": x * (1.0 + torch.tanh(c * (x + 0.044715 * x.pow(3)))),
+        "the `1 +` before the tanh is missing": 0.5 * x * torch.tanh(c * (x + 0.044715 * x.pow(3))),
+        "no activation at all (returns x unchanged)": x,
+    }
+
+
+# --- gelu_new -------------------------------------------------------------------------------
+
+def produce_gelu(gelu_new, case: Case) -> dict:
+    if not callable(gelu_new) or isinstance(gelu_new, type):
+        raise CheckFailed(f"gelu_new: expected your function, got {gelu_new!r}.")
+    grid = torch.linspace(*LINSPACE)
+    pre = activations(case)[f"blocks.{case.block}.mlp.hook_pre"]
+    pre_before = pre.clone()
+    return {
+        "grid_out": run_learner("gelu_new", gelu_new, grid, forbidden=GELU_FORBIDDEN),
+        "out": run_learner("gelu_new", gelu_new, pre, forbidden=GELU_FORBIDDEN),
+        "input_modified": torch.tensor(not torch.equal(pre, pre_before)),
+    }
+
+
+def judge_gelu(case: Case, outputs: dict) -> None:
+    grid = torch.linspace(*LINSPACE)
+    hint = "gelu_new(x) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))."
+    compare(f"gelu_new on torch.linspace{LINSPACE}", outputs["grid_out"], reference_gelu_new(grid),
+            ("x",), mistakes=activation_mistakes(grid), hint=hint)
+    if bool(outputs["input_modified"]):
+        raise CheckFailed("gelu_new changed its input tensor in place (e.g. `x *= ...` or "
+                          "`x.pow_(3)`). Compute new tensors instead.")
+    acts = activations(case)
+    b = f"blocks.{case.block}.mlp"
+    compare(f"gelu_new on {b}.hook_pre (compared with {b}.hook_post)", outputs["out"],
+            acts[f"{b}.hook_post"], ("batch", "position", "d_mlp"),
+            mistakes=activation_mistakes(acts[f"{b}.hook_pre"]), hint=hint)
+
+
+gelu = Exercise("gelu_new", produce_gelu, judge_gelu)
+
+
+def check_gelu_new(gelu_new, **case) -> None:
+    """Grade the learner's `gelu_new` function (visible check: block 0 on the reference text)."""
+    gelu.check(gelu_new, **case)
+
+
+# --- MLP ------------------------------------------------------------------------------------
+
+def mlp_mistakes(x: torch.Tensor, w: dict) -> dict:
+    """What an MLP with each usual mistake outputs on `x`, by description."""
+    x = x.double()
+    W_in, b_in, W_out, b_out = (w[k].double() for k in ("W_in", "b_in", "W_out", "b_out"))
+    pre = x @ W_in + b_in
+    mistakes = {}
+    for name, post in activation_mistakes(pre).items():
+        mistakes[f"the MLP's activation is {name}. If the gelu_new check fails, your gelu_new "
+                 "is wrong: fix it first; if your MLP calls another activation, call your "
+                 "gelu_new"] = post @ W_out + b_out
+    right = reference_gelu_new(pre) @ W_out
+    mistakes.update({
+        "b_in is missing: the hidden layer is x @ W_in + b_in, before gelu_new":
+            reference_gelu_new(x @ W_in) @ W_out + b_out,
+        "b_out is missing: the output is gelu_new(...) @ W_out + b_out": right,
+        "b_in is added after the activation instead of before it":
+            (reference_gelu_new(x @ W_in) + b_in) @ W_out + b_out,
+        "the MLP adds its input back (the residual connection belongs to the block, not the "
+        "MLP): return only the MLP's output": right + b_out + x,
+    })
+    return mistakes
+
+
+def produce_mlp(MLP, case: Case) -> dict:
+    prefix = f"blocks.{case.block}.mlp"
+    module = loaded("MLP", MLP, prefix)
+    x = activations(case)[f"blocks.{case.block}.ln2.hook_out"]
+    x_before = x.clone()
+    random_input = rand_float(case.seed, 2, 4, Config().d_model)
+    return {
+        "random_out": run_learner("MLP", module, random_input, forbidden=MLP_FORBIDDEN),
+        "out": run_learner("MLP", module, x, forbidden=MLP_FORBIDDEN),
+        "input_modified": torch.tensor(not torch.equal(x, x_before)),
+    }
+
+
+def judge_mlp(case: Case, outputs: dict) -> None:
+    dims = ("batch", "position", "d_model")
+    check_shape("MLP output on a random [2, 4, d_model] input", outputs["random_out"],
+                (2, 4, Config().d_model), dims)
+    if bool(outputs["input_modified"]):
+        raise CheckFailed("MLP changed its input tensor in place. Compute new tensors instead: "
+                          "the residual stream must not be modified by reading it.")
+    b = f"blocks.{case.block}"
+    acts = activations(case)
+    compare(f"MLP output ({b}.hook_mlp_out)", outputs["out"], acts[f"{b}.hook_mlp_out"], dims,
+            mistakes=mlp_mistakes(acts[f"{b}.ln2.hook_out"], part(f"{b}.mlp")),
+            hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
+
+
+mlp = Exercise("MLP", produce_mlp, judge_mlp)
+
+
+def check_mlp(MLP, **case) -> None:
+    """Grade the learner's `MLP` class (visible check: block 0 on the reference text)."""
+    mlp.check(MLP, **case)
