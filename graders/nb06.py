@@ -1,0 +1,318 @@
+"""Grader for 06_gpt2: `Unembed`, the whole `DemoTransformer`, and the next-token loss.
+
+The full model is graded on the reference logits. When they differ, forward hooks on the
+learner's own submodules (embed, pos_embed, each block, ln_final) find the FIRST activation in
+forward order that differs: hook_embed, hook_pos_embed, blocks.{i}.hook_resid_pre / hook_resid_post,
+ln_final.hook_out, logits.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graders import components
+from graders.common import Case, Exercise, activations, loaded, part, rand_float, rand_int, weights
+from graders.config import Config
+from graders.engine import (CheckFailed, Forbidden, build_module, check_shape, close, compare,
+                            run_learner)
+from graders.nb05 import Recorder, first_divergence
+from graders.weights import WeightLoadError, load_strict
+
+DIMS = ("batch", "position", "d_model")
+LOGIT_DIMS = ("batch", "position", "d_vocab")
+
+# --- Unembed -------------------------------------------------------------------------------
+
+UNEMBED_FORBIDDEN = Forbidden(
+    "Unembed", targets=[(components.Unembed, "forward"), (F, "linear")],
+    source_words=["components.Unembed", "F.linear", "nn.Linear"])
+
+
+def unembed_mistakes(x, W_U, b_U):
+    right = x @ W_U + b_U
+    return {
+        "the bias b_U is not added": x @ W_U,
+        "the bias b_U is subtracted": x @ W_U - b_U,
+        "the bias b_U is added twice": right + b_U,
+        "softmax applied: Unembed returns logits (unnormalised scores), not probabilities":
+            right.softmax(-1),
+        "log_softmax applied: Unembed returns raw logits": right.log_softmax(-1),
+    }
+
+
+def _random_bias(seed: int) -> torch.Tensor:
+    # GPT-2's b_U is zero, so a second run with a random bias shows whether it is used at all.
+    return rand_float(seed + 1000, Config().d_vocab) * 0.1
+
+
+def produce_unembed(Unembed, case: Case) -> dict:
+    unembed = loaded("Unembed", Unembed, "unembed")
+    x = activations(case)["ln_final.hook_out"]
+    x_before = x.clone()
+    out = run_learner("Unembed", unembed, x, forbidden=UNEMBED_FORBIDDEN)
+    modified = not torch.equal(x, x_before)
+    biased = build_module("Unembed", Unembed, Config())
+    try:
+        load_strict(biased, {"W_U": part("unembed")["W_U"], "b_U": _random_bias(case.seed)}, "Unembed")
+    except WeightLoadError as err:
+        raise CheckFailed(str(err)) from None
+    random_in = rand_float(case.seed, 2, 4, Config().d_model)
+    return {"out": out, "input_modified": torch.tensor(modified),
+            "biased_out": run_learner("Unembed", biased, random_in, forbidden=UNEMBED_FORBIDDEN)}
+
+
+def judge_unembed(case: Case, outputs: dict) -> None:
+    cfg, w = Config(), part("unembed")
+    random_in, b_U = rand_float(case.seed, 2, 4, cfg.d_model), _random_bias(case.seed)
+    if bool(outputs["input_modified"]):
+        raise CheckFailed("Unembed changed its input tensor in place. Compute a new tensor instead.")
+    compare("Unembed output on a random [2, 4, d_model] input with a nonzero bias b_U",
+            outputs["biased_out"], random_in @ w["W_U"] + b_U, LOGIT_DIMS,
+            mistakes=unembed_mistakes(random_in, w["W_U"], b_U),
+            hint="logits = x @ W_U + b_U, with W_U of shape [d_model, d_vocab].")
+    x = activations(case)["ln_final.hook_out"]
+    compare("Unembed output (logits from ln_final.hook_out)", outputs["out"], activations(case)["logits"],
+            LOGIT_DIMS, mistakes=unembed_mistakes(x, w["W_U"], w["b_U"]),
+            hint="logits = x @ W_U + b_U, with W_U of shape [d_model, d_vocab].")
+
+
+unembed = Exercise("Unembed", produce_unembed, judge_unembed)
+
+
+def check_unembed(Unembed, **case) -> None:
+    """Grade the learner's `Unembed` (visible check: the reference text)."""
+    unembed.check(Unembed, **case)
+
+
+# --- DemoTransformer --------------------------------------------------------------------------
+
+MODEL_FORBIDDEN = Forbidden(
+    "DemoTransformer", targets=[(components.DemoTransformer, "forward")],
+    source_words=["components.DemoTransformer", "GPT2LMHeadModel", "GPT2Model"])
+
+
+def model_hooks(n_layers: int) -> list[str]:
+    hooks = ["hook_embed", "hook_pos_embed"]
+    for i in range(n_layers):
+        hooks += [f"blocks.{i}.hook_resid_pre", f"blocks.{i}.hook_resid_post"]
+    return hooks + ["ln_final.hook_out", "logits"]
+
+
+def _submodules(model: nn.Module) -> dict[str, nn.Module]:
+    named = {"embed": getattr(model, "embed", None), "pos_embed": getattr(model, "pos_embed", None)}
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, (nn.ModuleList, nn.Sequential, list, tuple)):
+        for i, block in enumerate(blocks):
+            named[f"blocks.{i}"] = block
+    named["ln_final"] = getattr(model, "ln_final", None)
+    named["unembed"] = getattr(model, "unembed", None)
+    return named
+
+
+def model_trace(model: nn.Module, tokens: torch.Tensor, forward=None, runner=None) -> dict:
+    """The model's graded activations, read with hooks on its submodules, plus call counts."""
+    named = _submodules(model)
+    run = forward or model
+    with Recorder(named) as rec:
+        logits = runner(run, tokens) if runner else run(tokens)
+    trace = {}
+    for name, hook, which in [("embed", "hook_embed", 1), ("pos_embed", "hook_pos_embed", 1)] + [
+            (f"blocks.{i}", f"blocks.{i}.{h}", which) for i in range(Config().n_layers)
+            for h, which in (("hook_resid_pre", 0), ("hook_resid_post", 1))] + [
+            ("ln_final", "ln_final.hook_out", 1)]:
+        call = rec.call(name)
+        if call is not None and call[which] is not None:
+            trace[hook] = call[which]
+    trace["logits"] = logits.detach().clone() if isinstance(logits, torch.Tensor) else logits
+    trace["calls"] = torch.tensor([rec.count(n) for n in named])
+    blocks = [m for n, m in named.items() if n.startswith("blocks.") and isinstance(m, nn.Module)]
+    trace["distinct_blocks"] = torch.tensor(len({id(b) for b in blocks}))
+    return trace
+
+
+@lru_cache(maxsize=1)
+def _reference_model() -> nn.Module:
+    return load_strict(components.DemoTransformer(Config()), weights()).eval()
+
+
+def _blocks(m, resid, order):
+    for i in order:
+        resid = m.blocks[i](resid)
+    return resid
+
+
+def _model_mistakes(n: int):
+    every = list(range(n))
+    return {
+        "no positional embedding: the residual stream starts as embed(tokens) + pos_embed(tokens)":
+            lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t), every))),
+        "ln_final is missing: the last residual stream goes through ln_final before unembed":
+            lambda m, t: m.unembed(_blocks(m, m.embed(t) + m.pos_embed(t), every)),
+        "the blocks run in reverse order: blocks[0] first, blocks[n_layers - 1] last":
+            lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), every[::-1]))),
+        "only the first block runs: loop over all of self.blocks, feeding each block's output to the next":
+            lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), [0]))),
+        "only the last block runs: loop over all of self.blocks, feeding each block's output to the next":
+            lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), [n - 1]))),
+        "blocks[0] is applied n_layers times: use each block of self.blocks once, in order":
+            lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), [0] * n))),
+        "every block reads the embeddings (the loop does not feed each block's output to the next)":
+            lambda m, t: m.unembed(m.ln_final([m.blocks[i](m.embed(t) + m.pos_embed(t)) for i in every][-1])),
+        "the residual is added twice (resid = resid + block(resid)): a block already returns "
+        "resid + its sublayers' outputs":
+            lambda m, t: m.unembed(m.ln_final(_double_residual(m, m.embed(t) + m.pos_embed(t)))),
+    }
+
+
+def _double_residual(m, resid):
+    for block in m.blocks:
+        resid = resid + block(resid)
+    return resid
+
+
+def mistake_traces(tokens: torch.Tensor) -> dict[str, dict]:
+    model = _reference_model()
+    with torch.no_grad():
+        return {d: model_trace(model, tokens, lambda t, f=f: f(model, t))
+                for d, f in _model_mistakes(Config().n_layers).items()}
+
+
+def _changed_last(tokens: torch.Tensor) -> torch.Tensor:
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 12345) % Config().d_vocab
+    return changed
+
+
+def produce_model(DemoTransformer, case: Case) -> dict:
+    model = _loaded_model(DemoTransformer)
+    tokens = case.tokens()
+
+    def runner(fn, inp):
+        return run_learner("DemoTransformer", fn, inp, forbidden=MODEL_FORBIDDEN)
+
+    outputs = model_trace(model, tokens, runner=runner)
+    changed = runner(model, _changed_last(tokens))
+    logits = outputs["logits"]
+    if isinstance(logits, torch.Tensor) and isinstance(changed, torch.Tensor) and logits.ndim == 3:
+        outputs["causal_base"] = logits[:, :-1].clone()
+        outputs["causal_changed"] = changed[:, :-1].detach().clone()
+    outputs["random_out"] = runner(model, rand_int(case.seed, 2, 4))
+    return {k: v for k, v in outputs.items() if v is not None}
+
+
+def _loaded_model(DemoTransformer):
+    model = build_module("DemoTransformer", DemoTransformer, Config())
+    try:
+        return load_strict(model, weights(), "DemoTransformer")
+    except WeightLoadError as err:
+        raise CheckFailed(str(err)) from None
+
+
+def judge_model(case: Case, outputs: dict) -> None:
+    cfg = Config()
+    check_shape("DemoTransformer logits on random tokens of shape [2, 4]", outputs.get("random_out"),
+                (2, 4, cfg.d_vocab), LOGIT_DIMS)
+    acts = activations(case)
+    expected = acts["logits"]
+    logits = outputs.get("logits")
+    check_shape("DemoTransformer logits", logits, expected.shape, LOGIT_DIMS)
+    base, changed = outputs.get("causal_base"), outputs.get("causal_changed")
+    if base is not None and changed is not None and base.numel() and not (
+            changed.shape == base.shape and close(changed, base)):
+        bad = ((changed.double() - base.double()).abs() > 1e-4 * base.double().abs().max()).any(-1)
+        where = bad.nonzero()[:, 1].unique().tolist()
+        raise CheckFailed(
+            "DemoTransformer is not causal: changing only the LAST token changed the logits at "
+            f"earlier positions {where[:8]}{' ...' if len(where) > 8 else ''}. A position may only "
+            "see itself and earlier tokens: look for an operation that mixes positions (a mean or "
+            "norm over the position dimension, a missing causal mask).")
+    if logits.is_floating_point() and torch.isfinite(logits).all() and close(logits, expected):
+        return
+    if int(outputs["distinct_blocks"]) < cfg.n_layers:
+        raise CheckFailed(
+            f"DemoTransformer logits do not match the reference.\n  Likely mistake: self.blocks holds "
+            f"{int(outputs['distinct_blocks'])} distinct block object(s) for {cfg.n_layers} layers (e.g. "
+            "`[TransformerBlock(cfg)] * n_layers` repeats ONE block): build a new block for each layer, "
+            "`nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])`.")
+    names = list(_submodules_names(cfg.n_layers))
+    counts = ", ".join(f"{n} called {int(c)}x" for n, c in zip(names, outputs["calls"].tolist())
+                       if not n.startswith("blocks.") or int(c) != 1)
+    hooks = [(h, h) for h in model_hooks(cfg.n_layers)]
+    hints = {"hook_embed": "embed(tokens) looks up each token's row of W_E.",
+             "hook_pos_embed": "pos_embed(tokens) gives each position's row of W_pos.",
+             "ln_final.hook_out": "ln_final normalises the output of the last block.",
+             "logits": "logits = unembed(ln_final(resid))."}
+    for i in range(cfg.n_layers):
+        hints[f"blocks.{i}.hook_resid_pre"] = (
+            "the first block reads embed(tokens) + pos_embed(tokens)" if i == 0 else
+            f"blocks[{i}] reads the output of blocks[{i - 1}].")
+    first_divergence("DemoTransformer", outputs, acts, hooks, mistake_traces(case.tokens()), ("batch", "position", "d"),
+                     hints, counts or "each submodule called once", "logits")
+    compare("DemoTransformer logits", logits, expected, LOGIT_DIMS)
+
+
+def _submodules_names(n_layers: int):
+    return ["embed", "pos_embed"] + [f"blocks.{i}" for i in range(n_layers)] + ["ln_final", "unembed"]
+
+
+model = Exercise("DemoTransformer", produce_model, judge_model)
+
+
+def check_demo_transformer(DemoTransformer, **case) -> None:
+    """Grade the learner's `DemoTransformer` on the reference logits (visible check: the reference text)."""
+    model.check(DemoTransformer, **case)
+
+
+# --- The next-token loss ---------------------------------------------------------------------
+
+def reference_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    log_probs = logits.double().log_softmax(-1)[:, :-1]
+    return -log_probs.gather(-1, tokens[:, 1:, None]).mean().float()
+
+
+def loss_mistakes(logits: torch.Tensor, tokens: torch.Tensor) -> dict:
+    lp = logits.double().log_softmax(-1)
+    right = -lp[:, :-1].gather(-1, tokens[:, 1:, None])
+    return {
+        "no shift: the logits at position p predict the token at p + 1, compare logits[:, :-1] with "
+        "tokens[:, 1:]": -lp.gather(-1, tokens[..., None]).mean().float(),
+        "shifted the wrong way: use logits[:, :-1] with tokens[:, 1:]":
+            -lp[:, 1:].gather(-1, tokens[:, :-1, None]).mean().float(),
+        "the sign: the loss is the NEGATIVE mean log-probability": (-right.mean()).float(),
+        "a sum instead of a mean over positions": right.sum().float(),
+        "raw logits used as log-probabilities: apply log_softmax first":
+            -logits.double()[:, :-1].gather(-1, tokens[:, 1:, None]).mean().float(),
+        "probabilities instead of log-probabilities":
+            -lp[:, :-1].exp().gather(-1, tokens[:, 1:, None]).mean().float(),
+    }
+
+
+def produce_loss(next_token_loss, case: Case) -> dict:
+    tokens = case.tokens()
+    logits = activations(case)["logits"]
+    before = logits.clone()
+    out = run_learner("next_token_loss", next_token_loss, logits, tokens)
+    return {"loss": out, "input_modified": torch.tensor(not torch.equal(logits, before))}
+
+
+def judge_loss(case: Case, outputs: dict) -> None:
+    if bool(outputs["input_modified"]):
+        raise CheckFailed("next_token_loss changed the logits tensor in place. Compute new tensors instead.")
+    logits, tokens = activations(case)["logits"], case.tokens()
+    loss = outputs["loss"]
+    if isinstance(loss, torch.Tensor) and loss.ndim > 0 and loss.numel() == 1:
+        loss = loss.reshape(())
+    compare("next_token_loss", loss, reference_loss(logits, tokens), (),
+            mistakes=loss_mistakes(logits, tokens),
+            hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
+
+
+loss = Exercise("next_token_loss", produce_loss, judge_loss)
+
+
+def check_loss(next_token_loss, **case) -> None:
+    """Grade `next_token_loss(logits, tokens) -> scalar` on the reference model's logits."""
+    loss.check(next_token_loss, **case)

@@ -1,0 +1,287 @@
+"""GPT-2 grader: Unembed, DemoTransformer and next-token-loss mistakes are named; correct variants pass."""
+import einops
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graders import nb06
+from graders.components import Embed, LayerNorm, PosEmbed, TransformerBlock
+from graders.engine import CheckFailed
+
+# --- Unembed ------------------------------------------------------------------------------
+
+
+class UnembedBase(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
+
+
+def unembed_variant(forward):
+    return type(forward.__name__, (UnembedBase,), {"forward": forward})
+
+
+def matmul(self, x):
+    return x @ self.W_U + self.b_U
+
+
+def einsum(self, x):
+    return torch.einsum("bpd,dv->bpv", x, self.W_U) + self.b_U
+
+
+def einops_einsum(self, x):
+    return einops.einsum(x, self.W_U, "b p d, d v -> b p v") + self.b_U
+
+
+def addmm(self, x):
+    flat = torch.addmm(self.b_U, x.reshape(-1, x.shape[-1]), self.W_U)
+    return flat.reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("forward", [matmul, einsum, einops_einsum, addmm], ids=lambda f: f.__name__)
+def test_correct_unembed_passes(forward):
+    nb06.check_unembed(unembed_variant(forward))
+    nb06.check_unembed(unembed_variant(forward), text=None, seed=3, batch=2)
+
+
+def no_bias(self, x):
+    return x @ self.W_U
+
+
+def minus_bias(self, x):
+    return x @ self.W_U - self.b_U
+
+
+def softmaxed(self, x):
+    return (x @ self.W_U + self.b_U).softmax(-1)
+
+
+def log_softmaxed(self, x):
+    return F.log_softmax(x @ self.W_U + self.b_U, dim=-1)
+
+
+def last_position_only(self, x):
+    return x[:, -1] @ self.W_U + self.b_U
+
+
+def linear(self, x):
+    return F.linear(x, self.W_U.T, self.b_U)
+
+
+class WrongNames(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+
+    def forward(self, x):
+        return x @ self.W
+
+
+UNEMBED_BUGGY = [
+    (unembed_variant(no_bias), "Likely mistake: the bias b_U is not added"),
+    (unembed_variant(minus_bias), "Likely mistake: the bias b_U is subtracted"),
+    (unembed_variant(softmaxed), "Likely mistake: softmax applied"),
+    (unembed_variant(log_softmaxed), "Likely mistake: log_softmax applied"),
+    (unembed_variant(last_position_only), "a dimension is missing"),
+    (unembed_variant(linear), "your code calls `torch.nn.functional.linear`"),
+    (WrongNames, "missing: W_U"),
+]
+
+
+@pytest.mark.parametrize("cls, diagnosis", UNEMBED_BUGGY, ids=lambda v: getattr(v, "__name__", None))
+def test_buggy_unembed_is_named(cls, diagnosis):
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_unembed(cls)
+    assert diagnosis in str(failure.value), str(failure.value)
+
+
+# --- DemoTransformer ------------------------------------------------------------------------
+
+
+class Unembed(UnembedBase):
+    forward = matmul
+
+
+class ModelBase(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.embed, self.pos_embed = Embed(cfg), PosEmbed(cfg)
+        self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
+        self.ln_final, self.unembed = LayerNorm(cfg), Unembed(cfg)
+
+
+def model_variant(forward, base=ModelBase):
+    return type(forward.__name__, (base,), {"forward": forward})
+
+
+def loop(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    for block in self.blocks:
+        resid = block(resid)
+    return self.unembed(self.ln_final(resid))
+
+
+def indexed_loop(self, tokens):
+    resid = self.pos_embed(tokens) + self.embed(tokens)
+    for i in range(self.cfg.n_layers):
+        resid = self.blocks[i](resid)
+    return self.unembed(self.ln_final(resid))
+
+
+def functools_reduce(self, tokens):
+    import functools
+
+    resid = functools.reduce(lambda r, b: b(r), self.blocks, self.embed(tokens) + self.pos_embed(tokens))
+    return self.unembed(self.ln_final(resid))
+
+
+@pytest.mark.parametrize("forward", [loop, indexed_loop, functools_reduce], ids=lambda f: f.__name__)
+def test_correct_model_passes(forward):
+    nb06.check_demo_transformer(model_variant(forward))
+
+
+def test_correct_model_passes_hidden_cases():
+    nb06.check_demo_transformer(model_variant(loop), text=None, seed=5, batch=2, seq=12)
+
+
+def no_pos_embed(self, tokens):
+    resid = self.embed(tokens)
+    for block in self.blocks:
+        resid = block(resid)
+    return self.unembed(self.ln_final(resid))
+
+
+def no_ln_final(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    for block in self.blocks:
+        resid = block(resid)
+    return self.unembed(resid)
+
+
+def reversed_blocks(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    for block in reversed(self.blocks):
+        resid = block(resid)
+    return self.unembed(self.ln_final(resid))
+
+
+def one_block(self, tokens):
+    resid = self.blocks[0](self.embed(tokens) + self.pos_embed(tokens))
+    return self.unembed(self.ln_final(resid))
+
+
+def first_block_repeated(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    for _ in self.blocks:
+        resid = self.blocks[0](resid)
+    return self.unembed(self.ln_final(resid))
+
+
+def double_residual(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    for block in self.blocks:
+        resid = resid + block(resid)
+    return self.unembed(self.ln_final(resid))
+
+
+def not_causal(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    resid = resid + resid.mean(dim=1, keepdim=True)
+    for block in self.blocks:
+        resid = block(resid)
+    return self.unembed(self.ln_final(resid))
+
+
+class SharedBlocks(ModelBase):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList([TransformerBlock(cfg)] * cfg.n_layers)
+
+
+MODEL_BUGGY = [
+    (model_variant(no_pos_embed), "hook_pos_embed", "Likely mistake: no positional embedding"),
+    (model_variant(no_ln_final), "ln_final.hook_out", "Likely mistake: ln_final is missing"),
+    (model_variant(reversed_blocks), "blocks.0.hook_resid_pre, the first", "Likely mistake: the blocks run in reverse"),
+    (model_variant(one_block), "could not see blocks.1.hook_resid_pre", "Likely mistake: only the first block runs"),
+    (model_variant(first_block_repeated), "blocks.0 called 12x", "Likely mistake: blocks[0] is applied n_layers times"),
+    (model_variant(double_residual), "blocks.1.hook_resid_pre, the first", "Likely mistake: the residual is added twice"),
+    (model_variant(not_causal), "", "is not causal"),
+    (model_variant(loop, SharedBlocks), "", "distinct block object"),
+]
+
+
+@pytest.mark.parametrize("cls, where, diagnosis", MODEL_BUGGY, ids=lambda v: getattr(v, "__name__", None))
+def test_buggy_model_is_named(cls, where, diagnosis):
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_demo_transformer(cls)
+    message = str(failure.value)
+    assert where in message and diagnosis in message, message
+
+
+# --- next-token loss ------------------------------------------------------------------------
+
+def gather(logits, tokens):
+    lp = logits.log_softmax(-1)[:, :-1]
+    return -lp.gather(-1, tokens[:, 1:, None]).mean()
+
+
+def cross_entropy(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def indexing(logits, tokens):
+    lp = logits.log_softmax(-1)
+    b, p = torch.meshgrid(torch.arange(tokens.shape[0]), torch.arange(tokens.shape[1] - 1), indexing="ij")
+    return -lp[b, p, tokens[:, 1:]].mean()
+
+
+@pytest.mark.parametrize("fn", [gather, cross_entropy, indexing], ids=lambda f: f.__name__)
+def test_correct_loss_passes(fn):
+    nb06.check_loss(fn)
+    nb06.check_loss(fn, text=None, seed=2, batch=2)
+
+
+def no_shift(logits, tokens):
+    return -logits.log_softmax(-1).gather(-1, tokens[..., None]).mean()
+
+
+def wrong_shift(logits, tokens):
+    return -logits.log_softmax(-1)[:, 1:].gather(-1, tokens[:, :-1, None]).mean()
+
+
+def positive(logits, tokens):
+    return -gather(logits, tokens)
+
+
+def summed(logits, tokens):
+    return -logits.log_softmax(-1)[:, :-1].gather(-1, tokens[:, 1:, None]).sum()
+
+
+def raw_logits(logits, tokens):
+    return -logits[:, :-1].gather(-1, tokens[:, 1:, None]).mean()
+
+
+def probabilities(logits, tokens):
+    return -logits.softmax(-1)[:, :-1].gather(-1, tokens[:, 1:, None]).mean()
+
+
+def per_position(logits, tokens):
+    return -logits.log_softmax(-1)[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
+
+
+LOSS_BUGGY = [
+    (no_shift, "Likely mistake: no shift"), (wrong_shift, "Likely mistake: shifted the wrong way"),
+    (positive, "Likely mistake: the sign"), (summed, "Likely mistake: a sum instead of a mean"),
+    (raw_logits, "does not match the reference"), (probabilities, "Likely mistake: probabilities"),
+    (per_position, "dimensions"),
+]
+
+
+@pytest.mark.parametrize("fn, diagnosis", LOSS_BUGGY, ids=lambda v: getattr(v, "__name__", None))
+def test_buggy_loss_is_named(fn, diagnosis):
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_loss(fn)
+    assert diagnosis in str(failure.value), str(failure.value)
