@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from graders.paths import cache_dir
+from graders.paths import atomic_write, cache_dir
 
 FORMAT = 1
 PER_BLOCK_HOOKS = (
@@ -38,7 +38,11 @@ def _key(fingerprint: str, tokens: torch.Tensor) -> str:
 
 
 def reference_activations(reference, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every graded activation of `reference` (a graders.reference.Reference) on `tokens`."""
+    """Every graded activation of `reference` on `tokens`.
+
+    `reference` is a loaded graders.reference.Reference, or just its ReferenceId: then the
+    model is loaded only when the activations are not cached yet.
+    """
     from safetensors.torch import load_file, save_file
 
     tokens = torch.as_tensor(tokens, dtype=torch.long)
@@ -50,13 +54,16 @@ def reference_activations(reference, tokens: torch.Tensor) -> dict[str, torch.Te
             return load_file(path)
         except Exception:  # a truncated or corrupt file: recompute it
             path.unlink(missing_ok=True)
-    bridge = reference.bridge
+    if hasattr(reference, "bridge"):
+        bridge = reference.bridge
+    else:
+        from graders.reference import load_reference
+
+        bridge = load_reference(reference.source, quiet=True).bridge
     names = graded_hooks(bridge.cfg.n_layers)
     with torch.no_grad():
         logits, cache = bridge.run_with_cache(tokens, names_filter=lambda n: n in names)
     acts = {n: cache[n].detach().to(torch.float32).clone() for n in names if n != "logits"}
     acts["logits"] = logits.detach().to(torch.float32).contiguous()
-    partial = path.with_suffix(".tmp")
-    save_file(acts, partial)
-    partial.replace(path)  # atomic: a reader never sees half a file
+    atomic_write(path, lambda temporary: save_file(acts, temporary))
     return acts

@@ -36,31 +36,60 @@ class Case:
 
 
 @lru_cache(maxsize=1)
+def reference_id():
+    """Which reference grades this session (printed once), found without loading the model."""
+    from graders.reference import identify
+
+    chosen = identify()
+    print(f"Reference: {chosen.label}")
+    return chosen
+
+
 def reference():
-    """The reference model (loaded once per process; prints which weights it is)."""
+    """The reference model itself (loaded once per process)."""
     from graders.reference import load_reference
 
-    return load_reference()
+    return load_reference(reference_id().source, quiet=True)
+
+
+def _weights_file():
+    """All reference weights under course names, snapshotted once per weights fingerprint."""
+    from graders.paths import atomic_write, cache_dir
+
+    path = cache_dir("course-weights") / f"{reference_id().fingerprint}.safetensors"
+    if not path.is_file():
+        from safetensors.torch import save_file
+
+        from graders.weights import course_weights
+
+        atomic_write(path, lambda temporary: save_file(course_weights(reference()), temporary))
+    return path
 
 
 @lru_cache(maxsize=1)
 def weights() -> dict[str, torch.Tensor]:
     """All reference weights under the course's names."""
-    from graders.weights import course_weights
+    from safetensors.torch import load_file
 
-    return course_weights(reference())
+    return load_file(_weights_file())
 
 
 def part(prefix: str) -> dict[str, torch.Tensor]:
-    from graders.weights import component
+    """The reference weights under `prefix` (e.g. "blocks.3.attn"), read alone from disk."""
+    from safetensors import safe_open
 
-    return component(weights(), prefix)
+    head = prefix.rstrip(".") + "."
+    with safe_open(_weights_file(), framework="pt") as f:
+        found = {k[len(head):]: f.get_tensor(k) for k in f.keys() if k.startswith(head)}
+    if not found:
+        raise KeyError(f"No reference weights under {prefix!r}.")
+    return found
 
 
 def activations(case: Case) -> dict[str, torch.Tensor]:
     from graders.activations import reference_activations
 
-    return reference_activations(reference(), case.tokens())
+    return reference_activations(reference_id(), case.tokens())
 
 
 def rand_float(seed: int, *shape: int) -> torch.Tensor:

@@ -13,6 +13,44 @@ def cache_dir(*parts: str) -> Path:
     return path
 
 
+def atomic_write(path: Path, write) -> Path:
+    """Call `write(temporary_path)`, then move the result to `path` in one step.
+
+    Readers never see half a file, and processes that produce the same file at the same time
+    each write their own temporary copy, so none finds its file gone.
+    """
+    import tempfile
+
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(Path(temporary))
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return path
+
+
+def atomic_folder(path: Path, write) -> Path:
+    """Call `write(temporary_folder)`, then put it at `path` (replacing a broken one) in one step."""
+    import shutil
+    import tempfile
+
+    temporary = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        write(temporary)
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.replace(temporary, path)
+        except OSError:  # another process just put a complete copy there: keep theirs
+            pass
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return path
+
+
 def sha256_file(path: Path) -> str:
     import hashlib
 

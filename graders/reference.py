@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from graders import synthetic
-from graders.paths import cache_dir
+from graders.paths import atomic_folder, cache_dir
 
 SOURCE_ENV = "GPT2_COURSE_WEIGHTS"
 PRETRAINED_DIR_ENV = "GPT2_COURSE_PRETRAINED_DIR"
@@ -84,19 +84,18 @@ def _pretrained_model():
 
 def _synthetic_model():
     """The synthetic reference from the cache, (re)generated when missing or corrupt."""
-    folder = cache_dir(f"synthetic-gpt2-v{synthetic.VERSION}")
+    folder = cache_dir() / f"synthetic-gpt2-v{synthetic.VERSION}"
     expected = synthetic.expected_fingerprint()
     for attempt in range(2):
         if attempt or not (folder / "config.json").is_file():
             print(f"Generating the synthetic GPT-2 reference in {folder} ...")
-            synthetic.write_synthetic(folder)
+            atomic_folder(folder, synthetic.write_synthetic)
         try:
             model = _load_hf(folder)
-        except (OSError, ValueError, RuntimeError):
+        except Exception:  # unreadable or truncated files (OSError, SafetensorError, ...)
             continue
         if synthetic.fingerprint(model.state_dict()) == expected:
-            label = f"synthetic GPT-2-small-shaped reference (seed {synthetic.SEED}, sha256 {expected[:12]})"
-            return model, expected, label
+            return model, expected, _synthetic_label(expected)
     raise RuntimeError(
         f"The synthetic reference generated in {folder} does not match the committed "
         f"fingerprint {expected[:12]} (data/synthetic_gpt2.json): numpy produced different "
@@ -115,6 +114,58 @@ def _boot(hf_model):
     )
     bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     return bridge
+
+
+@dataclass(frozen=True)
+class ReferenceId:
+    """Which reference is in use, found without loading the model (cheap: for every kernel)."""
+    source: str
+    fingerprint: str
+    label: str
+
+
+def _pretrained_folder() -> Path | None:
+    """The local folder holding the pretrained GPT-2, if there is one."""
+    named = os.environ.get(PRETRAINED_DIR_ENV)
+    if named:
+        return Path(named) if (Path(named) / "config.json").is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    hit = try_to_load_from_cache(HUB_NAME, "config.json")
+    return Path(hit).parent if isinstance(hit, str) else None
+
+
+def _pretrained_fingerprint(folder: Path) -> str:
+    """The weights' fingerprint, computed once per set of weight files and remembered."""
+    import hashlib
+
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
+    stamp = json.dumps([(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+    record = cache_dir("fingerprints") / f"{hashlib.sha256(stamp.encode()).hexdigest()}.json"
+    if record.is_file():
+        return json.loads(record.read_text())["sha256"]
+    _, digest, _ = _pretrained_model()
+    record.write_text(json.dumps({"sha256": digest, "files": stamp}))
+    return digest
+
+
+@lru_cache(maxsize=None)
+def identify(source: str | None = None) -> ReferenceId:
+    """Which reference `load_reference(source)` would load, without loading it."""
+    chosen = _chosen_source(source)
+    if chosen in ("auto", "pretrained"):
+        folder = _pretrained_folder()
+        if folder is not None:
+            digest = _pretrained_fingerprint(folder)
+            return ReferenceId("pretrained", digest, f"pretrained GPT-2 small ({folder}, sha256 {digest[:12]})")
+        if chosen == "pretrained":
+            _pretrained_model()  # raises ReferenceUnavailable with the how-to
+    digest = synthetic.expected_fingerprint()
+    return ReferenceId("synthetic", digest, _synthetic_label(digest))
+
+
+def _synthetic_label(digest: str) -> str:
+    return f"synthetic GPT-2-small-shaped reference (seed {synthetic.SEED}, sha256 {digest[:12]})"
 
 
 @lru_cache(maxsize=None)
