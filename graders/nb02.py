@@ -32,6 +32,12 @@ def small_tokens(case: Case) -> torch.Tensor:
     return torch.randint(10, Config().d_model, SMALL_SHAPE, generator=generator)
 
 
+def _crash(outputs: dict) -> None:
+    """Re-raise the learner's crash on the case's tokens, recorded by `_run`."""
+    if "error" in outputs:
+        raise CheckFailed(bytes(outputs["error"].tolist()).decode(errors="replace"))
+
+
 def _run(what: str, module, tokens_small, tokens, forbidden) -> dict:
     """The learner's outputs on the small input, then on the case's tokens (a crash there is kept)."""
     outputs = {"small_out": run_learner(what, module, tokens_small, forbidden=forbidden)}
@@ -39,7 +45,8 @@ def _run(what: str, module, tokens_small, tokens, forbidden) -> dict:
     try:
         outputs["out"] = run_learner(what, module, tokens, forbidden=forbidden)
     except CheckFailed as err:   # reported by judge, after the small input had its say
-        outputs["error"] = str(err)
+        # kept as UTF-8 bytes: recorded outputs are tensors only (safetensors)
+        outputs["error"] = torch.tensor(list(str(err).encode()), dtype=torch.uint8)
     outputs["input_modified"] = torch.tensor(not torch.equal(tokens, before))
     return outputs
 
@@ -93,8 +100,7 @@ def judge_embed(case: Case, outputs: dict) -> None:
     _embed_shape(what, outputs["small_out"], small, W_E)
     compare(what, outputs["small_out"], W_E[small], DIMS, mistakes=embed_mistakes(W_E, small),
             hint="W_E[tokens] has shape [batch, position, d_model].")
-    if "error" in outputs:
-        raise CheckFailed(outputs["error"])
+    _crash(outputs)
     if bool(outputs["input_modified"]):
         raise CheckFailed("Embed changed its input tokens in place. Read them, don't write them.")
     tokens = case.tokens()
@@ -169,8 +175,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
     compare(what, outputs["small_out"], W_pos[:SMALL_SHAPE[1]].expand(*SMALL_SHAPE, -1), DIMS,
             mistakes=pos_embed_mistakes(W_pos, small),
             hint="row p of the output is W_pos[p], the same for every sequence in the batch.")
-    if "error" in outputs:
-        raise CheckFailed(outputs["error"])
+    _crash(outputs)
     if bool(outputs["input_modified"]):
         raise CheckFailed("PosEmbed changed its input tokens in place. Read them, don't write them.")
     tokens = case.tokens()
