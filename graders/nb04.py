@@ -126,11 +126,23 @@ def produce_mlp(MLP, case: Case) -> dict:
     x = activations(case)[f"blocks.{case.block}.ln2.hook_out"]
     x_before = x.clone()
     random_input = rand_float(case.seed, 2, 4, Config().d_model)
-    return {
-        "random_out": run_learner("MLP", module, random_input, forbidden=MLP_FORBIDDEN),
-        "out": run_learner("MLP", module, x, forbidden=MLP_FORBIDDEN),
-        "input_modified": torch.tensor(not torch.equal(x, x_before)),
-    }
+    try:
+        return {
+            "random_out": run_learner("MLP", module, random_input, forbidden=MLP_FORBIDDEN),
+            "out": run_learner("MLP", module, x, forbidden=MLP_FORBIDDEN),
+            "input_modified": torch.tensor(not torch.equal(x, x_before)),
+        }
+    except CheckFailed as crash:
+        if any(words in str(crash) for words in SHAPE_CRASHES):
+            raise CheckFailed(f"{crash}\n  Hint: {SHAPE_HINT}") from None
+        raise
+
+
+SHAPE_CRASHES = ("cannot be multiplied", "must match the size", "does not broadcast",
+                 "size mismatch", "Shape mismatch", "inconsistent size")
+SHAPE_HINT = ("the matrices are stored input-first: W_in is [d_model, d_mlp] and W_out is "
+              "[d_mlp, d_model], so x @ W_in and post @ W_out work without a transpose "
+              "(x is [batch, position, d_model], the hidden layer [batch, position, d_mlp]).")
 
 
 def judge_mlp(case: Case, outputs: dict) -> None:

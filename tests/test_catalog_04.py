@@ -141,7 +141,8 @@ MLP_BUGGY = {
     "b_in_after": (lambda m, x: (gelu_tanh(x @ m.W_in) + m.b_in) @ m.W_out + m.b_out, "after the activation"),
     "residual": (lambda m, x: x + gelu_tanh(x @ m.W_in + m.b_in) @ m.W_out + m.b_out, "adds its input back"),
     "no_activation": (lambda m, x: (x @ m.W_in + m.b_in) @ m.W_out + m.b_out, "no activation"),
-    "transposed": (lambda m, x: gelu_tanh(x @ m.W_in.T + m.b_in) @ m.W_out + m.b_out, "raised RuntimeError"),
+    "transposed": (lambda m, x: gelu_tanh(x @ m.W_in.T + m.b_in) @ m.W_out + m.b_out, "without a transpose"),
+    "out_transposed": (lambda m, x: gelu_tanh(x @ m.W_in + m.b_in) @ m.W_out.T + m.b_out, "without a transpose"),
 }
 
 
