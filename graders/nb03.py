@@ -13,13 +13,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders import components
-from graders.common import Case, Exercise, activations, loaded, part, rand_float
+from functools import lru_cache
+
+from graders.common import Case, Exercise, loaded, part, rand_float
+from graders.common import activations as _load_activations
 from graders.config import Config
 from graders.engine import CheckFailed, Forbidden, check_shape, close, compare, run_learner
 from graders.weights import load_strict
 
 DIMS = ("batch", "position", "d_model")
 SCORE_DIMS = ("batch", "head", "query_pos", "key_pos")
+PER_HEAD_POSITIONS = 8  # positions used to localise wrong heads
 MASKED_AT_MOST = -1e4   # a masked score must be -inf or at most this (exp of it underflows to 0)
 
 _FORBIDDEN_TARGETS = [
@@ -34,6 +38,12 @@ _FORBIDDEN_WORDS = ["scaled_dot_product_attention", "F.scaled_dot_product_attent
                     "graders.components", "components.Attention"]
 FORBIDDEN = Forbidden("attention", targets=_FORBIDDEN_TARGETS, source_words=_FORBIDDEN_WORDS)
 FORBIDDEN_MASK = Forbidden("the causal mask", targets=_FORBIDDEN_TARGETS, source_words=_FORBIDDEN_WORDS)
+
+
+@lru_cache(maxsize=4)
+def activations(case: Case) -> dict:
+    """The reference activations, read from disk once per case (never handed to learner code)."""
+    return _load_activations(case)
 
 
 def _prefix(case: Case) -> str:
@@ -228,7 +238,7 @@ def produce_attention(Attention, case: Case) -> dict:
     prefix = _prefix(case)
     attn = loaded("Attention", Attention, prefix)
     acts = activations(case)
-    x = acts[f"blocks.{case.block}.ln1.hook_out"]
+    x = acts[f"blocks.{case.block}.ln1.hook_out"].clone()   # the learner's own copy
     x_before = x.clone()
     seen = []
     method = attn.apply_causal_mask
@@ -260,8 +270,10 @@ def produce_attention(Attention, case: Case) -> dict:
     other = _other_input(case, x, 2, 1, x.shape[1])
     outputs["other_alone_out"] = run_learner("Attention", attn, other, forbidden=FORBIDDEN)
     outputs["pair_out"] = run_learner("Attention", attn, torch.cat([x[:1], other]), forbidden=FORBIDDEN)
-    # One head at a time (W_O of the other heads and b_O zeroed), to say which heads are wrong.
+    # One head at a time (W_O of the other heads and b_O zeroed), to say which heads are wrong;
+    # on the first row and first positions only, to keep it cheap (attention is causal).
     weights = part(prefix)
+    head_input = x[:1, :PER_HEAD_POSITIONS].clone()
     per_head = []
     for h in range(weights["W_O"].shape[0]):
         only = dict(weights)
@@ -269,9 +281,9 @@ def produce_attention(Attention, case: Case) -> dict:
         only["W_O"][h] = weights["W_O"][h]
         only["b_O"] = torch.zeros_like(weights["b_O"])
         load_strict(attn, only, "Attention")
-        per_head.append(run_learner("Attention", attn, x, forbidden=FORBIDDEN))
+        per_head.append(run_learner("Attention", attn, head_input, forbidden=FORBIDDEN))
     outputs["per_head_out"] = torch.stack(per_head) if all(
-        isinstance(p, torch.Tensor) and p.shape == x.shape for p in per_head) else torch.zeros(0)
+        isinstance(p, torch.Tensor) and p.shape == head_input.shape for p in per_head) else torch.zeros(0)
     return outputs
 
 
@@ -307,6 +319,7 @@ def _localise(case: Case, outputs: dict) -> list[str]:
     n_heads = w["W_O"].shape[0]
     if per_head.shape[:1] == (n_heads,):
         z = acts[f"blocks.{case.block}.attn.hook_z"]
+        z = z[:1, :per_head.shape[2]]
         wrong = [h for h in range(n_heads)
                  if not close(per_head[h], einops.einsum(z[:, :, h], w["W_O"][h], "b p h, h d -> b p d"))]
         if not wrong:
