@@ -14,7 +14,7 @@ from graders.weights import load_strict
 TARGET = 1.5
 
 
-def best_of(fn, tokens, repeats=5):
+def best_of(fn, tokens, repeats=3):
     with torch.no_grad():
         fn(tokens)  # warm-up
         times = []
