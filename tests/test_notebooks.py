@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from graders.notebooks import EXERCISES, SOLUTIONS, generate, notebook_names, stripped, venv_env
+from graders.notebooks import EXERCISES, ROOT, SOLUTIONS, generate, notebook_names, stripped, venv_env
 
 NAMES = notebook_names()
 
@@ -14,7 +14,8 @@ def _validate(path, invert=False) -> str:
     command = [sys.executable, "-m", "nbgrader", "validate", str(path)]
     if invert:
         command.append("--invert")
-    run = subprocess.run(command, capture_output=True, text=True, env=venv_env(), timeout=900)
+    # From the repository root, so that nbgrader reads the course's nbgrader_config.py.
+    run = subprocess.run(command, capture_output=True, text=True, env=venv_env(), timeout=900, cwd=ROOT)
     return run.stdout + run.stderr
 
 
