@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB_ARGS ?=
 
-.PHONY: setup lab test exercises bench
+.PHONY: setup lab test exercises bench grade release solutions check
 .DEFAULT_GOAL := lab
 
 setup: $(STAMP)
@@ -30,3 +30,22 @@ exercises: setup
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# Instructors: grade the bundled example class, or a real one with SUBMISSIONS=<dir>.
+grade: setup
+ifeq ($(SUBMISSIONS),)
+	$(BIN)/python -m graders.example_class build/example_class
+	$(BIN)/python -m graders.classroom --submissions build/example_class --out grading/example_class
+else
+	$(BIN)/python -m graders.classroom --submissions $(SUBMISSIONS) --out grading
+endif
+
+release: setup
+	$(BIN)/python -m graders.notebooks release build/course
+
+solutions: setup
+	$(BIN)/python -m graders.notebooks run-solutions build/solutions
+
+# Learners: a per-test summary before submitting, e.g. make check NB=exercises/03_attention.ipynb
+check: setup
+	$(BIN)/python -m graders.check $(NB)

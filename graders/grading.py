@@ -169,8 +169,12 @@ def _recording_prelude(records: Path, grade_id: str) -> str:
             f"_grading.Recorder.start({str(records)!r}, {grade_id!r})\n")
 
 
-def run(notebook, records: Path, workdir: Path, cell_timeout: int) -> dict[int, str]:
-    """Execute the restored notebook; return {cell index: problem} for cells that failed to run."""
+def run(notebook, records: Path | None, workdir: Path, cell_timeout: int) -> dict[int, str]:
+    """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
+
+    With `records`, test cells record outputs for the judge; without, they judge in the kernel
+    (the learner's own pre-submission check).
+    """
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
@@ -186,7 +190,7 @@ def run(notebook, records: Path, workdir: Path, cell_timeout: int) -> dict[int, 
         cells = []
         for i in order:
             cell = copy.deepcopy(notebook.cells[i])
-            if i in test_indices:
+            if i in test_indices and records is not None:
                 cell["source"] = _recording_prelude(records, _nbgrader(cell)["grade_id"]) + cell["source"]
             cells.append(cell)
         batch = nbformat.v4.new_notebook(cells=cells, metadata=notebook.metadata)

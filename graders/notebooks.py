@@ -49,6 +49,31 @@ def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
     return written
 
 
+def run_solutions(out_dir: Path) -> None:
+    """Execute every solution notebook in order (the reference run), saving it and an HTML copy."""
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = notebook_names()
+    for number, name in enumerate(names, 1):
+        start = time.time()
+        notebook = nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
+        status = "ok"
+        try:
+            NotebookClient(notebook, timeout=1800, kernel_name="python3",
+                           resources={"metadata": {"path": str(SOLUTIONS)}}).execute()
+        except Exception as err:  # keep going: the HTML shows where it failed
+            status = f"FAILED ({type(err).__name__})"
+        nbformat.write(notebook, out_dir / f"{name}.ipynb")
+        html, _ = HTMLExporter(template_name="lab").from_notebook_node(notebook)
+        (out_dir / f"{name}.html").write_text(html)
+        print(f"[{number}/{len(names)}] {name}: {status} in {time.time() - start:.0f} s", flush=True)
+
+
 def stripped(path: Path) -> dict:
     """A notebook's JSON without outputs or execution counts (what we commit)."""
     notebook = json.loads(path.read_text())
@@ -67,10 +92,14 @@ def main(argv=None) -> int:
     sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
     release = sub.add_parser("release", help="write student notebooks into an nbgrader course folder")
     release.add_argument("course_dir", type=Path)
+    run = sub.add_parser("run-solutions", help="execute every solution notebook into a folder, with HTML")
+    run.add_argument("out_dir", type=Path)
     args = parser.parse_args(argv)
     if args.command == "exercises":
         for path in generate(EXERCISES):
             print(f"wrote {path.relative_to(ROOT)}")
+    elif args.command == "run-solutions":
+        run_solutions(args.out_dir)
     else:
         for name in notebook_names():
             for path in generate(args.course_dir / "release" / name, [name]):

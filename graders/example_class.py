@@ -1,0 +1,86 @@
+"""The bundled example class, generated from solutions/ and exercises/ (never edited by hand).
+
+`python -m graders.example_class OUT` writes nbgrader's `submitted/<student>/<notebook>/` layout:
+- perfect: every answer cell holds the solution;
+- untouched: the released notebooks as they are;
+- partial: solved 01-03 only;
+- buggy: a typical mistake in each notebook (see BUGS);
+- crasher: perfect, except that Attention.forward kills its kernel with os._exit.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import nbformat
+
+from graders.notebooks import EXERCISES, SOLUTIONS, notebook_names
+
+# (notebook, answer cell, text in the solution, replacement): one classic mistake each.
+BUGS = [
+    ("01_layernorm", "layernorm_answer", "centred.pow(2).mean(dim=-1, keepdim=True)",
+     "centred.var(dim=-1, keepdim=True)"),                                   # sample variance
+    ("02_embeddings", "pos_embed_answer", "self.W_pos[:seq_len]", "self.W_pos[1:seq_len + 1]"),
+    ("03_attention", "attention_answer", "math.sqrt(self.cfg.d_head)", "math.sqrt(self.cfg.d_model)"),
+    ("04_mlp", "gelu_answer", "0.044715 * x.pow(3)", "0.044715 * x.pow(2)"),
+    ("05_transformer_block", "block_answer", "resid_mid = resid_pre + self.attn(self.ln1(resid_pre))",
+     "resid_mid = self.attn(self.ln1(resid_pre))"),                          # no residual
+    ("06_gpt2", "model_answer", "residual = self.embed(tokens) + self.pos_embed(tokens)",
+     "residual = self.embed(tokens)"),                                       # no positions
+]
+CRASH = ("03_attention", "attention_answer", "        x = normalized_resid_pre\n",
+         "        import os; os._exit(1)\n        x = normalized_resid_pre\n")
+
+
+def _answers(name: str) -> dict[str, str]:
+    """The solution notebook's answer cells, solution markers removed, by grade_id."""
+    answers = {}
+    for cell in nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            answers[meta["grade_id"]] = "\n".join(
+                line for line in cell.source.splitlines()
+                if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+    return answers
+
+
+def submission(name: str, solved: bool, edits=()) -> nbformat.NotebookNode:
+    """The released notebook, with answers filled in when `solved`, then `edits` applied."""
+    notebook = nbformat.read(EXERCISES / f"{name}.ipynb", as_version=4)
+    answers = _answers(name) if solved else {}
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+        for notebook_name, cell_id, old, new in edits:
+            if notebook_name == name and cell_id == grade_id:
+                if old not in cell.source:
+                    raise ValueError(f"{name}/{cell_id}: the solution no longer contains {old!r}")
+                cell.source = cell.source.replace(old, new)
+    return notebook
+
+
+def students() -> dict[str, dict[str, nbformat.NotebookNode]]:
+    names = notebook_names()
+    return {
+        "perfect": {n: submission(n, True) for n in names},
+        "untouched": {n: submission(n, False) for n in names},
+        "partial": {n: submission(n, n[:2] <= "03") for n in names},
+        "buggy": {n: submission(n, True, BUGS) for n in names},
+        "crasher": {n: submission(n, True, [CRASH]) for n in names},
+    }
+
+
+def write(out: Path) -> Path:
+    for student, notebooks in students().items():
+        for name, notebook in notebooks.items():
+            target = out / "submitted" / student / name / f"{name}.ipynb"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(copy.deepcopy(notebook), target)
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(f"example class written to {write(Path(sys.argv[1] if len(sys.argv) > 1 else 'build/example_class'))}")
