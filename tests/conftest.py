@@ -1,0 +1,71 @@
+"""Shared fixtures of the foundation tests: the synthetic reference and the course's 35-token text."""
+import contextlib
+import fcntl
+
+import pytest
+import torch
+
+TEXT = ("I am an amazing autoregressive, decoder-only, GPT-2 style transformer. "
+        "One day I will exceed human level intelligence and take over the world!")
+# The ids of TEXT with BOS, written out (not computed) so that the tokenizer is tested against them.
+TOKEN_IDS = [50256, 40, 716, 281, 4998, 1960, 382, 19741, 11, 875, 12342, 12, 8807, 11, 402, 11571,
+             12, 17, 3918, 47385, 13, 1881, 1110, 314, 481, 7074, 1692, 1241, 4430, 290, 1011,
+             625, 262, 995, 0]
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """Serialise first-time generation in the shared cache across pytest-xdist workers."""
+    from graders.paths import cache_dir
+
+    with open(cache_dir() / ".tests.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(scope="session")
+def reference():
+    from graders.reference import load_reference
+
+    with cache_lock():
+        return load_reference("synthetic", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def reference_tokens() -> torch.Tensor:
+    return torch.tensor([TOKEN_IDS])
+
+
+@pytest.fixture(scope="session")
+def reference_acts(reference, reference_tokens):
+    """The synthetic reference's graded activations on the 35-token text (default cache)."""
+    from graders.activations import reference_activations
+
+    with cache_lock():
+        return reference_activations(reference, reference_tokens)
+
+
+SMALL_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=50257)
+
+
+@pytest.fixture(scope="session")
+def small_gpt2_dir(tmp_path_factory):
+    """A small GPT-2 saved in Hugging Face format, standing in for downloaded pretrained weights.
+
+    Biases and LayerNorm parameters are randomised too (Hugging Face initialises them to 0 and 1),
+    so that leaving one out is visible.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.random.fork_rng():
+        torch.manual_seed(1234)
+        model = GPT2LMHeadModel(GPT2Config(**SMALL_GPT2))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(".bias"):
+                    param.normal_(0.0, 0.3)
+                elif ".ln_" in name:
+                    param.normal_(1.0, 0.5)
+    folder = tmp_path_factory.mktemp("small-gpt2")
+    model.save_pretrained(folder)
+    return folder
