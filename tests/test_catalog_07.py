@@ -1,0 +1,462 @@
+"""Training grader (07): catalogued mistakes fail with their diagnosis; correct variants pass.
+
+The training checks each train a small model for the grader's step budget (a few seconds on an
+idle core), so this module keeps them in one xdist group and reruns nothing.
+"""
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from graders import components, nb07
+from graders.engine import CheckFailed
+
+pytestmark = pytest.mark.xdist_group("nb07")
+
+SHARED_SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+
+
+def fails(check, learner, expected: str, **kwargs):
+    with pytest.raises(CheckFailed) as failure:
+        check(learner, **kwargs)
+    assert expected in str(failure.value), str(failure.value)
+
+
+# --- the loss ---------------------------------------------------------------------------------
+
+def loss_gather(logits, tokens):
+    log_probs = logits[:, :-1].log_softmax(dim=-1)
+    return -log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1).mean()
+
+
+def loss_cross_entropy(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def loss_logsumexp(logits, tokens):
+    picked = logits[:, :-1].gather(-1, tokens[:, 1:].unsqueeze(-1))[..., 0]
+    return (logits[:, :-1].logsumexp(-1) - picked).mean()
+
+
+def loss_one_hot(logits, tokens):
+    one_hot = F.one_hot(tokens[:, 1:], logits.shape[-1]).float()
+    return -(logits[:, :-1].log_softmax(-1) * one_hot).sum(-1).mean()
+
+
+@pytest.mark.parametrize("fn", [loss_gather, loss_cross_entropy, loss_logsumexp, loss_one_hot],
+                         ids=lambda f: f.__name__)
+def test_loss_correct_variants(fn):
+    nb07.check_loss(fn)
+    nb07.check_loss(fn, batch=1, seq=30, seed=5)
+
+
+def unshifted(logits, tokens):
+    return F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+
+
+def wrong_way(logits, tokens):
+    return F.cross_entropy(logits[:, 1:].flatten(0, 1), tokens[:, :-1].flatten())
+
+
+def rolled(logits, tokens):
+    return F.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, dims=1).flatten())
+
+
+def summed(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum")
+
+
+def no_minus(logits, tokens):
+    return logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None]).mean()
+
+
+def probabilities(logits, tokens):
+    return -logits[:, :-1].softmax(-1).gather(-1, tokens[:, 1:, None]).mean()
+
+
+def per_position(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+
+
+def item(logits, tokens):
+    return torch.tensor(loss_gather(logits, tokens).item())
+
+
+LOSS_BUGS = [
+    (unshifted, "the loss is not shifted"),
+    (wrong_way, "shifted the wrong way"),
+    (rolled, "the last position is scored too"),
+    (summed, "summed instead of averaged"),
+    (no_minus, "the minus sign is missing"),
+    (probabilities, "probabilities are averaged"),
+    (per_position, "one loss per position"),
+    (item, "has no gradient"),
+]
+
+
+@pytest.mark.parametrize("fn,expected", LOSS_BUGS, ids=[f.__name__ for f, _ in LOSS_BUGS])
+def test_loss_mistakes(fn, expected):
+    fails(nb07.check_loss, fn, expected)
+
+
+def test_loss_edge_case_batch_1_length_2():
+    def only_long_sequences(logits, tokens):      # right except when there is a single target
+        if tokens.shape[1] == 2:
+            return logits.sum() * 0
+        return loss_gather(logits, tokens)
+    fails(nb07.check_loss, only_long_sequences, "shape [1, 2, 50]")
+
+
+# --- the reversal data ------------------------------------------------------------------------
+
+def gen_flip(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=generator)
+    return torch.cat([half, half.flip(-1)], dim=-1)
+
+
+def gen_index(n, generator):
+    seqs = torch.empty(n, 16, dtype=torch.long)
+    seqs[:, :8] = torch.randint(100, (n, 8), generator=generator)
+    seqs[:, 8:] = seqs[:, torch.arange(7, -1, -1)]
+    return seqs
+
+
+def gen_loop(n, generator):
+    half = torch.randint(low=0, high=100, size=(n, 8), generator=generator, dtype=torch.int64)
+    return torch.stack([half[:, i] if i < 8 else half[:, 15 - i] for i in range(16)], dim=1)
+
+
+@pytest.mark.parametrize("fn", [gen_flip, gen_index, gen_loop], ids=lambda f: f.__name__)
+def test_generator_correct_variants(fn):
+    nb07.check_reversal_generator(fn)
+    nb07.check_reversal_generator(fn, seed=3)
+
+
+def gen_off_by_one(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=generator)
+    return torch.cat([half, half.flip(-1).roll(1, dims=-1)], dim=-1)
+
+
+def gen_copy(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=generator)
+    return torch.cat([half, half], dim=-1)
+
+
+def gen_global_rng(n, generator):
+    half = torch.randint(0, 100, (n, 8))
+    return torch.cat([half, half.flip(-1)], dim=-1)
+
+
+def gen_reseeds(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=torch.Generator().manual_seed(0))
+    return torch.cat([half, half.flip(-1)], dim=-1)
+
+
+def gen_99(n, generator):
+    half = torch.randint(0, 99, (n, 8), generator=generator)
+    return torch.cat([half, half.flip(-1)], dim=-1)
+
+
+def gen_101(n, generator):
+    half = torch.randint(0, 101, (n, 8), generator=generator)
+    return torch.cat([half, half.flip(-1)], dim=-1)
+
+
+def gen_float(n, generator):
+    return gen_flip(n, generator).float()
+
+
+def gen_shape(n, generator):
+    return gen_flip(n, generator)[:, :15]
+
+
+def gen_global_seed(n, generator):
+    torch.manual_seed(generator.initial_seed())
+    half = torch.randint(0, 100, (n, 8))
+    return torch.cat([half, half.flip(-1)], dim=-1)
+
+
+GEN_BUGS = [
+    (gen_off_by_one, "the mirror is off by one position"),
+    (gen_copy, "copy of the first, not its mirror"),
+    (gen_global_rng, "seeded the same gave different sequences"),
+    (gen_reseeds, "different seeds gave the same sequences"),
+    (gen_99, "never appear"),
+    (gen_101, "must lie in [0, 99]"),
+    (gen_float, "must be torch.long"),
+    (gen_shape, "dimension 1 (position) is 15, should be 16"),
+    (gen_global_seed, "global random generator"),
+]
+
+
+@pytest.mark.parametrize("fn,expected", GEN_BUGS, ids=[f.__name__ for f, _ in GEN_BUGS])
+def test_generator_mistakes(fn, expected):
+    fails(nb07.check_reversal_generator, fn, expected)
+
+
+# --- evaluate -----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def eval_batched(model, tokens, batch_size=256):
+    total = 0.0
+    for chunk in tokens.split(batch_size):
+        total += loss_gather(model(chunk), chunk).item() * len(chunk)
+    return total / len(tokens)
+
+
+@torch.no_grad()
+def eval_whole(model, tokens):
+    model.eval()
+    return loss_cross_entropy(model(tokens), tokens)
+
+
+def eval_inference_mode(model, tokens):
+    with torch.inference_mode():
+        return float(loss_logsumexp(model(tokens), tokens))
+
+
+@pytest.mark.parametrize("fn", [eval_batched, eval_whole, eval_inference_mode], ids=lambda f: f.__name__)
+def test_evaluate_correct_variants(fn):
+    nb07.check_evaluate(fn)
+    nb07.check_evaluate(fn, seed=4)
+
+
+TRAINING_BATCH = nb07.reference_reversal(64, torch.Generator().manual_seed(123))
+
+
+def eval_on_training_batch(model, tokens):
+    with torch.no_grad():
+        return loss_gather(model(TRAINING_BATCH), TRAINING_BATCH).item()
+
+
+def eval_first_chunk_only(model, tokens):
+    with torch.no_grad():
+        chunk = tokens[:256]
+        return loss_gather(model(chunk), chunk).item()
+
+
+def eval_trains(model, tokens):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.enable_grad():
+        loss = loss_gather(model(tokens), tokens)
+        loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def eval_unshifted(model, tokens):
+    with torch.no_grad():
+        return unshifted(model(tokens), tokens).item()
+
+
+def eval_returns_list(model, tokens):
+    with torch.no_grad():
+        return [per_position(model(tokens), tokens)]
+
+
+def eval_per_position(model, tokens):
+    with torch.no_grad():
+        return per_position(model(tokens), tokens).mean(0)
+
+
+EVAL_BUGS = [
+    (eval_on_training_batch, "other sequences than the `tokens` passed"),
+    (eval_first_chunk_only, "only the first batch"),
+    (eval_trains, "changed the model's weights"),
+    (eval_unshifted, "does not match the reference"),
+    (eval_returns_list, "return the mean loss as a float"),
+    (eval_per_position, "return one number"),
+]
+
+
+@pytest.mark.parametrize("fn,expected", EVAL_BUGS, ids=[f.__name__ for f, _ in EVAL_BUGS])
+def test_evaluate_mistakes(fn, expected):
+    fails(nb07.check_evaluate, fn, expected)
+
+
+# --- train (the reversal task) --------------------------------------------------------------------
+
+def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, eval_on_train=False,
+               optimizer_each_step=False, use_lr=True, zero_grad_first=False):
+    """A training loop with the mistakes switched on by the arguments."""
+    def train(model, make_batch, n_steps, lr, eval_tokens, eval_every=50, weight_decay=0.01,
+              progress=True):
+        lr_used = lr if use_lr else 1e-6
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr_used, weight_decay=weight_decay)
+        train_losses, eval_losses = [], []
+        for i in tqdm(range(n_steps), disable=not progress):
+            if optimizer_each_step:
+                optimizer = torch.optim.AdamW(model.parameters(), lr=lr_used)
+            if zero_grad_first:
+                optimizer.zero_grad(set_to_none=False)
+            tokens = make_batch()
+            loss = loss_fn(model(tokens), tokens)
+            if backward:
+                loss.backward()
+            if step:
+                optimizer.step()
+            if zero_grad and not zero_grad_first:
+                optimizer.zero_grad()
+            train_losses.append(loss.item())
+            if (i + 1) % eval_every == 0:
+                held_out = make_batch() if eval_on_train else eval_tokens
+                eval_losses.append((i + 1, eval_batched(model, held_out)))
+        return train_losses, eval_losses
+    return train
+
+
+class NoMask(components.DemoTransformer):
+    """A learner model whose attention forgot the causal mask."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for block in self.blocks:
+            block.attn.apply_causal_mask = lambda scores: scores
+
+
+class MaskOffByOne(components.DemoTransformer):
+    """The mask hides only positions > i + 1: each position sees one token ahead."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for block in self.blocks:
+            block.attn.apply_causal_mask = self._mask
+
+    @staticmethod
+    def _mask(scores):
+        q, k = scores.shape[-2:]
+        future = torch.triu(torch.ones(q, k, dtype=torch.bool), diagonal=2)
+        return scores.masked_fill(future, -1e5)
+
+
+TRAIN_CORRECT = {
+    "solution": (make_train(), None),
+    "cross_entropy_zero_grad_first": (make_train(loss_fn=loss_cross_entropy, zero_grad_first=True), None),
+    "logsumexp_loss": (make_train(loss_fn=loss_logsumexp), None),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAIN_CORRECT))
+def test_train_correct_variants(name):
+    train, model_class = TRAIN_CORRECT[name]
+    nb07.check_train(train, model_class)
+
+
+TRAIN_BUGS = {
+    "no_causal_mask": (make_train(), NoMask, "information is leaking from the future"),
+    "mask_off_by_one": (make_train(), MaskOffByOne, "check your causal mask"),
+    "loss_not_shifted": (make_train(loss_fn=unshifted), None, "the training loss is not shifted"),
+    "zero_grad_missing": (make_train(zero_grad=False), None, "zero_grad() is missing"),
+    "no_optimizer_step": (make_train(step=False), None, "optimizer.step() is never called"),
+    "no_backward": (make_train(backward=False), None, "loss.backward() is missing"),
+    "eval_on_training_data": (make_train(eval_on_train=True), None,
+                              "evaluation uses training batches"),
+    "lr_ignored": (make_train(use_lr=False), None, "the lr argument is not used"),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAIN_BUGS))
+def test_train_mistakes(name):
+    train, model_class, expected = TRAIN_BUGS[name]
+    fails(nb07.check_train, train, expected, model_class=model_class)
+
+
+def test_train_not_implemented():
+    def train(model, make_batch, n_steps, lr, eval_tokens, eval_every=50, progress=True):
+        raise NotImplementedError
+    fails(nb07.check_train, train, "not implemented yet")
+
+
+# --- Shakespeare and sampling -------------------------------------------------------------------
+
+@pytest.fixture
+def shakespeare(monkeypatch):
+    if not SHARED_SHAKESPEARE.is_file():
+        pytest.skip(f"tiny Shakespeare is not at {SHARED_SHAKESPEARE}")
+    monkeypatch.setenv("GPT2_COURSE_SHAKESPEARE", str(SHARED_SHAKESPEARE))
+
+
+def test_shakespeare_budget_is_enforced(shakespeare):
+    """A loop that skips the budget fails fast (the full graded run is in the notebook's tests)."""
+    def lazy(model, make_batch, n_steps, lr, eval_tokens, eval_every=50, progress=True):
+        return [], []
+    fails(nb07.check_shakespeare_training, lazy, "drew 0 batches")
+
+
+def test_unigram_baseline(shakespeare):
+    assert abs(nb07.unigram_entropy() - 6.3151) < 1e-3
+    train, val = nb07.shakespeare_tokens()
+    assert len(train) + len(val) == 338025 and len(train) == int(0.9 * 338025)
+
+
+@torch.no_grad()
+def gen_loop_sample(model, tokens, n_new_tokens, generator, temperature=1.0):
+    for _ in range(n_new_tokens):
+        logits = model(tokens[:, -model.cfg.n_ctx:])[:, -1, :] / temperature
+        tokens = torch.cat([tokens, torch.multinomial(logits.softmax(-1), 1, generator=generator)], 1)
+    return tokens
+
+
+@torch.no_grad()
+def gen_log_softmax(model, tokens, n_new_tokens, generator, temperature=1.0):
+    out = tokens.clone()
+    for _ in range(n_new_tokens):
+        context = out[:, max(0, out.shape[1] - model.cfg.n_ctx):]
+        log_probs = (model(context)[:, -1] / temperature).log_softmax(-1)
+        out = torch.cat([out, torch.multinomial(log_probs.exp(), num_samples=1, generator=generator)], dim=-1)
+    return out
+
+
+@torch.no_grad()
+def gen_list(model, tokens, n_new_tokens, generator, temperature=1.0):
+    ids = tokens[0].tolist()
+    for _ in range(n_new_tokens):
+        logits = model(torch.tensor([ids[-model.cfg.n_ctx:]]))[0, -1]
+        ids.append(int(torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=generator)))
+    return torch.tensor([ids])
+
+
+@pytest.mark.parametrize("fn", [gen_loop_sample, gen_log_softmax, gen_list], ids=lambda f: f.__name__)
+def test_generate_correct_variants(fn):
+    nb07.check_generate(fn)
+    nb07.check_generate(fn, text="To be, or not to be", seed=2)
+
+
+def _sampler(position=-1, crop=True, temperature_times=False, greedy=False, use_generator=True):
+    @torch.no_grad()
+    def generate(model, tokens, n_new_tokens, generator, temperature=1.0):
+        for _ in range(n_new_tokens):
+            context = tokens[:, -model.cfg.n_ctx:] if crop else tokens
+            logits = model(context)[:, position]
+            logits = logits * temperature if temperature_times else logits / temperature
+            if greedy:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                nxt = torch.multinomial(logits.softmax(-1), 1,
+                                        generator=generator if use_generator else None)
+            tokens = torch.cat([tokens, nxt], dim=-1)
+        return tokens
+    return generate
+
+
+def gen_new_only(model, tokens, n_new_tokens, generator, temperature=1.0):
+    return _sampler()(model, tokens, n_new_tokens, generator, temperature)[:, tokens.shape[1]:]
+
+
+GENERATE_BUGS = [
+    (_sampler(position=0), "the wrong position"),
+    (_sampler(crop=False), "crop the context"),
+    (_sampler(temperature_times=True), "multiplying by the temperature"),
+    (_sampler(greedy=True), "different generator seeds gave the same continuation"),
+    (_sampler(use_generator=False), "the same generator seed gave different samples"),
+    (gen_new_only, "dimension 1 (position) is 12"),
+]
+
+
+@pytest.mark.parametrize("fn,expected", GENERATE_BUGS, ids=[str(i) for i in range(len(GENERATE_BUGS))])
+def test_generate_mistakes(fn, expected):
+    fails(nb07.check_generate, fn, expected)
