@@ -325,6 +325,12 @@ def judge_evaluate(case: Case, outputs: dict) -> None:
         raise CheckFailed("evaluate changed the model's weights. Evaluation only measures: no "
                           "optimizer step, no backward (wrap it in torch.no_grad()).")
     model = _seeded_model(reversal_config(), case.seed)
+    if torch.equal(outputs["loss_0"], outputs["loss_1"]):
+        raise CheckFailed("evaluate returned the same loss, "
+                          f"{outputs['loss_0'].item():.6g}, for two different sets of held-out "
+                          "sequences: it ignores its `tokens` argument. Likely mistake: it "
+                          "evaluates other data (a training batch?) instead of exactly the tokens "
+                          "it is given.")
     with torch.no_grad():
         for i, tokens in enumerate(_eval_sets(case)):
             if bool(outputs[f"modified_{i}"]):
@@ -464,6 +470,11 @@ def judge_train(case: Case, outputs: dict) -> None:
             f"{reported[-20:].mean().item():.3f}, below what any model can reach. Likely mistake: "
             f"the training loss is not shifted (each position is trained to output its own token, "
             f"not the next one); train with lm_cross_entropy_loss.")
+    if loss > UNTRAINED_LOSS + 1:
+        raise CheckFailed(
+            f"{summary}\nThat is worse than an untrained model (which guesses uniformly): the "
+            f"updates overshoot. Likely mistake: optimizer.zero_grad() is missing, so gradients "
+            f"pile up across steps and every update uses their growing sum.")
     if loss > STUCK_ABOVE:
         raise CheckFailed(f"{summary}\nThe model has not learned: the loss is still about ln 100. "
                           + STUCK_HINT)
@@ -561,9 +572,14 @@ def judge_shakespeare(case: Case, outputs: dict) -> None:
                f"loss of a model that ignores context) is {baseline:.3f}, and the grader requires "
                f"at most {baseline - SHAKESPEARE_MARGIN:.3f}.")
     if not math.isfinite(val) or val > baseline - SHAKESPEARE_MARGIN:
-        stuck = " " + STUCK_HINT if val > 9 else (
-            " Likely mistakes: optimizer.zero_grad() is missing; the loss is not the shifted "
-            "next-token loss; the lr argument is not used.")
+        if not math.isfinite(val) or val > math.log(50257) + 1:
+            stuck = (" That is worse than guessing uniformly over the vocabulary. Likely mistake: "
+                     "optimizer.zero_grad() is missing, so gradients pile up across steps.")
+        elif val > baseline + 1:
+            stuck = " The model has hardly learned. " + STUCK_HINT
+        else:
+            stuck = (" Likely mistakes: optimizer.zero_grad() is missing; the loss is not the "
+                     "shifted next-token loss; the lr argument is not used.")
         raise CheckFailed(message + stuck)
 
 

@@ -264,7 +264,7 @@ def eval_per_position(model, tokens):
 
 
 EVAL_BUGS = [
-    (eval_on_training_batch, "other sequences than the `tokens` passed"),
+    (eval_on_training_batch, "it ignores its `tokens` argument"),
     (eval_first_chunk_only, "only the first batch"),
     (eval_trains, "changed the model's weights"),
     (eval_unshifted, "does not match the reference"),
@@ -355,7 +355,7 @@ TRAIN_BUGS = {
     "no_backward": (make_train(backward=False), None, "loss.backward() is missing"),
     "eval_on_training_data": (make_train(eval_on_train=True), None,
                               "evaluation uses training batches"),
-    "lr_ignored": (make_train(use_lr=False), None, "the lr argument is not used"),
+    "lr_ignored": (make_train(use_lr=False), None, "the learning rate argument is not used"),
 }
 
 
