@@ -139,7 +139,7 @@ def grade_class(submissions: Path, out: Path, names: list[str], workers: int,
         client = Client(scheduler)
     else:
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               memory_limit=0, dashboard_address=None)
+                               memory_limit=0, dashboard_address=":0")
         client = Client(cluster)
     results = []
     try:

@@ -70,7 +70,7 @@ def _pretrained_model():
     where = folder or HUB_NAME
     try:
         model = _load_hf(where)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # missing (OSError), half-copied (SafetensorError), ...
         raise ReferenceUnavailable(
             f"The pretrained GPT-2 weights are not on this machine (looked in "
             f"{folder or 'the Hugging Face cache'}). With internet, run "

@@ -1,0 +1,147 @@
+"""The instructor pipeline end to end: example class -> autograde -> reports, feedback, CSV."""
+import csv
+import json
+import zipfile
+
+import nbformat
+import pytest
+
+from graders import classroom, example_class, grading
+
+# The grades each bundled student must get, per test cell (the specification of the example class).
+FULL = {"01_layernorm/layernorm_test": 5, "02_embeddings/embed_test": 3,
+        "02_embeddings/pos_embed_test": 3, "03_attention/causal_mask_test": 4,
+        "03_attention/attention_test": 6, "04_mlp/gelu_test": 2, "04_mlp/mlp_test": 4,
+        "05_transformer_block/block_test": 10, "06_gpt2/unembed_test": 4,
+        "06_gpt2/model_test": 10, "06_gpt2/loss_test": 3}
+NONE = {cell: 0 for cell in FULL}
+EXPECTED = {
+    "perfect": FULL,
+    "untouched": NONE,
+    "partial": {cell: points if cell[:2] <= "03" else 0 for cell, points in FULL.items()},
+    "buggy": {**NONE, "02_embeddings/embed_test": 3, "03_attention/causal_mask_test": 4,
+              "06_gpt2/unembed_test": 4, "06_gpt2/loss_test": 3},
+    "crasher": {**FULL, "03_attention/attention_test": 0},
+}
+NAMES = sorted({cell.split("/")[0] for cell in FULL})
+pytestmark = pytest.mark.xdist_group("classroom")
+
+
+def _rows(out):
+    with open(out / "grades.csv") as f:
+        return {row.pop("student"): row for row in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def graded_example_class(tmp_path_factory):
+    submissions = example_class.write(tmp_path_factory.mktemp("example_class"))
+    out = tmp_path_factory.mktemp("grading")
+    classroom.grade_class(submissions, out, NAMES, workers=2, scheduler=None, cell_timeout=300)
+    return out
+
+
+def test_each_example_student_gets_exactly_the_expected_grade_per_test_cell(graded_example_class):
+    rows = _rows(graded_example_class)
+    assert sorted(rows) == sorted(EXPECTED)
+    for student, cells in EXPECTED.items():
+        got = {cell: float(rows[student][cell]) for cell in cells}
+        assert got == {cell: float(points) for cell, points in cells.items()}, student
+        assert float(rows[student]["total"]) == sum(cells.values())
+        assert float(rows[student]["max"]) == sum(FULL.values())
+
+
+def test_reports_say_why_each_point_was_lost(graded_example_class):
+    reports = graded_example_class / "reports"
+    buggy = (reports / "buggy.txt").read_text()
+    for named in ("sample variance", "offset by one", "sqrt(d_model)", "x**2 instead of x**3",
+                  "no residual connection around attention", "no positional embedding"):
+        assert named in buggy, named
+    crasher = (reports / "crasher.txt").read_text()
+    assert "attention_test: lost 6 (crashed)" in crasher and crasher.count("lost") == 1
+    assert "not implemented yet" in (reports / "untouched.txt").read_text()
+
+
+def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class):
+    hidden_lines = set()
+    for name in NAMES:
+        for cell in grading.test_cells(grading.source_notebook(name)):
+            body = cell.source.split(grading.HIDDEN_BEGIN)[1].split(grading.HIDDEN_END)[0]
+            hidden_lines |= {line.strip() for line in body.splitlines() if line.strip()}
+    assert hidden_lines
+    pages = sorted((graded_example_class / "feedback").rglob("*.html"))
+    assert len(pages) == len(EXPECTED) * len(NAMES)
+    for page in pages:
+        html = page.read_text()
+        assert "HIDDEN TESTS" not in html, page
+        leaked = [line for line in hidden_lines if line in html]
+        assert not leaked, (page, leaked)
+    assert "PASSED: 5 / 5 points" in (graded_example_class / "feedback/perfect/01_layernorm.html").read_text()
+
+
+def test_regrading_locally_and_on_a_dask_scheduler_gives_identical_results(tmp_path):
+    from distributed import LocalCluster
+
+    submissions = tmp_path / "class"
+    for student in ("perfect", "buggy"):
+        folder = submissions / student
+        folder.mkdir(parents=True)
+        notebook = example_class.students()[student]["01_layernorm"]
+        nbformat.write(notebook, folder / "01_layernorm.ipynb")
+    outputs = []
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        for scheduler in (None, cluster.scheduler_address, None):
+            out = tmp_path / f"out{len(outputs)}"
+            classroom.grade_class(submissions, out, ["01_layernorm"], workers=2,
+                                  scheduler=scheduler, cell_timeout=300)
+            outputs.append(((out / "grades.csv").read_text(), (out / "results.json").read_text(),
+                            (out / "reports" / "buggy.txt").read_text()))
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert "perfect,5,5,5" in outputs[0][0] and "buggy,0,0,5" in outputs[0][0]
+
+
+def _notebook_bytes(student, name="01_layernorm"):
+    return nbformat.writes(example_class.students()[student][name]).encode()
+
+
+def test_plain_zip_renamed_and_missing_submissions_are_found_and_reported(tmp_path):
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "01_layernorm.ipynb").write_bytes(_notebook_bytes("perfect"))
+    with zipfile.ZipFile(tmp_path / "bob.zip", "w") as archive:
+        archive.writestr("bob/work/01_layernorm.ipynb", _notebook_bytes("buggy"))
+        archive.writestr("../escape.ipynb", _notebook_bytes("buggy"))
+    (tmp_path / "carol").mkdir()
+    (tmp_path / "carol" / "layernorm (1).ipynb").write_bytes(_notebook_bytes("perfect"))
+    (tmp_path / "dave").mkdir()
+    found = classroom.discover(tmp_path, ["01_layernorm"])
+    assert sorted(found) == ["alice", "bob", "carol", "dave"]
+    assert found["alice"]["01_layernorm"][0].name == "01_layernorm.ipynb"
+    assert found["bob"]["01_layernorm"][0].name == "01_layernorm.ipynb"
+    path, flags = found["carol"]["01_layernorm"]
+    assert path.name == "layernorm (1).ipynb" and "renamed" in flags[0]
+    path, flags = found["dave"]["01_layernorm"]
+    assert path is None and "missing" in flags[0]
+    missing = classroom.grade_task("dave", "01_layernorm", None, flags, 60)["result"]
+    assert [c["status"] for c in missing["cells"]] == ["missing-notebook"]
+    assert "01_layernorm.ipynb was not submitted" in missing["cells"][0]["message"]
+
+
+def test_deleted_or_edited_locked_cells_are_restored_from_the_source():
+    source = grading.source_notebook("01_layernorm")
+    submission = example_class.students()["perfect"]["01_layernorm"]
+    tests = [c for c in submission.cells if grading.is_test_cell(c)]
+    submission.cells.remove(tests[0])
+    setup = next(c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+    setup.source = "import math\nmath.isclose = lambda *a, **k: True"
+    restored, flags = grading.restore(submission, source)
+    assert any("layernorm_test was deleted" in f for f in flags)
+    assert any("setup was edited" in f for f in flags)
+    restored_tests = [c for c in restored.cells if grading.is_test_cell(c)]
+    assert [c.source for c in restored_tests] == [c.source for c in grading.test_cells(source)]
+    assert "isclose" not in json.dumps([c.source for c in restored.cells])
+
+
+def test_expected_checks_are_listed_without_running_learner_code():
+    cell = grading.test_cells(grading.source_notebook("01_layernorm"))[0]
+    listed = grading.expected_checks(cell.source)
+    assert [name for name, _ in listed] == ["LayerNorm"] * 3
+    assert listed[1][1]["block"] == 7 and listed[1][1]["batch"] == 3 and listed[1][1]["text"] is None
