@@ -105,9 +105,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--skip-shakespeare", action="store_true")
+    parser.add_argument("--reversal-lr", type=float, help="override the graded lr (to measure)")
+    parser.add_argument("--reversal-steps", type=int, help="override the graded steps (to measure)")
+    parser.add_argument("--shakespeare-lr", type=float, help="override the graded lr (to measure)")
+    parser.add_argument("--shakespeare-steps", type=int, help="override the graded steps (to measure)")
     args = parser.parse_args()
+    nb07.REVERSAL_LR = args.reversal_lr or nb07.REVERSAL_LR
+    nb07.REVERSAL_STEPS = args.reversal_steps or nb07.REVERSAL_STEPS
+    nb07.SHAKESPEARE_LR = args.shakespeare_lr or nb07.SHAKESPEARE_LR
+    nb07.SHAKESPEARE_STEPS = args.shakespeare_steps or nb07.SHAKESPEARE_STEPS
     torch.set_num_threads(1)
-    print(f"one thread; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+    print(f"one thread; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; reversal: "
+          f"{nb07.REVERSAL_STEPS} steps at lr {nb07.REVERSAL_LR}; shakespeare: "
+          f"{nb07.SHAKESPEARE_STEPS} steps at lr {nb07.SHAKESPEARE_LR}")
     for seed in args.seeds:
         bench_reversal(seed)
     if not args.skip_shakespeare:

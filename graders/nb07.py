@@ -34,11 +34,11 @@ def reversal_config() -> Config:
                   d_mlp=256)
 
 
-# The graded reversal run: a 2-layer d_model-64 model, batches of 64, AdamW at lr 1e-2.
+# The graded reversal run: a 2-layer d_model-64 model, batches of 64, AdamW at lr 5e-3.
 # BAND_BELOW / BAND_ABOVE: see `judge_train` and the measured runs documented there.
-REVERSAL_STEPS = 200
+REVERSAL_STEPS = 250
 REVERSAL_BATCH = 64
-REVERSAL_LR = 1e-2
+REVERSAL_LR = 5e-3
 REVERSAL_EVAL_EVERY = 50
 N_TEST_SEQUENCES = 1000
 BAND_BELOW = 0.05
