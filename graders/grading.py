@@ -207,7 +207,7 @@ def run(notebook, records: Path | None, workdir: Path, cell_timeout: int) -> dic
             died = current["index"]
             problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
                              "segfault, or running out of memory)"
-            done.update(i for i in order if i < died)
+            done.update(i for i in order if i < died and i in test_indices)
             _copy_outputs(batch, order, notebook, problems)
             continue
         _copy_outputs(batch, order, notebook, problems)
@@ -219,7 +219,8 @@ def _copy_outputs(batch, order, notebook, problems) -> None:
     for cell, index in zip(batch.cells, order):
         outputs = cell.get("outputs", [])
         for output in outputs:
-            if output.get("output_type") == "error" and output.get("ename") == "CellTimeoutError":
+            if output.get("output_type") == "error" and output.get("ename") in (
+                    "CellTimeoutError", "KeyboardInterrupt"):  # the harness interrupts on timeout
                 problems.setdefault(index, "timeout")
             for key in ("text",):
                 if isinstance(output.get(key), str) and len(output[key]) > OUTPUT_LIMIT:
@@ -270,7 +271,42 @@ def load_records(records: Path) -> dict[str, list[dict]]:
     return by_cell
 
 
-def judge_cell(cell, records: list[dict], problem: str | None, cell_error: str) -> CellResult:
+def learner_code(notebook, source) -> str:
+    """The code the learner wrote: answer cells and cells that are not the course's, without
+    comments and strings."""
+    import io
+    import tokenize
+
+    course_cells = {c["source"] for c in source.cells}
+    parts = []
+    for cell in notebook.cells:
+        meta = _nbgrader(cell)
+        if cell["cell_type"] == "code" and (
+                meta.get("solution") or (not meta.get("grade_id") and cell["source"] not in course_cells)):
+            try:
+                tokens = [t for t in tokenize.generate_tokens(io.StringIO(cell["source"]).readline)
+                          if t.type not in (tokenize.COMMENT, tokenize.STRING)]
+                parts.append(tokenize.untokenize(tokens))
+            except (tokenize.TokenError, IndentationError, SyntaxError):
+                parts.append(cell["source"])
+    return "\n".join(parts)
+
+
+def forbidden_use(exercise: str, code: str) -> str | None:
+    """The first library shortcut or grader internal the learner's code names, if any."""
+    from graders.common import EXERCISES
+    from graders.engine import ALWAYS_FORBIDDEN_WORDS, Forbidden, _mentions
+
+    module = sys.modules[EXERCISES[exercise].produce.__module__]
+    words = set(ALWAYS_FORBIDDEN_WORDS) | {"graders"}
+    for value in vars(module).values():
+        if isinstance(value, Forbidden):
+            words |= set(value.source_words)
+    return next((w for w in sorted(words) if _mentions(code, w)), None)
+
+
+def judge_cell(cell, records: list[dict], problem: str | None, cell_error: str,
+               code: str = "") -> CellResult:
     from graders.common import EXERCISES, Case
     from graders.engine import CheckFailed
 
@@ -287,11 +323,17 @@ def judge_cell(cell, records: list[dict], problem: str | None, cell_error: str) 
     for exercise, case in wanted:
         found = next((r for r in records if r.get("exercise") == exercise and r.get("case") == case), None)
         if found is None:
-            reason = {"timeout": "timeout: the cell ran past its time limit"}.get(problem, problem)
+            reason = {"timeout": "timeout: the cell ran past its time limit (an infinite loop, "
+                                 "or far too slow)"}.get(problem, problem)
             return failed("timeout" if problem == "timeout" else "crashed" if problem else "error",
                           reason or cell_error or f"{exercise} did not run (an error before it?)")
         if found["outputs"] is None:
             return failed("failed", found.get("message", ""))
+        used = forbidden_use(exercise, code)
+        if used:
+            return failed("failed", f"{exercise}: your code uses `{used}`. Build it yourself from "
+                                    "tensor operations; library versions and the course's own "
+                                    "graders are not allowed in answers.")
         try:
             EXERCISES[exercise].judge(Case(**case), found["outputs"])
         except CheckFailed as failure:
@@ -329,14 +371,42 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     result.flags += restore_flags
     records = workdir / "records"
     records.mkdir(parents=True, exist_ok=True)
+    # Every module the judge needs is imported before learner code runs, and the grader's
+    # files are checked afterwards: a submission cannot change the judge.
+    for cell in test_cells(source):
+        expected_checks(cell["source"])
+    before = graders_snapshot()
     problems = run(notebook, records, workdir, cell_timeout)
+    tampered = restore_graders(before)
+    if tampered:
+        result.flags.append(f"the submission modified the grader's files {tampered}: they were "
+                            "restored, and the tests are judged by the untouched grader")
     recorded = load_records(records)
+    code = learner_code(notebook, source)
     for index, cell in enumerate(notebook.cells):
         if is_test_cell(cell):
             source_cell = next(c for c in source.cells if _nbgrader(c).get("grade_id") == _nbgrader(cell)["grade_id"])
             result.cells.append(judge_cell(source_cell, recorded.get(_nbgrader(cell)["grade_id"], []),
-                                           problems.get(index), _cell_error(cell)))
+                                           problems.get(index), _cell_error(cell), code))
     return result, notebook
+
+
+def graders_snapshot() -> dict[Path, bytes]:
+    """The bytes of every file of the graders package."""
+    package = Path(__file__).resolve().parent
+    return {p: p.read_bytes() for p in sorted(package.glob("*.py"))}
+
+
+def restore_graders(snapshot: dict[Path, bytes]) -> list[str]:
+    """Put back any grader file a submission changed, added or removed; name them."""
+    now = graders_snapshot()
+    changed = sorted({p.name for p in snapshot.keys() | now.keys() if snapshot.get(p) != now.get(p)})
+    for path, data in snapshot.items():
+        if now.get(path) != data:
+            path.write_bytes(data)
+    for path in now.keys() - snapshot.keys():
+        path.unlink(missing_ok=True)
+    return changed
 
 
 @contextlib.contextmanager

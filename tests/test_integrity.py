@@ -1,0 +1,218 @@
+"""Crafted submissions: each is graded right, and costs nothing beyond what it breaks.
+
+Every test builds a submission from the released notebook (graders.example_class), grades it
+with the instructor's harness (graders.grading), and checks the points and the reason.
+"""
+import copy
+
+import nbformat
+import pytest
+
+from graders import example_class, grading
+
+pytestmark = pytest.mark.xdist_group("integrity")
+
+SAMPLE_VARIANCE = ("01_layernorm", "layernorm_answer", "centred.pow(2).mean(dim=-1, keepdim=True)",
+                   "centred.var(dim=-1, keepdim=True)")
+
+
+def crafted(name, solved=True, edits=(), extra=None):
+    """A submission of `name`: solved or not, with `edits`, extra code cells after given cells."""
+    notebook = example_class.submission(name, solved, edits)
+    for grade_id, sources in (extra or {}).items():
+        index = next(i for i, c in enumerate(notebook.cells)
+                     if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        for offset, source in enumerate(sources, 1):
+            notebook.cells.insert(index + offset, nbformat.v4.new_code_cell(source))
+    return notebook
+
+
+def grade(tmp_path, name, notebook, cell_timeout=120):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"{name}.ipynb"
+    nbformat.write(notebook, path)
+    result, executed = grading.grade_notebook("crafted", name, path, tmp_path / "work", cell_timeout)
+    return {c.grade_id: c for c in result.cells}, result, executed
+
+
+def with_forward(name, grade_id, forward_source):
+    """The solved notebook, with the given class's forward replaced by `forward_source`."""
+    notebook = example_class.submission(name, True)
+    cell = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    head, _, _ = cell.source.partition("    def forward(")
+    cell.source = head + forward_source
+    return notebook
+
+
+# 1. Patching the comparison functions in the kernel turns nothing into points.
+def test_monkeypatched_comparisons_do_not_rescue_a_wrong_answer(tmp_path):
+    patch = ("import torch, numpy, math, builtins\n"
+             "torch.allclose = lambda *a, **k: True\n"
+             "torch.testing.assert_close = lambda *a, **k: None\n"
+             "numpy.allclose = lambda *a, **k: True\n"
+             "math.isclose = lambda *a, **k: True\n"
+             "class _Never(Exception): pass\n"
+             "builtins.AssertionError = _Never\n")
+    cells, _, _ = grade(tmp_path, "01_layernorm",
+                        crafted("01_layernorm", edits=[SAMPLE_VARIANCE], extra={"setup": [patch]}))
+    assert cells["layernorm_test"].points == 0
+    assert "sample variance" in cells["layernorm_test"].message
+
+
+# 2. Rewriting the graders in the kernel's memory changes no verdict.
+def test_rewritten_graders_modules_in_the_kernel_change_nothing(tmp_path):
+    patch = ("import sys, graders.engine, graders.common\n"
+             "graders.engine.compare = lambda *a, **k: None\n"
+             "graders.engine.close = lambda *a, **k: True\n"
+             "sys.modules['graders.nb01'].judge_layernorm = lambda *a, **k: None\n"
+             "graders.common.Exercise.judge = property(lambda self: (lambda *a: None))\n")
+    cells, _, _ = grade(tmp_path, "01_layernorm",
+                        crafted("01_layernorm", edits=[SAMPLE_VARIANCE], extra={"layernorm_answer": [patch]}))
+    assert cells["layernorm_test"].points == 0
+
+
+# 3. Objects that lie about equality are judged by their numbers.
+def test_lying_tensor_subclass_fails(tmp_path):
+    forward = ("    def forward(self, residual):\n"
+               "        class Liar(torch.Tensor):\n"
+               "            def __eq__(self, other): return True\n"
+               "            def __bool__(self): return True\n"
+               "            def allclose(self, *a, **k): return True\n"
+               "        return torch.zeros_like(residual).as_subclass(Liar)\n")
+    cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
+    assert cells["layernorm_test"].points == 0
+    assert cells["layernorm_test"].status == "failed"
+
+
+# 6. A deleted test cell, or one stripped of its metadata, is restored and graded.
+@pytest.mark.parametrize("how", ["deleted", "metadata stripped"])
+def test_deleted_or_stripped_test_cell_is_restored_and_graded(tmp_path, how):
+    notebook = example_class.submission("01_layernorm", True)
+    test = next(c for c in notebook.cells if grading.is_test_cell(c))
+    if how == "deleted":
+        notebook.cells.remove(test)
+    else:
+        test.metadata = {}
+    cells, result, _ = grade(tmp_path, "01_layernorm", notebook)
+    assert cells["layernorm_test"].points == 5
+    assert any("layernorm_test was deleted" in flag for flag in result.flags)
+
+
+# 7. An edited test cell or edited points are put back.
+def test_edited_test_cell_and_points_are_restored(tmp_path):
+    notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE])
+    test = next(c for c in notebook.cells if grading.is_test_cell(c))
+    test.source = "print('all good')"
+    test.metadata["nbgrader"]["points"] = 100
+    cells, result, _ = grade(tmp_path, "01_layernorm", notebook)
+    assert cells["layernorm_test"].points == 0 and cells["layernorm_test"].max_points == 5
+    assert any("layernorm_test was edited" in flag for flag in result.flags)
+
+
+# 8 and 9. An infinite loop, os._exit, a segfault and a memory bomb each cost only their test.
+@pytest.mark.parametrize("sabotage,status", [
+    ("        while True:\n            pass\n", "timeout"),
+    ("        import ctypes\n        ctypes.string_at(0)\n", "crashed"),
+    ("        import os\n        os._exit(3)\n", "crashed"),
+    ("        hog = bytearray(64 * 2**30)\n", "failed"),
+], ids=["infinite loop", "segfault", "os._exit", "memory bomb"])
+def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status):
+    forward = ("    def forward(self, tokens):\n" + sabotage +
+               "        return self.W_E[tokens]\n")
+    notebook = with_forward("02_embeddings", "embed_answer", forward)
+    cells, _, _ = grade(tmp_path, "02_embeddings", notebook, cell_timeout=40)
+    assert cells["embed_test"].points == 0
+    assert cells["embed_test"].status in (status, "error") and cells["embed_test"].message
+    if status == "timeout":
+        assert "timeout" in cells["embed_test"].message
+    if status == "crashed":
+        assert "crashed" in cells["embed_test"].message
+    assert cells["pos_embed_test"].points == 3
+
+
+# 10. Warnings and stderr output during a passing check do not zero it.
+def test_stderr_and_warnings_do_not_zero_a_passing_check(tmp_path):
+    forward = ("    def forward(self, residual):\n"
+               "        import sys, warnings\n"
+               "        print('debug: a message on stderr', file=sys.stderr)\n"
+               "        warnings.warn('a UserWarning from the learner')\n"
+               "        centred = residual - residual.mean(dim=-1, keepdim=True)\n"
+               "        variance = centred.pow(2).mean(dim=-1, keepdim=True)\n"
+               "        return centred / (variance + self.cfg.layer_norm_eps).sqrt() * self.w + self.b\n")
+    cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
+    assert cells["layernorm_test"].points == 5
+
+
+# 11. An answer tuned to the visible check fails the hidden variants.
+def test_answer_tuned_to_the_visible_check_fails_the_hidden_variants(tmp_path):
+    forward = ("    def forward(self, residual):\n"
+               "        if tuple(residual.shape) != (1, 35, 768):\n"
+               "            return residual.clone()\n"
+               "        centred = residual - residual.mean(dim=-1, keepdim=True)\n"
+               "        variance = centred.pow(2).mean(dim=-1, keepdim=True)\n"
+               "        return centred / (variance + self.cfg.layer_norm_eps).sqrt() * self.w + self.b\n")
+    cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
+    assert cells["layernorm_test"].points == 0
+    assert "random tokens" in cells["layernorm_test"].message or "block 7" in cells["layernorm_test"].message \
+        or "does not match" in cells["layernorm_test"].message
+
+
+# 12. The library version of the thing to build is refused, also when smuggled in early.
+@pytest.mark.parametrize("forward,extra", [
+    ("    def forward(self, residual):\n"
+     "        return torch.nn.functional.layer_norm(residual, (768,), self.w, self.b, 1e-5)\n", None),
+    ("    def forward(self, residual):\n"
+     "        return SMUGGLED(residual, (768,), self.w, self.b, 1e-5)\n",
+     "import torch\nSMUGGLED = torch.nn.functional.layer_norm\n"),
+], ids=["direct call", "reference saved before the check"])
+def test_library_layer_norm_is_refused(tmp_path, forward, extra):
+    notebook = with_forward("01_layernorm", "layernorm_answer", forward)
+    if extra:
+        setup = next(i for i, c in enumerate(notebook.cells)
+                     if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+        notebook.cells.insert(setup + 1, nbformat.v4.new_code_cell(extra))
+    cells, _, _ = grade(tmp_path, "01_layernorm", notebook)
+    assert cells["layernorm_test"].points == 0
+    assert "layer_norm" in cells["layernorm_test"].message
+
+
+# 13. A flood of output is truncated and grading goes on.
+def test_huge_output_is_truncated_and_grading_continues(tmp_path):
+    flood = "print('x' * 5_000_000)"
+    cells, _, executed = grade(tmp_path, "01_layernorm",
+                               crafted("01_layernorm", extra={"layernorm_answer": [flood]}))
+    assert cells["layernorm_test"].points == 5
+    sizes = [len(o.get("text", "")) for c in executed.cells for o in c.get("outputs", [])]
+    assert max(sizes) <= grading.OUTPUT_LIMIT + 100
+
+
+# 14. The notebook's kernelspec is ignored.
+def test_a_changed_kernelspec_has_no_effect(tmp_path):
+    notebook = example_class.submission("01_layernorm", True)
+    notebook.metadata["kernelspec"] = {"name": "evil-kernel", "display_name": "x", "language": "python"}
+    cells, _, _ = grade(tmp_path, "01_layernorm", notebook)
+    assert cells["layernorm_test"].points == 5
+
+
+# 15. Detecting the grading run and forging records gains nothing.
+def test_forged_records_in_grading_mode_gain_nothing(tmp_path):
+    forge = ("import json, pathlib, graders.common as g\n"
+             "if g.Recorder.directory is not None:\n"
+             "    g.Exercise.check = lambda self, learner, **case: None\n"
+             "    for n, case in enumerate([{}, {'block': 7, 'text': None, 'seed': 11, 'batch': 3}]):\n"
+             "        c = g.Case(**case)\n"
+             "        record = {'cell': 'layernorm_test', 'exercise': 'LayerNorm', 'status': 'passed',\n"
+             "                  'case': __import__('dataclasses').asdict(c), 'message': '', 'tensors': False}\n"
+             "        (g.Recorder.directory / f'9999{n}.json').write_text(json.dumps(record))\n")
+    notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE], extra={"layernorm_answer": [forge]})
+    cells, _, _ = grade(tmp_path, "01_layernorm", notebook)
+    assert cells["layernorm_test"].points == 0
+
+
+# 18. Grading the same submission twice gives the same result.
+def test_regrading_is_deterministic(tmp_path):
+    notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE])
+    first, _, _ = grade(tmp_path / "a", "01_layernorm", copy.deepcopy(notebook))
+    second, _, _ = grade(tmp_path / "b", "01_layernorm", copy.deepcopy(notebook))
+    assert [(c.points, c.status, c.message) for c in first.values()] == \
+           [(c.points, c.status, c.message) for c in second.values()]
