@@ -1,0 +1,99 @@
+"""Grading speed and memory, printed (not a test): `python benchmarks/bench_grading.py`.
+
+1. One perfect submission, notebook by notebook, with a warm activation cache: wall time,
+   peak memory of the learner's kernel and of the judging process. Targets: notebooks 01-06
+   together <= 45 s; 00-06 (+08) <= 90 s; 07 <= 3 min.
+2. A class of N perfect submissions of 01-06 graded with 1 worker and with 2 workers, in one
+   run (target speed-up >= 1.6x with 30 submissions: --class-size 30).
+"""
+import argparse
+import multiprocessing
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _grade_one(name: str, queue) -> None:
+    import nbformat
+
+    from graders import example_class, grading
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, f"{name}.ipynb")
+        nbformat.write(example_class.submission(name, True), path)
+        start = time.perf_counter()
+        result, _ = grading.grade_notebook("bench", name, path, Path(folder, "work"), 600)
+        elapsed = time.perf_counter() - start
+    kernel_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    judge_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    queue.put((elapsed, kernel_peak, judge_peak, result.score, sum(c.max_points for c in result.cells)))
+
+
+def per_notebook(names: list[str]) -> dict[str, float]:
+    context = multiprocessing.get_context("spawn")
+    times = {}
+    print(f"{'notebook':24} {'wall s':>8} {'kernel MB':>10} {'judge MB':>9} {'points':>8}")
+    for name in names:
+        queue = context.Queue()
+        process = context.Process(target=_grade_one, args=(name, queue))
+        process.start()
+        elapsed, kernel_mb, judge_mb, score, maximum = queue.get()
+        process.join()
+        times[name] = elapsed
+        print(f"{name:24} {elapsed:8.1f} {kernel_mb:10.0f} {judge_mb:9.0f} {score:>4g}/{maximum:<3g}", flush=True)
+    return times
+
+
+def verdict(label: str, seconds: float, target: float) -> None:
+    status = "PASS" if seconds <= target else "over"
+    print(f"{label:45} {seconds:7.1f} s   target <= {target:5.0f} s   {status}")
+
+
+def class_speedup(size: int, names: list[str]) -> None:
+    import nbformat
+
+    from graders import classroom, example_class
+
+    with tempfile.TemporaryDirectory() as folder:
+        submissions = Path(folder, "class")
+        for n in range(size):
+            for name in names:
+                target = submissions / f"student{n:03d}" / f"{name}.ipynb"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                nbformat.write(example_class.submission(name, True), target)
+        walls = {}
+        for workers in (1, 2):
+            start = time.perf_counter()
+            classroom.grade_class(submissions, Path(folder, f"out{workers}"), names, workers, None, 600)
+            walls[workers] = time.perf_counter() - start
+    print(f"class of {size} x {len(names)} notebooks: 1 worker {walls[1]:.0f} s, 2 workers "
+          f"{walls[2]:.0f} s, speed-up {walls[1] / walls[2]:.2f}x (target >= 1.6x)")
+
+
+def main() -> None:
+    from graders.notebooks import notebook_names
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--class-size", type=int, default=4)
+    parser.add_argument("--skip-class", action="store_true")
+    args = parser.parse_args()
+    names = [n for n in notebook_names() if n != "00_tour"]
+    print(f"{multiprocessing.cpu_count()} CPUs; warm caches; each notebook graded in a fresh process")
+    per_notebook(names[:1])  # warms every cache (reference weights snapshot, activations)
+    times = per_notebook(names)
+    core = [n for n in names if n[:2] <= "06"]
+    verdict("notebooks 01-06, one submission", sum(times[n] for n in core), 45)
+    verdict("notebooks 00-06 and 08 (those present)", sum(t for n, t in times.items() if n[:2] != "07"), 90)
+    if "07_training" in times:
+        verdict("notebook 07", times["07_training"], 180)
+    if not args.skip_class:
+        class_speedup(args.class_size, core)
+
+
+if __name__ == "__main__":
+    main()
