@@ -377,10 +377,11 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         expected_checks(cell["source"])
     before = graders_snapshot()
     problems = run(notebook, records, workdir, cell_timeout)
-    tampered = restore_graders(before)
+    tampered = changed_graders(before)
     if tampered:
-        result.flags.append(f"the submission modified the grader's files {tampered}: they were "
-                            "restored, and the tests are judged by the untouched grader")
+        result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "
+                            "were judged by the grader as loaded before it ran; check those files "
+                            "(e.g. `git status graders/`) before grading more.")
     recorded = load_records(records)
     code = learner_code(notebook, source)
     for index, cell in enumerate(notebook.cells):
@@ -397,16 +398,15 @@ def graders_snapshot() -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in sorted(package.glob("*.py"))}
 
 
-def restore_graders(snapshot: dict[Path, bytes]) -> list[str]:
-    """Put back any grader file a submission changed, added or removed; name them."""
+def changed_graders(snapshot: dict[Path, bytes]) -> list[str]:
+    """Names of grader files that differ from `snapshot` (changed, added or removed).
+
+    Nothing is written back: the judge of this run already imported every module it needs
+    before learner code ran, and rewriting files could undo an instructor's own edit. The
+    change is reported so that the instructor can see it and restore the files.
+    """
     now = graders_snapshot()
-    changed = sorted({p.name for p in snapshot.keys() | now.keys() if snapshot.get(p) != now.get(p)})
-    for path, data in snapshot.items():
-        if now.get(path) != data:
-            path.write_bytes(data)
-    for path in now.keys() - snapshot.keys():
-        path.unlink(missing_ok=True)
-    return changed
+    return sorted({p.name for p in snapshot.keys() | now.keys() if snapshot.get(p) != now.get(p)})
 
 
 @contextlib.contextmanager

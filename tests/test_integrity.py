@@ -12,6 +12,10 @@ from graders import example_class, grading
 
 pytestmark = pytest.mark.xdist_group("integrity")
 
+CORRECT_LAYERNORM_BODY = (
+    "        centred = residual - residual.mean(dim=-1, keepdim=True)\n"
+    "        variance = centred.pow(2).mean(dim=-1, keepdim=True)\n"
+    "        return centred / (variance + self.cfg.layer_norm_eps).sqrt() * self.w + self.b\n")
 SAMPLE_VARIANCE = ("01_layernorm", "layernorm_answer", "centred.pow(2).mean(dim=-1, keepdim=True)",
                    "centred.var(dim=-1, keepdim=True)")
 
@@ -135,10 +139,7 @@ def test_stderr_and_warnings_do_not_zero_a_passing_check(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        import sys, warnings\n"
                "        print('debug: a message on stderr', file=sys.stderr)\n"
-               "        warnings.warn('a UserWarning from the learner')\n"
-               "        centred = residual - residual.mean(dim=-1, keepdim=True)\n"
-               "        variance = centred.pow(2).mean(dim=-1, keepdim=True)\n"
-               "        return centred / (variance + self.cfg.layer_norm_eps).sqrt() * self.w + self.b\n")
+               "        warnings.warn('a UserWarning from the learner')\n" + CORRECT_LAYERNORM_BODY)
     cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
     assert cells["layernorm_test"].points == 5
 
@@ -147,10 +148,7 @@ def test_stderr_and_warnings_do_not_zero_a_passing_check(tmp_path):
 def test_answer_tuned_to_the_visible_check_fails_the_hidden_variants(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        if tuple(residual.shape) != (1, 35, 768):\n"
-               "            return residual.clone()\n"
-               "        centred = residual - residual.mean(dim=-1, keepdim=True)\n"
-               "        variance = centred.pow(2).mean(dim=-1, keepdim=True)\n"
-               "        return centred / (variance + self.cfg.layer_norm_eps).sqrt() * self.w + self.b\n")
+               "            return residual.clone()\n" + CORRECT_LAYERNORM_BODY)
     cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
     assert cells["layernorm_test"].points == 0
     assert "random tokens" in cells["layernorm_test"].message or "block 7" in cells["layernorm_test"].message \
