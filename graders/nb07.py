@@ -50,9 +50,9 @@ SECOND_HALF_MIN_ACCURACY = 0.99
 # --- Tiny Shakespeare -----------------------------------------------------------------------
 SHAKESPEARE_WINDOW = 64
 SHAKESPEARE_BATCH = 16
-SHAKESPEARE_STEPS = 250
+SHAKESPEARE_STEPS = 40
 SHAKESPEARE_LR = 1e-2
-SHAKESPEARE_MARGIN = 0.0          # nats below the unigram entropy; see judge_shakespeare
+LEARNED_MARGIN = 3.0              # nats below uniform guessing, ln(d_vocab); see judge_shakespeare
 N_VAL_WINDOWS = 128
 PROMPT = " O Romeo, Romeo, wherefore art thou Romeo?"
 
@@ -554,23 +554,19 @@ def produce_shakespeare(run: TrainingRun, case: Case) -> dict:
 
 
 def judge_shakespeare(case: Case, outputs: dict) -> None:
-    """Validation loss after the budget must beat the train split's unigram entropy by a margin.
+    """After a CPU-sized budget the validation loss must be far below uniform guessing.
 
-    The baseline is harder than it looks: the train split's unigram distribution scores 6.53
-    nats on the validation split (the plays differ), so beating its 6.315-nat entropy on
-    validation needs > 0.2 nats from context. Measured with the solution (seed 0, one thread,
-    16x64 tokens a step, validation loss on random 64-token windows):
-      lr 3e-3:  6.51 after 100 steps (64 windows);
-      lr 1e-2:  6.48 after 100, 6.37 after 150 steps (32 windows, first run);
-                7.06 / 6.73 / 6.59 / 6.58 / 6.56 / 6.48 / 6.41 / 6.33 / 6.32 / 6.28 after
-                25 / 50 / ... / 250 steps (64 other windows, second run: 1996 s on one thread
-                of a machine with load 3-8, 128 tokens/s);
-      lr 2e-2:  7.14 / 6.68 / 6.60 after 25 / 50 / 75 steps.
-    One step takes 2-3.5 s on one thread of this machine (1.9 s on two threads), so the 2-minute
-    budget of the issue is ~50 steps, far from the baseline. The solution first crosses 6.315
-    between steps 225 and 250, so 250 steps with margin 0 leaves only ~0.03 nats of headroom:
-    SHAKESPEARE_STEPS and SHAKESPEARE_MARGIN are PROVISIONAL (one seed measured); rerun
-    benchmarks/bench_training.py on an idle machine and set them from it.
+    What the grader requires: validation loss <= ln(d_vocab) - LEARNED_MARGIN = 7.825 nats after
+    SHAKESPEARE_STEPS = 40 steps of 16x64 tokens (about 80 s on 2 cores). A loop that does not
+    learn (no step, lr ignored, no backward) stays near ln(d_vocab) = 10.8; one without
+    zero_grad diverges above it. Measured with the solution (seed 0, lr 1e-2, one thread,
+    validation loss on random 64-token windows): 7.06 / 6.73 / 6.59 / 6.58 / 6.56 / 6.48 / 6.41 /
+    6.33 / 6.32 / 6.28 after 25 / 50 / ... / 250 steps; lr 2e-2: 7.14 / 6.68 / 6.60 after
+    25 / 50 / 75; so 40 steps leave about 1 nat of headroom.
+    Not yet what the course wants: beating the train split's unigram entropy (6.315 nats) needs
+    ~240 steps here (the train unigram distribution itself scores 6.53 on validation), about
+    8 minutes on 2 cores, beyond the grading budget; the unigram entropy is reported for
+    reference.
     """
     drawn = int(outputs["batches_drawn"])
     if drawn != SHAKESPEARE_STEPS:
@@ -580,20 +576,18 @@ def judge_shakespeare(case: Case, outputs: dict) -> None:
     check_shape("validation losses", token_losses, (N_VAL_WINDOWS, SHAKESPEARE_WINDOW - 1),
                 ("window", "position"))
     val = token_losses.mean().item()
-    baseline = unigram_entropy()
+    uniform = math.log(50257)
+    required = uniform - LEARNED_MARGIN
     message = (f"After {SHAKESPEARE_STEPS} steps of {SHAKESPEARE_BATCH}x{SHAKESPEARE_WINDOW} tokens the "
-               f"validation loss is {val:.3f} nats; the train split's unigram entropy (the best "
-               f"loss of a model that ignores context) is {baseline:.3f}, and the grader requires "
-               f"at most {baseline - SHAKESPEARE_MARGIN:.3f}.")
-    if not math.isfinite(val) or val > baseline - SHAKESPEARE_MARGIN:
-        if not math.isfinite(val) or val > math.log(50257) + 1:
+               f"validation loss is {val:.3f} nats; uniform guessing scores {uniform:.3f} and the "
+               f"grader requires at most {required:.3f} (the train split's unigram entropy, the "
+               f"best a context-free model can do, is {unigram_entropy():.3f}).")
+    if not math.isfinite(val) or val > required:
+        if not math.isfinite(val) or val > uniform + 1:
             stuck = (" That is worse than guessing uniformly over the vocabulary. Likely mistake: "
                      "optimizer.zero_grad() is missing, so gradients pile up across steps.")
-        elif val > baseline + 1:
-            stuck = " The model has hardly learned. " + STUCK_HINT
         else:
-            stuck = (" Likely mistakes: optimizer.zero_grad() is missing; the loss is not the "
-                     "shifted next-token loss; the lr argument is not used.")
+            stuck = " The model has hardly learned. " + STUCK_HINT
         raise CheckFailed(message + stuck)
 
 
