@@ -145,3 +145,28 @@ def test_expected_checks_are_listed_without_running_learner_code():
     listed = grading.expected_checks(cell.source)
     assert [name for name, _ in listed] == ["LayerNorm"] * 3
     assert listed[1][1]["block"] == 7 and listed[1][1]["batch"] == 3 and listed[1][1]["text"] is None
+
+
+def test_release_writes_student_notebooks_without_solutions_or_hidden_tests(tmp_path):
+    from graders.notebooks import main as notebooks_main
+
+    assert notebooks_main(["release", str(tmp_path)]) == 0
+    released = sorted(tmp_path.glob("release/*/*.ipynb"))
+    assert [p.stem for p in released] == [p.parent.name for p in released] and len(released) >= 7
+    for path in released:
+        text = path.read_text()
+        assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, path
+
+
+def test_learner_check_summarises_each_test_cell(tmp_path, capsys):
+    from graders.check import check
+
+    solved = tmp_path / "01_layernorm.ipynb"
+    nbformat.write(example_class.students()["perfect"]["01_layernorm"], solved)
+    assert check(solved) == 0
+    assert "pass layernorm_test (5 points)" in capsys.readouterr().out
+    buggy = tmp_path / "buggy.ipynb"
+    nbformat.write(example_class.students()["buggy"]["01_layernorm"], buggy)
+    assert check(buggy) == 1
+    out = capsys.readouterr().out
+    assert "FAIL layernorm_test (5 points)" in out and "sample variance" in out
