@@ -222,9 +222,8 @@ def _copy_outputs(batch, order, notebook, problems) -> None:
             if output.get("output_type") == "error" and output.get("ename") in (
                     "CellTimeoutError", "KeyboardInterrupt"):  # the harness interrupts on timeout
                 problems.setdefault(index, "timeout")
-            for key in ("text",):
-                if isinstance(output.get(key), str) and len(output[key]) > OUTPUT_LIMIT:
-                    output[key] = output[key][:OUTPUT_LIMIT] + "\n... [output truncated]"
+            if isinstance(output.get("text"), str) and len(output["text"]) > OUTPUT_LIMIT:
+                output["text"] = output["text"][:OUTPUT_LIMIT] + "\n... [output truncated]"
         if outputs:
             notebook.cells[index]["outputs"] = outputs
 
@@ -305,8 +304,16 @@ def forbidden_use(exercise: str, code: str) -> str | None:
     return next((w for w in sorted(words) if _mentions(code, w)), None)
 
 
-def judge_cell(cell, records: list[dict], problem: str | None, cell_error: str,
-               code: str = "") -> CellResult:
+def _listed(cell) -> list[tuple[str, dict]] | Exception:
+    """The checks a source test cell asks for, or why they could not be listed."""
+    try:
+        return expected_checks(cell["source"])
+    except Exception as err:  # a source test cell we cannot read is the course's bug, not theirs
+        return err
+
+
+def judge_cell(cell, wanted: list[tuple[str, dict]] | Exception, records: list[dict],
+               problem: str | None, cell_error: str, code: str = "") -> CellResult:
     from graders.common import EXERCISES, Case
     from graders.engine import CheckFailed
 
@@ -316,10 +323,8 @@ def judge_cell(cell, records: list[dict], problem: str | None, cell_error: str,
     def failed(status: str, message: str) -> CellResult:
         return CellResult(grade_id, 0.0, points, status, message)
 
-    try:
-        wanted = expected_checks(cell["source"])
-    except Exception as err:  # a source test cell we cannot read is the course's bug, not theirs
-        return failed("error", f"grader could not list this cell's checks: {err}")
+    if isinstance(wanted, Exception):
+        return failed("error", f"grader could not list this cell's checks: {wanted}")
     for exercise, case in wanted:
         found = next((r for r in records if r.get("exercise") == exercise and r.get("case") == case), None)
         if found is None:
@@ -371,10 +376,10 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     result.flags += restore_flags
     records = workdir / "records"
     records.mkdir(parents=True, exist_ok=True)
-    # Every module the judge needs is imported before learner code runs, and the grader's
-    # files are checked afterwards: a submission cannot change the judge.
-    for cell in test_cells(source):
-        expected_checks(cell["source"])
+    # Listing the checks imports every module the judge needs before learner code runs, and
+    # the grader's files are checked afterwards: a submission cannot change the judge.
+    tests = {_nbgrader(c)["grade_id"]: c for c in test_cells(source)}
+    wanted = {grade_id: _listed(c) for grade_id, c in tests.items()}
     before = graders_snapshot()
     problems = run(notebook, records, workdir, cell_timeout)
     tampered = changed_graders(before)
@@ -386,8 +391,8 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     code = learner_code(notebook, source)
     for index, cell in enumerate(notebook.cells):
         if is_test_cell(cell):
-            source_cell = next(c for c in source.cells if _nbgrader(c).get("grade_id") == _nbgrader(cell)["grade_id"])
-            result.cells.append(judge_cell(source_cell, recorded.get(_nbgrader(cell)["grade_id"], []),
+            grade_id = _nbgrader(cell)["grade_id"]
+            result.cells.append(judge_cell(tests[grade_id], wanted[grade_id], recorded.get(grade_id, []),
                                            problems.get(index), _cell_error(cell), code))
     return result, notebook
 
