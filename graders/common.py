@@ -31,8 +31,8 @@ class Case:
 
     def describe(self) -> str:
         what = "the reference text" if self.text == REFERENCE_TEXT else (
-            f"text {self.text[:30]!r}" if self.text else f"random tokens (seed {self.seed})")
-        return f"{what}, batch {self.batch}, block {self.block}"
+            f"text {self.text[:30]!r}" if self.text else f"random inputs (seed {self.seed})")
+        return f"{what}, batch {self.batch}" + (f", block {self.block}" if self.block else "")
 
 
 @lru_cache(maxsize=1)

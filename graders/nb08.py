@@ -856,11 +856,32 @@ def exhaustive_search(model: MarkovModel, prompt: torch.Tensor, n_new: int, top:
     return tokens, torch.tensor([s for s, _ in scored[:top]], dtype=torch.float64)
 
 
+BEAM_SETTINGS = {"exact": (36, 3), "narrow": (3, 5), "greedy": (1, 4)}   # (num_beams, new tokens)
+# 36 = 6^2 beams hold every 2-token prefix, so beam search over 3 new tokens is exhaustive.
+
+
+def _beam_margin(model: MarkovModel, prompt: torch.Tensor, num_beams: int, n_new: int) -> float:
+    """The smallest score gap that decides the search: at every step between the last kept
+    candidate and the first dropped one, and between consecutive final beams."""
+    log_probs = model.table.double().log_softmax(-1)
+    beams, scores, margin = prompt, torch.zeros(1, dtype=torch.float64), math.inf
+    for _ in range(n_new):
+        ranked, flat = (scores[:, None] + log_probs[beams[:, -1]]).flatten().sort(descending=True)
+        if len(ranked) > num_beams:
+            margin = min(margin, float(ranked[num_beams - 1] - ranked[num_beams]))
+        scores, flat = ranked[:num_beams], flat[:num_beams]
+        beams = torch.cat([beams[flat // BEAM_VOCAB], (flat % BEAM_VOCAB)[:, None]], dim=-1)
+    return min([margin] + (scores[:-1] - scores[1:]).tolist())
+
+
 def _beam_cases(case: Case):
-    model = markov_model(case.seed + 80, BEAM_VOCAB)
+    """A Markov model whose searches are decided by gaps of at least 1e-3 (far above fp32
+    rounding), so that every correct implementation finds the same beams in the same order."""
     prompt = torch.tensor([[case.seed % BEAM_VOCAB, 4]])
-    # (num_beams, new tokens): 36 = 6^2 beams make beam search exact for 3 new tokens.
-    return model, prompt, {"exact": (36, 3), "narrow": (3, 5), "greedy": (1, 4)}
+    for attempt in itertools.count():
+        model = markov_model(case.seed + 80 + 1000 * attempt, BEAM_VOCAB)
+        if all(_beam_margin(model, prompt, *setting) > 1e-3 for setting in BEAM_SETTINGS.values()):
+            return model, prompt, BEAM_SETTINGS
 
 
 def sequence_log_prob(model: MarkovModel, tokens: torch.Tensor, n_prompt: int) -> torch.Tensor:
