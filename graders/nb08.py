@@ -918,11 +918,16 @@ def judge_beam(case: Case, outputs: dict) -> None:
         if not close(scores, true_scores.float()):
             row = int((scores.double() - true_scores).abs().argmax())
             last = model.table.double().log_softmax(-1)[tokens[:, -2], tokens[:, -1]]
-            why = ("Likely mistake: the scores are not accumulated: a beam's score is the SUM of "
-                   "the log-probabilities of all its new tokens, not the last one's."
-                   if close(scores, last.float()) else
-                   "A beam's score must be the sum of log_softmax(logits) of each new token given "
-                   "the tokens before it (log-probabilities, not probabilities or raw logits).")
+            if close(scores, last.float()):
+                why = ("Likely mistake: the scores are not accumulated: a beam's score is the SUM "
+                       "of the log-probabilities of all its new tokens, not the last one's.")
+            elif any(close(scores, (true_scores / n).float()) for n in (new, n_prompt + new)):
+                why = ("Likely mistake: the score is divided by the length. Return the plain total "
+                       "log-probability of the new tokens, the same measure for every beam.")
+            else:
+                why = ("A beam's score must be the sum of log_softmax(logits) of each new token "
+                       "given the tokens before it (log-probabilities, not probabilities or raw "
+                       "logits), over the new tokens only.")
             raise CheckFailed(f"{where}: beam {row} has log-probability {float(scores[row]):.5f}, "
                               f"but its tokens {tokens[row].tolist()} have total log-probability "
                               f"{float(true_scores[row]):.5f}. {why}")
