@@ -49,8 +49,11 @@ def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
     return written
 
 
-def run_solutions(out_dir: Path) -> None:
-    """Execute every solution notebook in order (the reference run), saving it and an HTML copy."""
+def run_solutions(out_dir: Path, names: list[str] | None = None) -> list[str]:
+    """Execute the solution notebooks in order (the reference run), saving each with an HTML copy.
+
+    Returns the names of those that failed; a failure does not stop the others.
+    """
     import time
 
     import nbformat
@@ -58,7 +61,8 @@ def run_solutions(out_dir: Path) -> None:
     from nbconvert import HTMLExporter
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = notebook_names()
+    names = names or notebook_names()
+    failed = []
     for number, name in enumerate(names, 1):
         start = time.time()
         notebook = nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
@@ -68,10 +72,12 @@ def run_solutions(out_dir: Path) -> None:
                            resources={"metadata": {"path": str(SOLUTIONS)}}).execute()
         except Exception as err:  # keep going: the HTML shows where it failed
             status = f"FAILED ({type(err).__name__})"
+            failed.append(name)
         nbformat.write(notebook, out_dir / f"{name}.ipynb")
         html, _ = HTMLExporter(template_name="lab").from_notebook_node(notebook)
         (out_dir / f"{name}.html").write_text(html)
         print(f"[{number}/{len(names)}] {name}: {status} in {time.time() - start:.0f} s", flush=True)
+    return failed
 
 
 def stripped(path: Path) -> dict:
@@ -94,12 +100,16 @@ def main(argv=None) -> int:
     release.add_argument("course_dir", type=Path)
     run = sub.add_parser("run-solutions", help="execute every solution notebook into a folder, with HTML")
     run.add_argument("out_dir", type=Path)
+    run.add_argument("names", nargs="*", help="only these notebooks (file stems); default: all")
     args = parser.parse_args(argv)
     if args.command == "exercises":
         for path in generate(EXERCISES):
             print(f"wrote {path.relative_to(ROOT)}")
     elif args.command == "run-solutions":
-        run_solutions(args.out_dir)
+        failed = run_solutions(args.out_dir, args.names)
+        if failed:
+            print(f"{len(failed)} solution notebook(s) failed: {', '.join(failed)} (see their HTML)")
+            return 1
     else:
         for name in notebook_names():
             for path in generate(args.course_dir / "release" / name, [name]):

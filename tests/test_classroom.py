@@ -179,3 +179,30 @@ def test_learner_check_summarises_each_test_cell(tmp_path, capsys):
     assert check(buggy) == 1
     out = capsys.readouterr().out
     assert "FAIL layernorm_test (5 points)" in out and "sample variance" in out
+
+
+def test_run_solutions_saves_each_executed_notebook_with_html_and_reports_failures(tmp_path, capsys, monkeypatch):
+    from graders import notebooks
+
+    names = ["00_tour", "01_layernorm"]
+    assert notebooks.main(["run-solutions", str(tmp_path / "ok"), *names]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["[1/2] 00_tour", "[2/2] 01_layernorm"]
+    assert all(": ok in " in line for line in lines)
+    for name in names:
+        executed = nbformat.read(tmp_path / "ok" / f"{name}.ipynb", as_version=4)
+        assert all(c.get("execution_count") for c in executed.cells if c.cell_type == "code"), name
+        assert (tmp_path / "ok" / f"{name}.html").read_text().count("<html") == 1
+    tests = grading.test_cells(nbformat.read(tmp_path / "ok" / "01_layernorm.ipynb", as_version=4))
+    assert "correct on" in str(tests[0].outputs)
+    # A solution that breaks is reported, its HTML still written, and the command fails.
+    broken = tmp_path / "solutions"
+    broken.mkdir()
+    notebook = grading.source_notebook("01_layernorm")
+    notebook.cells[[c.cell_type for c in notebook.cells].index("code")].source += "\nraise RuntimeError('boom')"
+    nbformat.write(notebook, broken / "01_layernorm.ipynb")
+    monkeypatch.setattr(notebooks, "SOLUTIONS", broken)
+    assert notebooks.main(["run-solutions", str(tmp_path / "broken"), "01_layernorm"]) == 1
+    out = capsys.readouterr().out
+    assert "01_layernorm: FAILED (CellExecutionError)" in out and "1 solution notebook(s) failed" in out
+    assert "boom" in (tmp_path / "broken" / "01_layernorm.html").read_text()
