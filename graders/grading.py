@@ -3,10 +3,13 @@
 1. Restore: every locked cell of the source notebook (test cells, given code) replaces the
    submission's version, by nbgrader grade_id; a deleted test cell is put back where it was.
 2. Run: a fresh kernel (`graders.sandbox_kernel`: memory cap, scrubbed environment, own folder)
-   executes the cells with a per-cell timeout. Test cells run in recording mode: each check
-   saves what the learner's code produced (tensors in safetensors files, never pickles). A
-   kernel that dies (os._exit, segfault, memory) is restarted; the cell that killed it is
-   skipped and the learner's other cells are replayed, so only the affected tests are lost.
+   executes the cells with a per-cell timeout. A root grader also confines it: no network, and
+   only the system, Python, the graders package, the reference files its checks read (all
+   read-only) and its own folder, as a uid no other process has. Test cells run in recording
+   mode: each check saves what the learner's code produced (tensors in safetensors files,
+   never pickles). A kernel that dies (os._exit, segfault, memory) is restarted; the cell that
+   killed it is skipped and the learner's other cells are replayed, so only the affected tests
+   are lost.
 3. Judge: this process, which never runs learner code, replays each test cell's source from
    the *source* notebook to list the checks it must contain, and judges each recorded output
    with the exercise's `judge`. A test cell scores its points only if all its checks pass.
@@ -15,10 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
+import secrets
+import stat
+import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,6 +39,7 @@ KERNEL_NAME = "gpt2-course-sandbox"
 DEFAULT_CELL_TIMEOUT = 300
 MAX_RESTARTS = 6
 OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
+SANDBOX_UIDS = (1_000_000_000, 2_000_000_000)  # no account has these: each kernel draws its own
 
 
 @dataclass
@@ -164,24 +173,115 @@ def sandbox_env(home: Path) -> dict:
     return env
 
 
+@functools.lru_cache(maxsize=1)
+def confinement_unavailable() -> str | None:
+    """Why learner code cannot be confined here (None when it can): that needs root and private
+    mount and network namespaces, which a throwaway process tries once."""
+    if os.geteuid() != 0:
+        return "the grader does not run as root"
+    probe = subprocess.run([sys.executable, "-m", "graders.sandbox_kernel", "--probe"],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        return f"no private namespaces here ({(probe.stderr.strip().splitlines() or ['?'])[-1]})"
+    return None
+
+
+def activation_file(case) -> Path:
+    """The cached reference activations of `case` (a graders.common.Case), computed if missing."""
+    from graders import activations, common
+    from graders.paths import cache_dir
+
+    common.activations(case)
+    key = activations._key(common.reference_id().fingerprint, case.tokens())
+    return cache_dir("activations") / f"{key}.safetensors"
+
+
+def reference_files(wanted: dict) -> list[Path]:
+    """The grader's files a confined kernel may read, made now (the judge needs them too) and
+    readable by anyone: the course weights, the reference activations of the listed checks
+    only, the reference model files (to compute activations it was not given), tiny Shakespeare.
+    None of them is secret; the course cache as a whole is kept from the kernel."""
+    from graders import common, data, reference, synthetic
+    from graders.paths import cache_dir
+
+    files = [common._weights_file()]
+    for checks in wanted.values():
+        if not isinstance(checks, Exception):
+            files += [activation_file(common.Case(**case)) for _, case in checks]
+    files += [cache_dir() / name for name in ("tokenizer-gpt2", "fingerprints",
+                                              f"synthetic-gpt2-v{synthetic.VERSION}")]
+    with contextlib.suppress(data.DataFileError):
+        files.append(data.tinyshakespeare_path(download=False))
+    if os.environ.get(reference.PRETRAINED_DIR_ENV):
+        files.append(Path(os.environ[reference.PRETRAINED_DIR_ENV]))
+    files = sorted({Path(os.path.abspath(f)) for f in files if f.exists()})
+    for path in files:  # the cache writes files 0600 (atomic_write): let the kernel's uid read
+        for where in [path, *(path.rglob("*") if path.is_dir() else ())]:
+            readable = 0o555 if where.is_dir() else 0o444
+            if where.stat().st_mode & readable != readable:
+                where.chmod(where.stat().st_mode | readable)
+    return files
+
+
+def _sandbox_plan(workdir: Path, root: Path, files: list[Path], uid: int, sockets: Path) -> dict:
+    """What a confined kernel sees (see graders.sandbox_kernel.confine): the system, Python and
+    the graders package read-only, `files`, its own folder and sockets; a fresh /tmp and course
+    cache; and nothing else of the course folder: no solutions/, .git, tests, grading output."""
+    from graders.paths import cache_dir
+
+    package = Path(__file__).parent
+    system = [(p, "link" if os.path.islink(p) else "ro")
+              for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+              if os.path.lexists(p)]
+    mounts = system + [("/dev", "tree"), ("/proc", "tree"), ("/sys", "tree"), ("/tmp", "tmp"),
+                       ("/dev/shm", "tmp"), (str(package.parent), "empty"), (str(cache_dir()), "tmp")]
+    mounts += [(str(p), "ro") for p in {Path(sys.base_prefix).resolve(), Path(sys.prefix), package,
+                                        package.parent / "data", *files} if p.exists()]
+    mounts += [(str(workdir), "rw"), (str(sockets), "rw")]
+    return {"uid": uid, "root": str(root), "cwd": str(workdir), "mounts": sorted(mounts)}
+
+
 def _recording_prelude(records: Path, grade_id: str) -> str:
     return (f"import graders.common as _grading\n"
             f"_grading.Recorder.start({str(records)!r}, {grade_id!r})\n")
 
 
-def run(notebook, records: Path | None, workdir: Path, cell_timeout: int) -> dict[int, str]:
+def run(notebook, records: Path | None, workdir: Path, cell_timeout: int,
+        confined_to: list[Path] | None = None) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge; without, they judge in the kernel
-    (the learner's own pre-submission check).
+    (the learner's own pre-submission check). With `confined_to` (a root grader), the kernel is
+    confined and sees those of the grader's files only (see `_sandbox_plan`).
     """
+    with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
+        # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
+        # rewrite would start the next kernel as root.
+        os.environ["JUPYTER_PATH"] = str(_kernel_dir(Path(private)))
+        env, config = sandbox_env(workdir), {}
+        if confined_to is not None:
+            from graders.sandbox_kernel import PLAN_ENV
+
+            uid = secrets.randbelow(SANDBOX_UIDS[1] - SANDBOX_UIDS[0]) + SANDBOX_UIDS[0]
+            root, sockets = Path(private) / "root", Path(private) / "sockets"
+            root.mkdir()
+            sockets.mkdir()
+            for folder in (workdir, records, sockets):
+                os.chown(folder, uid, uid)
+            env[PLAN_ENV] = json.dumps(_sandbox_plan(workdir, root, confined_to, uid, sockets))
+            # The kernel has no network: it talks to this process over Unix sockets.
+            config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
+        return _run_kernels(notebook, records, workdir, cell_timeout, env, config)
+
+
+def _run_kernels(notebook, records, workdir, cell_timeout, env, config) -> dict[int, str]:
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
+    from traitlets.config import Config
 
     problems: dict[int, str] = {}
     test_indices = {i for i, c in enumerate(notebook.cells) if is_test_cell(c)}
     done: set[int] = set()
-    os.environ["JUPYTER_PATH"] = str(_kernel_dir(workdir / ".jupyter"))
     for _attempt in range(MAX_RESTARTS):
         order = [i for i in range(len(notebook.cells))
                  if notebook.cells[i]["cell_type"] == "code" and i not in problems and i not in done]
@@ -200,9 +300,10 @@ def run(notebook, records: Path | None, workdir: Path, cell_timeout: int) -> dic
             interrupt_on_timeout=True, startup_timeout=120,
             resources={"metadata": {"path": str(workdir)}},
             on_cell_start=lambda cell, cell_index: current.update(index=order[cell_index]),
+            config=Config(config),
         )
         try:
-            client.execute(env=sandbox_env(workdir), cwd=str(workdir))
+            client.execute(env=env, cwd=str(workdir))
         except DeadKernelError:
             died = current["index"]
             problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
@@ -255,19 +356,38 @@ def expected_checks(test_source: str) -> list[tuple[str, dict]]:
 
 
 def load_records(records: Path) -> dict[str, list[dict]]:
-    """Recorded outputs by test cell. Only JSON and safetensors are read: nothing executable."""
-    from safetensors.torch import load_file
+    """Recorded outputs by test cell. Only JSON and safetensors are read: nothing executable.
+
+    Only regular files directly in `records` count: a symlink planted there by a confined
+    kernel would make this process read a file that the kernel itself could not.
+    """
+    from safetensors.torch import load
 
     by_cell: dict[str, list[dict]] = {}
-    for path in sorted(records.glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-            tensors = path.with_suffix(".safetensors")
-            record["outputs"] = load_file(tensors) if record.get("tensors") else None
-        except Exception:  # a malformed record counts as a missing one
-            continue
-        by_cell.setdefault(str(record.get("cell")), []).append(record)
+    try:
+        folder = os.open(records, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return by_cell
+    try:
+        for name in sorted(n for n in os.listdir(folder) if n.endswith(".json")):
+            try:
+                record = json.loads(_regular_file(folder, name))
+                tensors = name[:-len(".json")] + ".safetensors"
+                record["outputs"] = load(_regular_file(folder, tensors)) if record.get("tensors") else None
+            except Exception:  # a malformed record counts as a missing one
+                continue
+            by_cell.setdefault(str(record.get("cell")), []).append(record)
+    finally:
+        os.close(folder)
     return by_cell
+
+
+def _regular_file(folder: int, name: str) -> bytes:
+    handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    with os.fdopen(handle, "rb") as f:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):  # a FIFO would block the grader
+            raise OSError(f"{name} is not a regular file")
+        return f.read()
 
 
 def learner_code(notebook, source) -> str:
@@ -380,8 +500,14 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     # the grader's files are checked afterwards: a submission cannot change the judge.
     tests = {_nbgrader(c)["grade_id"]: c for c in test_cells(source)}
     wanted = {grade_id: _listed(c) for grade_id, c in tests.items()}
+    unavailable = confinement_unavailable()
+    if unavailable:
+        warnings.warn(f"learner code runs unconfined, with this grader's file access "
+                      f"(solutions/, the course cache, other students' files): {unavailable}. "
+                      "Grade as root to confine it.", RuntimeWarning, stacklevel=2)
+    files = None if unavailable else reference_files(wanted)
     before = graders_snapshot()
-    problems = run(notebook, records, workdir, cell_timeout)
+    problems = run(notebook, records, workdir, cell_timeout, files)
     tampered = changed_graders(before)
     if tampered:
         result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "

@@ -4,6 +4,9 @@ Every test builds a submission from the released notebook (graders.example_class
 with the instructor's harness (graders.grading), and checks the points and the reason.
 """
 import copy
+import json
+import os
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -37,6 +40,16 @@ def grade(tmp_path, name, notebook, cell_timeout=120):
     nbformat.write(notebook, path)
     result, executed = grading.grade_notebook("crafted", name, path, tmp_path / "work", cell_timeout)
     return {c.grade_id: c for c in result.cells}, result, executed
+
+
+def printed(executed, marker):
+    """What the learner's cell starting with `marker` printed."""
+    return "".join(o.get("text", "") for c in executed.cells if c.source.startswith(marker)
+                   for o in c.get("outputs", []))
+
+
+ROOT_GRADER = pytest.mark.skipif(os.geteuid() != 0, reason="only a root grader can confine learner "
+                                 "code (CI grades as root); as another user it runs unconfined")
 
 
 def with_forward(name, grade_id, forward_source):
@@ -86,6 +99,104 @@ def test_lying_tensor_subclass_fails(tmp_path):
     cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
     assert cells["layernorm_test"].points == 0
     assert cells["layernorm_test"].status == "failed"
+
+
+# 4. Solutions (and their hidden tests) and reference activations are out of reach.
+@ROOT_GRADER
+def test_solutions_and_reference_activations_cannot_be_read(tmp_path):
+    from graders.common import Case
+
+    solution = grading.SOLUTIONS / "01_layernorm.ipynb"
+    activations = grading.activation_file(Case(text="A text that no check of notebook 01 reads."))
+    steal = ("# steal\n"
+             "import json\n"
+             f"for path in {[str(solution), str(activations)]!r}:\n"
+             "    try:\n"
+             "        data = open(path, 'rb').read()\n"
+             "    except OSError as err:\n"
+             "        print('blocked', type(err).__name__)\n"
+             "        continue\n"
+             "    print('READ', path)\n"
+             "    if path.endswith('.ipynb'):  # forge: run the solution's answer cell\n"
+             "        cell = next(c for c in json.loads(data)['cells']\n"
+             "                    if c['metadata'].get('nbgrader', {}).get('grade_id') == 'layernorm_answer')\n"
+             "        exec(''.join(cell['source']))\n")
+    notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE], extra={"layernorm_answer": [steal]})
+    cells, _, executed = grade(tmp_path, "01_layernorm", notebook)
+    assert printed(executed, "# steal").split() == ["blocked", "FileNotFoundError"] * 2
+    assert cells["layernorm_test"].points == 0
+    assert "sample variance" in cells["layernorm_test"].message
+
+
+# 5. The grading output, other students' folders and the graders cannot be written.
+@ROOT_GRADER
+def test_grades_other_students_and_graders_cannot_be_written(tmp_path):
+    out, other = tmp_path / "grading", tmp_path / "other-student" / "work" / "records"
+    other.mkdir(parents=True)
+    (out / "reports").mkdir(parents=True)
+    (out / "grades.csv").write_text("student,total,max\ncrafted,0,5\n")
+    (out / "results.json").write_text("[]")
+    (other / "00001.json").write_text("{}")
+    added = Path(grading.__file__).parent / "_written_by_a_submission.py"
+    targets = [out / "grades.csv", out / "results.json", out / "reports" / "crafted.txt",
+               other / "00001.json", other / "00002.json", Path(grading.__file__), added]
+    vandal = ("# vandal\n"
+              f"for path in {[str(t) for t in targets]!r}:\n"
+              "    try:\n"
+              "        with open(path, 'a') as f:\n"
+              "            f.write('crafted,1000,5\\n')\n"
+              "        print('WROTE', path)\n"
+              "    except OSError as err:\n"
+              "        print('blocked')\n")
+    before = {t: t.read_bytes() for t in targets if t.exists()}
+    try:
+        cells, result, executed = grade(tmp_path / "submission", "01_layernorm",
+                                        crafted("01_layernorm", extra={"layernorm_answer": [vandal]}))
+    finally:
+        added.unlink(missing_ok=True)
+    assert printed(executed, "# vandal").split() == ["blocked"] * len(targets)
+    assert {t: t.read_bytes() for t in targets if t.exists()} == before
+    assert cells["layernorm_test"].points == 5
+    assert not any("grader files changed" in flag for flag in result.flags)
+
+
+# 4 and 5. Under a root grader, learner code runs as an unprivileged user with no groups, and
+# without network: it cannot reach the grader's Dask cluster or anything else on this machine.
+@ROOT_GRADER
+def test_learner_code_runs_unprivileged_and_offline(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as grader_service:
+        who = ("# who\nimport os, socket\n"
+               "print(os.getuid(), os.geteuid(), os.getgid(), len(os.getgroups()))\n"
+               "try:\n"
+               f"    socket.create_connection(('127.0.0.1', {grader_service.getsockname()[1]}), timeout=5)\n"
+               "    print('connected')\n"
+               "except OSError as err:\n"
+               "    print('offline')\n")
+        cells, _, executed = grade(tmp_path, "01_layernorm", crafted("01_layernorm", extra={"setup": [who]}))
+    uid, euid, gid, groups, network = printed(executed, "# who").split()
+    assert int(uid) == int(euid) >= grading.SANDBOX_UIDS[0] and int(gid) == int(uid) and groups == "0"
+    assert network == "offline"
+    assert cells["layernorm_test"].points == 5
+
+
+# 4 and 5. The judge reads only regular files in the records folder: a symlink to a file the
+# kernel cannot read, or a FIFO that would block, counts as no record.
+def test_records_that_are_not_regular_files_are_ignored(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    records = tmp_path / "records"
+    records.mkdir()
+    record = {"cell": "layernorm_test", "exercise": "LayerNorm", "case": {}, "message": "", "tensors": True}
+    (tmp_path / "outside.json").write_text(json.dumps(record))
+    save_file({"out": torch.zeros(3)}, tmp_path / "outside.safetensors")
+    (records / "00001.json").symlink_to(tmp_path / "outside.json")
+    os.mkfifo(records / "00002.json")
+    (records / "00003.json").write_text(json.dumps(record))
+    (records / "00003.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    assert grading.load_records(records) == {}
 
 
 # 6. A deleted test cell, or one stripped of its metadata, is restored and graded.
