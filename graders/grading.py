@@ -170,7 +170,21 @@ def sandbox_env(home: Path) -> dict:
         env["GPT2_COURSE_CACHE"] = str(Path.home() / ".cache" / "gpt2-from-scratch")
     env.update(HOME=str(home), PYTHONUNBUFFERED="1", MPLBACKEND="Agg", HF_HUB_OFFLINE="1",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env.update(pinned_reference())
     return env
+
+
+def pinned_reference() -> dict:
+    """The judge's reference, named explicitly for the kernel. The kernel has another HOME (and,
+    confined, another file system), so left to `auto` it would not find a pretrained GPT-2 in
+    the grader's Hugging Face cache and would produce outputs with other weights than the
+    judge's."""
+    from graders import reference
+
+    if reference.identify().source == "synthetic":
+        return {"GPT2_COURSE_WEIGHTS": "synthetic"}
+    return {"GPT2_COURSE_WEIGHTS": "pretrained",
+            "GPT2_COURSE_PRETRAINED_DIR": str(reference._pretrained_folder())}
 
 
 @functools.lru_cache(maxsize=1)
@@ -212,8 +226,9 @@ def reference_files(wanted: dict) -> list[Path]:
                                               f"synthetic-gpt2-v{synthetic.VERSION}")]
     with contextlib.suppress(data.DataFileError):
         files.append(data.tinyshakespeare_path(download=False))
-    if os.environ.get(reference.PRETRAINED_DIR_ENV):
-        files.append(Path(os.environ[reference.PRETRAINED_DIR_ENV]))
+    if reference.identify().source == "pretrained":   # its folder, and where its links point
+        folder = reference._pretrained_folder()
+        files += [folder, *{p.resolve().parent for p in folder.iterdir()}]
     files = sorted({Path(os.path.abspath(f)) for f in files if f.exists()})
     for path in files:  # the cache writes files 0600 (atomic_write): let the kernel's uid read
         for where in [path, *(path.rglob("*") if path.is_dir() else ())]:

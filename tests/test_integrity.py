@@ -325,3 +325,20 @@ def test_regrading_is_deterministic(tmp_path):
     second, _, _ = grade(tmp_path / "b", "01_layernorm", copy.deepcopy(notebook))
     assert [(c.points, c.status, c.message) for c in first.values()] == \
            [(c.points, c.status, c.message) for c in second.values()]
+
+
+def test_the_kernel_is_told_which_reference_the_judge_uses(tmp_path, monkeypatch):
+    """A kernel has its own HOME: left to `auto` it would miss a pretrained GPT-2 in the grader's
+    Hugging Face cache and produce outputs with other weights than the judge compares with."""
+    from graders import reference
+
+    assert grading.sandbox_env(tmp_path)["GPT2_COURSE_WEIGHTS"] == reference.identify().source
+    folder = tmp_path / "hub" / "snapshots" / "abc"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(reference, "identify", lambda source=None: reference.ReferenceId(
+        "pretrained", "0" * 64, "pretrained GPT-2 small (test)"))
+    monkeypatch.setattr(reference, "_pretrained_folder", lambda: folder)
+    monkeypatch.setenv("GPT2_COURSE_WEIGHTS", "auto")
+    env = grading.sandbox_env(tmp_path / "home")
+    assert env["GPT2_COURSE_WEIGHTS"] == "pretrained"
+    assert env["GPT2_COURSE_PRETRAINED_DIR"] == str(folder)
