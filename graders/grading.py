@@ -286,7 +286,28 @@ def run(notebook, records: Path | None, workdir: Path, cell_timeout: int,
             env[PLAN_ENV] = json.dumps(_sandbox_plan(workdir, root, confined_to, uid, sockets))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
+            try:
+                return _run_kernels(notebook, records, workdir, cell_timeout, env, config)
+            finally:
+                _end_processes_of(uid)
         return _run_kernels(notebook, records, workdir, cell_timeout, env, config)
+
+
+def _end_processes_of(uid: int) -> None:
+    """Kill what learner code left running under its sandbox uid: a background process would
+    otherwise outlive its notebook. Repeated while any appear (a process may fork meanwhile)."""
+    import signal
+
+    for _ in range(20):
+        found = False
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if entry.stat().st_uid == uid:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                        found = True
+        if not found:
+            return
 
 
 def _run_kernels(notebook, records, workdir, cell_timeout, env, config) -> dict[int, str]:

@@ -173,11 +173,16 @@ def test_learner_code_runs_unprivileged_and_offline(tmp_path):
                f"    socket.create_connection(('127.0.0.1', {grader_service.getsockname()[1]}), timeout=5)\n"
                "    print('connected')\n"
                "except OSError as err:\n"
-               "    print('offline')\n")
+               "    print('offline')\n"
+               "import subprocess\n"
+               "print(subprocess.Popen(['sleep', '600'], start_new_session=True).pid)\n")
         cells, _, executed = grade(tmp_path, "01_layernorm", crafted("01_layernorm", extra={"setup": [who]}))
-    uid, euid, gid, groups, network = printed(executed, "# who").split()
+    uid, euid, gid, groups, network, background = printed(executed, "# who").split()
     assert int(uid) == int(euid) >= grading.SANDBOX_UIDS[0] and int(gid) == int(uid) and groups == "0"
     assert network == "offline"
+    status = Path(f"/proc/{background}/status")
+    alive = status.exists() and "\nState:\tZ" not in status.read_text()   # a zombie is dead
+    assert not alive, "a process learner code left running outlived its notebook"
     assert cells["layernorm_test"].points == 5
 
 
