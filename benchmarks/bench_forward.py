@@ -7,8 +7,7 @@ import time
 
 import torch
 
-from graders import common, components, reference, synthetic
-from graders.paths import cache_dir
+from graders import common, components, reference
 from graders.weights import load_strict
 
 TARGET = 1.5
@@ -30,11 +29,7 @@ def main() -> int:
     ref = common.reference()
     print(f"Reference: {ref.label}")
     ours = load_strict(components.DemoTransformer(common.Config()), common.weights()).eval()
-    # A fresh GPT2LMHeadModel (the reference's own was wrapped by TransformerLens).
-    if ref.source == "synthetic":
-        hf = reference._load_hf(cache_dir(f"synthetic-gpt2-v{synthetic.VERSION}")).eval()
-    else:
-        hf = reference._pretrained_model()[0].eval()
+    hf = reference.fresh_hf_model(ref.source)
     cases = {"reference text [1, 35]": common.Case().tokens(),
              "random tokens [4, 128]": torch.randint(0, common.Config().d_vocab, (4, 128))}
     worst = 0.0

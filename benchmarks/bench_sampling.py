@@ -14,9 +14,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from graders import common, components, reference, synthetic
+from graders import common, components, reference
 from graders.notebooks import SOLUTIONS
-from graders.paths import cache_dir
 from graders.weights import load_strict
 
 N_NEW = 200
@@ -44,10 +43,7 @@ def main() -> int:
     ref = common.reference()
     print(f"Reference: {ref.label}; {torch.get_num_threads()} threads")
     model = load_strict(components.DemoTransformer(common.Config()), common.weights()).eval()
-    if ref.source == "synthetic":
-        hf = reference._load_hf(cache_dir(f"synthetic-gpt2-v{synthetic.VERSION}")).eval()
-    else:
-        hf = reference._pretrained_model()[0].eval()
+    hf = reference.fresh_hf_model(ref.source)
     solution = solution_functions()
     prompt = common.Case().tokens()
     with torch.no_grad():

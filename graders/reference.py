@@ -64,6 +64,15 @@ def _load_hf(where):
     )
 
 
+def fresh_hf_model(source: str):
+    """A new GPT2LMHeadModel (eager, fp32) with the reference's weights, for benchmarks: the
+    reference's own model is wrapped by TransformerLens."""
+    if source == "synthetic":
+        _synthetic_model()                       # makes sure the folder exists and is intact
+        return _load_hf(cache_dir() / f"synthetic-gpt2-v{synthetic.VERSION}").eval()
+    return _pretrained_model()[0].eval()
+
+
 def _pretrained_model():
     """The real GPT-2 from a named folder or the Hugging Face cache, without network access."""
     folder = os.environ.get(PRETRAINED_DIR_ENV)
