@@ -387,6 +387,23 @@ def test_shakespeare_budget_is_enforced(shakespeare):
     fails(nb07.check_shakespeare_training, lazy, "drew 0 batches")
 
 
+def test_shakespeare_short_run_passes(shakespeare):
+    nb07.check_shakespeare_smoke(make_train())
+
+
+SHAKESPEARE_SHORT_RUN_BUGS = {
+    "no_optimizer_step": (make_train(step=False), "optimizer.step() is never called"),
+    "lr_ignored": (make_train(use_lr=False), "the learning rate argument is not used"),
+    "eval_on_training_data": (make_train(eval_on_train=True), "never make_batch"),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAKESPEARE_SHORT_RUN_BUGS))
+def test_shakespeare_short_run_mistakes(shakespeare, name):
+    train, expected = SHAKESPEARE_SHORT_RUN_BUGS[name]
+    fails(nb07.check_shakespeare_smoke, train, expected)
+
+
 def test_unigram_baseline(shakespeare):
     assert abs(nb07.unigram_entropy() - 6.3151) < 1e-3
     train, val = nb07.shakespeare_tokens()
