@@ -247,6 +247,25 @@ def build_module(what: str, cls, *args):
                           f"{type(err).__name__}: {err}") from err
 
 
+def judge_generator_use(what: str, outputs: Mapping, made: str, how: str) -> None:
+    """Randomness must come from the generator the caller passes, and only from it.
+
+    `outputs` holds "a" and "a_again" (same seed), "b" (another seed) and "global_rng_used";
+    `made` names what was produced ("sequences", "tokens"), `how` the call that draws right.
+    """
+    if not torch.equal(outputs["a"], outputs["a_again"]):
+        raise CheckFailed(f"{what}: two calls with generators seeded the same gave different "
+                          f"{made}. Draw every random number from the generator you are given: "
+                          f"{how}.")
+    if torch.equal(outputs["a"], outputs["b"]):
+        raise CheckFailed(f"{what}: generators with different seeds gave the same {made}: draw "
+                          f"from the generator you are given ({how}); do not reseed it, use a "
+                          "fixed seed, or always take the most likely token.")
+    if bool(outputs["global_rng_used"]):
+        raise CheckFailed(f"{what} used or reseeded torch's global random generator. Use only the "
+                          f"generator passed in ({how}), so that callers control the randomness.")
+
+
 def ok(message: str) -> None:
     """Print a passed check on stdout (never stderr: nbgrader zeroes cells that write there)."""
     print(f"\N{CHECK MARK} {message}")

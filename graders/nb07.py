@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from graders.common import Case, Exercise, rand_float
 from graders.config import Config
-from graders.engine import CheckFailed, check_shape, compare, require_tensor, run_learner
+from graders.engine import (CheckFailed, check_shape, compare, judge_generator_use,
+                             require_tensor, run_learner)
 
 # --- The reversal task ----------------------------------------------------------------------
 D_VOCAB = 100
@@ -270,19 +271,8 @@ def judge_generator(case: Case, outputs: dict) -> None:
     if len(torch.unique(seqs[:, :HALF], dim=0)) < 0.95 * n:
         raise CheckFailed(f"{where}: the first halves repeat across sequences; each sequence needs "
                           "its own random tokens.")
-    if not torch.equal(outputs["a"], outputs["a_again"]):
-        raise CheckFailed("make_reversal_batch: two calls with generators seeded the same gave "
-                          "different sequences. Draw every random number from the generator "
-                          "you are given: torch.randint(..., generator=generator).")
-    if torch.equal(outputs["a"], outputs["b"]):
-        raise CheckFailed("make_reversal_batch: generators with different seeds gave the same "
-                          "sequences; the function must draw from the generator it is given "
-                          "(not reseed, not use a fixed seed).")
-    if bool(outputs["global_rng_used"]):
-        raise CheckFailed("make_reversal_batch: the function used or reseeded torch's global "
-                          "random generator. Use only the generator passed in "
-                          "(torch.randint(..., generator=generator)), so that callers control "
-                          "the randomness.")
+    judge_generator_use("make_reversal_batch", outputs, "sequences",
+                        "torch.randint(..., generator=generator)")
 
 
 generator_exercise = Exercise("make_reversal_batch", produce_generator, judge_generator)

@@ -17,7 +17,8 @@ from torch import nn
 
 from graders.common import Case, Exercise, rand_float
 from graders.config import Config
-from graders.engine import CheckFailed, check_shape, close, compare, require_tensor, run_learner
+from graders.engine import (CheckFailed, check_shape, close, compare, judge_generator_use,
+                             require_tensor, run_learner)
 
 DIMS = ("batch", "d_vocab")
 VOCAB = 50                       # vocabulary of the fixed logit batches
@@ -631,17 +632,8 @@ def judge_sampler(case: Case, outputs: dict) -> None:
     where = f"sample_basic(logits of shape [{n}, {logits.shape[1]}], generator)"
     for key, rows in (("a", n), ("one", 1)):
         check_shape(where, outputs[key], (rows,), ("batch",))
-    if not torch.equal(outputs["a"], outputs["a_again"]):
-        raise CheckFailed("sample_basic: two calls with generators seeded the same drew different "
-                          "tokens. Draw with the generator you are given: "
-                          "torch.multinomial(probs, 1, generator=generator).")
-    if torch.equal(outputs["a"], outputs["b"]):
-        raise CheckFailed("sample_basic: generators with different seeds drew the same tokens. "
-                          "Sample from the distribution (torch.multinomial with the generator), "
-                          "do not take the most likely token.")
-    if bool(outputs["global_rng_used"]):
-        raise CheckFailed("sample_basic used torch's global random generator. Use only the "
-                          "generator passed in, so that callers control the randomness.")
+    judge_generator_use("sample_basic", outputs, "tokens",
+                        "torch.multinomial(probs, 1, generator=generator)")
     judge_draws(where, outputs["a"].reshape(logits.shape[0], DRAWS), _probs(logits),
                 sampler_mistakes(logits))
 

@@ -217,8 +217,8 @@ def test_sampler_correct_variants_pass(fn):
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda l, g: l.argmax(-1), "different seeds drew the same tokens"),
-    (lambda l, g: torch.multinomial(l.softmax(-1), 1)[:, 0], "same drew different tokens"),
+    (lambda l, g: l.argmax(-1), "different seeds gave the same tokens"),
+    (lambda l, g: torch.multinomial(l.softmax(-1), 1)[:, 0], "seeded the same gave different tokens"),
     (lambda l, g: torch.multinomial((l > -INF).float(), 1, generator=g)[:, 0],
      "Likely mistake: sampling uniformly"),
     (lambda l, g: torch.multinomial(l.softmax(-1).softmax(-1) * (l > -INF), 1, generator=g)[:, 0],
@@ -227,7 +227,7 @@ def test_sampler_correct_variants_pass(fn):
      "Likely mistake: the logits are doubled"),
     (lambda l, g: torch.multinomial(torch.ones_like(l), 1, generator=g)[:, 0], "probability 0"),
     (lambda l, g: torch.multinomial(l.softmax(-1), 1, generator=torch.Generator().manual_seed(0))[:, 0],
-     "different seeds drew the same tokens"),
+     "different seeds gave the same tokens"),
 ])
 def test_sampler_mistakes_fail(fn, message):
     fails_with(nb08.check_sampler, fn, message)
