@@ -27,6 +27,7 @@ BUGS = [
      "resid_mid = self.attn(self.ln1(resid_pre))"),                          # no residual
     ("06_gpt2", "model_answer", "residual = self.embed(tokens) + self.pos_embed(tokens)",
      "residual = self.embed(tokens)"),                                       # no positions
+    ("07_training", "train_answer", "        optimizer.zero_grad()\n", ""),       # gradients pile up
     ("08_sampling", "top_p_answer", "mass_before = probs.cumsum(dim=-1) - probs",
      "mass_before = probs.cumsum(dim=-1)"),                                  # top-p one token short
 ]
