@@ -200,6 +200,15 @@ def confinement_unavailable() -> str | None:
     return None
 
 
+def uses_activations(exercise: str) -> bool:
+    """Whether an exercise's grader compares with reference activations (notebooks 01-06 do;
+    training and sampling checks use their own small models, and computing GPT-2 activations
+    for their cases, e.g. 2,000 sequences, would only cost time and memory)."""
+    from graders.common import EXERCISES
+
+    return "activations" in vars(sys.modules[EXERCISES[exercise].produce.__module__])
+
+
 def activation_file(case) -> Path:
     """The cached reference activations of `case` (a graders.common.Case), computed if missing."""
     from graders import activations, common
@@ -221,7 +230,8 @@ def reference_files(wanted: dict) -> list[Path]:
     files = [common._weights_file()]
     for checks in wanted.values():
         if not isinstance(checks, Exception):
-            files += [activation_file(common.Case(**case)) for _, case in checks]
+            files += [activation_file(common.Case(**case)) for exercise, case in checks
+                      if uses_activations(exercise)]
     files += [cache_dir() / name for name in ("tokenizer-gpt2", "fingerprints",
                                               f"synthetic-gpt2-v{synthetic.VERSION}")]
     with contextlib.suppress(data.DataFileError):

@@ -347,3 +347,13 @@ def test_the_kernel_is_told_which_reference_the_judge_uses(tmp_path, monkeypatch
     env = grading.sandbox_env(tmp_path / "home")
     assert env["GPT2_COURSE_WEIGHTS"] == "pretrained"
     assert env["GPT2_COURSE_PRETRAINED_DIR"] == str(folder)
+
+
+def test_only_checks_against_reference_activations_get_activation_files():
+    """Training and sampling checks run their own small models: computing GPT-2 activations for
+    their cases (2,000 sequences in notebook 07) once took the grader out of memory."""
+    wanted = {name: [check for cell in grading.test_cells(grading.source_notebook(name))
+                     for check in grading.expected_checks(cell.source)]
+              for name in ("01_layernorm", "07_training", "08_sampling")}
+    assert all(grading.uses_activations(e) for e, _ in wanted["01_layernorm"])
+    assert not any(grading.uses_activations(e) for e, _ in wanted["07_training"] + wanted["08_sampling"])
