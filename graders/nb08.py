@@ -265,10 +265,10 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
             _probs(actual).float(), _probs(expected), DIMS, hint=hint)
 
 
-def _run_transform(what: str, fn, cases: list[tuple[str, tuple, dict]]) -> dict:
+def _run_transform(what: str, fn, cases: list[tuple[str, tuple]]) -> dict:
     """Run `fn(*args)` on each case, recording its output and whether it changed its inputs."""
     outputs = {}
-    for key, args, _ in cases:
+    for key, args in cases:
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         outputs[key] = run_learner(what, fn, *copies)
         require_tensor(f"{what} on case {key}", outputs[key])
@@ -278,10 +278,27 @@ def _run_transform(what: str, fn, cases: list[tuple[str, tuple, dict]]) -> dict:
 
 
 def _no_in_place(what: str, outputs: dict, cases) -> None:
-    for key, _, _ in cases:
+    for key, _ in cases:
         if bool(outputs[f"{key}_modified"]):
             raise CheckFailed(f"{what}: modified the tensor it was given in place (e.g. "
                               "masked_fill_ or -=). Return a new tensor; callers reuse their logits.")
+
+
+def transform_exercise(name: str, cases, reference, mistakes, signature, hint: str) -> Exercise:
+    """An exercise for a logit transform `name(*args)`: the learner's function runs on each of
+    `cases(case)` ((key, args) pairs), and each output is judged against `reference(*args)`
+    with `mistakes(*args)` named; `signature(*args)` describes the call in messages."""
+    def produce(fn, case: Case) -> dict:
+        return _run_transform(name, fn, cases(case))
+
+    def judge(case: Case, outputs: dict) -> None:
+        chosen = cases(case)
+        _no_in_place(name, outputs, chosen)
+        for key, args in chosen:
+            judge_logits(f"{name}({signature(*args)})", outputs[key], reference(*args),
+                         mistakes(*args), hint=hint)
+
+    return Exercise(name, produce, judge)
 
 
 def _logits(seed: int, batch: int, scale: float = 3.0, vocab: int = VOCAB) -> torch.Tensor:
@@ -291,8 +308,8 @@ def _logits(seed: int, batch: int, scale: float = 3.0, vocab: int = VOCAB) -> to
 # --- Exercise: greedy search --------------------------------------------------------------------
 
 def _greedy_cases(case: Case):
-    return [("main", (_logits(case.seed, max(case.batch, 4)),), {}),
-            ("one", (_logits(case.seed + 1, 1),), {})]
+    return [("main", (_logits(case.seed, max(case.batch, 4)),)),
+            ("one", (_logits(case.seed + 1, 1),))]
 
 
 def produce_greedy(fn, case: Case) -> dict:
@@ -302,7 +319,7 @@ def produce_greedy(fn, case: Case) -> dict:
 def judge_greedy(case: Case, outputs: dict) -> None:
     cases = _greedy_cases(case)
     _no_in_place("greedy_search", outputs, cases)
-    for key, (logits,), _ in cases:
+    for key, (logits,) in cases:
         out, where = outputs[key], f"greedy_search(logits of shape {list(logits.shape)})"
         check_shape(where, out, (logits.shape[0],), ("batch",))
         if out.dtype != torch.long:
@@ -331,7 +348,7 @@ def check_greedy(fn, **case) -> None:
 
 def _temperature_cases(case: Case):
     logits = _logits(case.seed + 10, max(case.batch, 3))
-    return [(f"t{i}", (logits, t), {}) for i, t in enumerate((2.0, 0.5, 1e-3))]
+    return [(f"t{i}", (logits, t)) for i, t in enumerate((2.0, 0.5, 1e-3))]
 
 
 def temperature_mistakes(logits, t) -> dict:
@@ -343,20 +360,9 @@ def temperature_mistakes(logits, t) -> dict:
     }
 
 
-def produce_temperature(fn, case: Case) -> dict:
-    return _run_transform("apply_temperature", fn, _temperature_cases(case))
-
-
-def judge_temperature(case: Case, outputs: dict) -> None:
-    cases = _temperature_cases(case)
-    _no_in_place("apply_temperature", outputs, cases)
-    for key, (logits, t), _ in cases:
-        judge_logits(f"apply_temperature(logits, temperature={t})", outputs[key],
-                     apply_temperature(logits, t), temperature_mistakes(logits, t),
-                     hint="return logits / temperature.")
-
-
-temperature_exercise = Exercise("apply_temperature", produce_temperature, judge_temperature)
+temperature_exercise = transform_exercise(
+    "apply_temperature", _temperature_cases, apply_temperature, temperature_mistakes,
+    lambda logits, t: f"logits, temperature={t}", hint="return logits / temperature.")
 
 
 def check_temperature(fn, **case) -> None:
@@ -372,7 +378,7 @@ def _penalty_cases(case: Case):
     # Few distinct tokens per row, so that most are repeated and many vocabulary ids unseen.
     input_ids = torch.randint(0, 12, (batch, 15), generator=generator) + 5 * torch.arange(batch)[:, None]
     logits = _logits(case.seed + 21, batch)
-    return [(f"p{i}", (input_ids, logits, penalty), {}) for i, penalty in enumerate((1.0, 0.35))]
+    return [(f"p{i}", (input_ids, logits, penalty)) for i, penalty in enumerate((1.0, 0.35))]
 
 
 def penalty_mistakes(input_ids, logits, penalty) -> dict:
@@ -390,22 +396,11 @@ def penalty_mistakes(input_ids, logits, penalty) -> dict:
     }
 
 
-def produce_penalty(fn, case: Case) -> dict:
-    return _run_transform("apply_frequency_penalty", fn, _penalty_cases(case))
-
-
-def judge_penalty(case: Case, outputs: dict) -> None:
-    cases = _penalty_cases(case)
-    _no_in_place("apply_frequency_penalty", outputs, cases)
-    for key, (input_ids, logits, penalty), _ in cases:
-        judge_logits(f"apply_frequency_penalty(input_ids, logits, freq_penalty={penalty})",
-                     outputs[key], apply_frequency_penalty(input_ids, logits, penalty),
-                     penalty_mistakes(input_ids, logits, penalty),
-                     hint="count each token in its own row (torch.bincount or scatter_add) and "
-                          "subtract freq_penalty * count from its logit.")
-
-
-penalty_exercise = Exercise("apply_frequency_penalty", produce_penalty, judge_penalty)
+penalty_exercise = transform_exercise(
+    "apply_frequency_penalty", _penalty_cases, apply_frequency_penalty, penalty_mistakes,
+    lambda input_ids, logits, penalty: f"input_ids, logits, freq_penalty={penalty}",
+    hint="count each token in its own row (torch.bincount or scatter_add) and subtract "
+         "freq_penalty * count from its logit.")
 
 
 def check_frequency_penalty(fn, **case) -> None:
@@ -421,7 +416,7 @@ def _top_k_cases(case: Case):
     # Row 0 has a tie at the k-th largest value: both tied tokens must stay.
     order = logits[0].argsort(descending=True)
     logits[0, order[k]] = logits[0, order[k - 1]]
-    return [("k", (logits, k), {}), ("k1", (logits, 1), {}), ("kall", (logits, VOCAB), {})]
+    return [("k", (logits, k)), ("k1", (logits, 1)), ("kall", (logits, VOCAB))]
 
 
 def top_k_mistakes(logits, k) -> dict:
@@ -444,20 +439,9 @@ def top_k_mistakes(logits, k) -> dict:
     }
 
 
-def produce_top_k(fn, case: Case) -> dict:
-    return _run_transform("apply_top_k", fn, _top_k_cases(case))
-
-
-def judge_top_k(case: Case, outputs: dict) -> None:
-    cases = _top_k_cases(case)
-    _no_in_place("apply_top_k", outputs, cases)
-    for key, (logits, k), _ in cases:
-        judge_logits(f"apply_top_k(logits, k={k})", outputs[key], apply_top_k(logits, k),
-                     top_k_mistakes(logits, k),
-                     hint="kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.")
-
-
-top_k_exercise = Exercise("apply_top_k", produce_top_k, judge_top_k)
+top_k_exercise = transform_exercise(
+    "apply_top_k", _top_k_cases, apply_top_k, top_k_mistakes, lambda logits, k: f"logits, k={k}",
+    hint="kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.")
 
 
 def check_top_k(fn, **case) -> None:
@@ -480,8 +464,8 @@ def _top_p_cases(case: Case):
     gentle = _logits(case.seed + 41, batch, scale=2.0)
     mid = _clear_p(logits, [0.5 + 0.013 * i for i in range(30)])
     high = _clear_p(logits, [0.9 + 0.003 * i for i in range(30)])
-    return [("mid", (logits, mid), {}), ("high", (logits, high), {}),
-            ("tiny", (logits, 1e-4), {}), ("one", (gentle, 1.0), {})]
+    return [("mid", (logits, mid)), ("high", (logits, high)),
+            ("tiny", (logits, 1e-4)), ("one", (gentle, 1.0))]
 
 
 def top_p_mistakes(logits, p) -> dict:
@@ -511,21 +495,11 @@ def _ascending_keep(logits, p):
     return keep.scatter(-1, order, keep)
 
 
-def produce_top_p(fn, case: Case) -> dict:
-    return _run_transform("apply_top_p", fn, _top_p_cases(case))
-
-
-def judge_top_p(case: Case, outputs: dict) -> None:
-    cases = _top_p_cases(case)
-    _no_in_place("apply_top_p", outputs, cases)
-    for key, (logits, p), _ in cases:
-        judge_logits(f"apply_top_p(logits, top_p={p:.4g})", outputs[key], apply_top_p(logits, p),
-                     top_p_mistakes(logits, p),
-                     hint="sort descending, cumulative probabilities; keep a token while the "
-                          "total BEFORE it is < top_p (the top token always stays).")
-
-
-top_p_exercise = Exercise("apply_top_p", produce_top_p, judge_top_p)
+top_p_exercise = transform_exercise(
+    "apply_top_p", _top_p_cases, apply_top_p, top_p_mistakes,
+    lambda logits, p: f"logits, top_p={p:.4g}",
+    hint="sort descending, cumulative probabilities; keep a token while the total BEFORE it is "
+         "< top_p (the top token always stays).")
 
 
 def check_top_p(fn, **case) -> None:
