@@ -85,11 +85,25 @@ def sample_next_token(input_ids, logits, generator, temperature=1.0, top_k=0, to
                                           freq_penalty), generator)
 
 
-def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
-    """Sample up to `max_new_tokens`, cropping the context to the model's n_ctx."""
-    tokens = input_ids
+@torch.no_grad()
+def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, use_cache=False,
+             **sampling):
+    """Sample up to `max_new_tokens`, cropping the context to the model's n_ctx.
+
+    With `use_cache` (the notebook's demos, for speed) each step feeds only the newest token
+    through `forward_with_cache`; the context cannot be cropped then, so it must fit n_ctx.
+    """
+    if use_cache and input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(f"with use_cache the prompt ({input_ids.shape[1]} tokens) plus "
+                         f"max_new_tokens ({max_new_tokens}) must fit the context "
+                         f"({model.cfg.n_ctx}); ask for fewer tokens or use_cache=False")
+    tokens, cache = input_ids, None
     for _ in range(max_new_tokens):
-        logits = model(tokens[:, -model.cfg.n_ctx:])[:, -1]
+        if use_cache:
+            logits, cache = forward_with_cache(model, tokens if cache is None else tokens[:, -1:], cache)
+            logits = logits[:, -1]
+        else:
+            logits = model(tokens[:, -model.cfg.n_ctx:])[:, -1]
         new = sample_next_token(tokens, logits, generator, **sampling)
         tokens = torch.cat([tokens, new[:, None]], dim=-1)
         if eos_token_id is not None and bool((new == eos_token_id).all()):
@@ -97,6 +111,7 @@ def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, **s
     return tokens
 
 
+@torch.no_grad()
 def beam_search(model, input_ids, num_beams, max_new_tokens):
     """The `num_beams` best continuations (best first) and their total log-probabilities."""
     beams, scores = input_ids, torch.zeros(1, dtype=torch.float64)
@@ -146,6 +161,7 @@ def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
     return model.unembed(model.ln_final(residual)), new_cache
 
 
+@torch.no_grad()
 def generate_with_cache(model, input_ids, max_new_tokens, mistake: str = ""):
     """Greedy generation that feeds each new token alone, reusing the cache."""
     logits, cache = forward_with_cache(model, input_ids, None, mistake)

@@ -461,6 +461,23 @@ def test_generate_with_cache_from_the_wrong_position_fails():
     fails_with(nb08.check_generate_with_cache, first_position, "at new token 0")
 
 
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.8, top_k=20, freq_penalty=0.5)])
+def test_reference_generate_with_cache_matches_without(sampling):
+    """The notebook's demos use the reference generate with the cache: same tokens as without."""
+    model = nb08._seeded_model(nb08.cache_config(), 3)
+    prompt = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(3))
+    runs = [nb08.generate(model, prompt, 30, torch.Generator().manual_seed(9), use_cache=cache, **sampling)
+            for cache in (False, True)]
+    assert runs[0].shape == (2, 37)
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_reference_generate_with_cache_refuses_to_overflow_the_context():
+    model = nb08._seeded_model(nb08.cache_config(), 3)
+    with pytest.raises(ValueError, match="must fit the context"):
+        nb08.generate(model, torch.zeros(1, 100, dtype=torch.long), 29, None, use_cache=True)
+
+
 def test_sampler_verdicts_are_deterministic():
     """The same (wrong) sampler gets the same message twice: seeds are fixed, nothing is by luck."""
     wrong = lambda l, g: torch.multinomial((1.2 * l).softmax(-1), 1, generator=g)[:, 0]  # noqa: E731
