@@ -9,11 +9,15 @@ c.CourseDirectory.root = "build/course"
 # harness (graders/grading.py) ignores a notebook's kernelspec and always uses its own sandbox.
 c.Execute.kernel_name = "python3"
 
-# Per-cell time limit. The slowest graded cells build a full 12-layer GPT-2 and run it a few
-# times (~5 s on 2 CPU cores, more on a loaded laptop); nbgrader's default of 30 s fails them
-# on slow machines. Training cells in 07 run their own fixed budget (<= 2 min). An infinite
-# loop is interrupted after this long and costs only that cell.
-c.Execute.timeout = 300
+# Per-cell time limits, the same policy as the course's harness (graders.grading.TimeLimits):
+# 120 s for an ordinary cell (the slowest graded cells build a 12-layer GPT-2 and run it a few
+# times, about 10 s on one core; nbgrader's default of 30 s fails them on a slow laptop), 600 s
+# for the cells tagged `training` (notebook 07's budgeted training runs, 1-2 min on one core).
+# An infinite loop is interrupted after its cell's limit and costs only that cell.
+from graders.grading import TimeLimits  # noqa: E402
+
+c.Execute.timeout = TimeLimits().ordinary
+c.Execute.timeout_func = TimeLimits().of
 c.Execute.interrupt_on_timeout = True
 
 # Output limits: a cell that floods its output is cut, so a huge print cannot break grading.

@@ -29,7 +29,7 @@ def _grade_one(name: str, queue) -> None:
         path = Path(folder, f"{name}.ipynb")
         nbformat.write(example_class.submission(name, True), path)
         start = time.perf_counter()
-        result, _ = grading.grade_notebook("bench", name, path, Path(folder, "work"), 600)
+        result, _ = grading.grade_notebook("bench", name, path, Path(folder, "work"))
         elapsed = time.perf_counter() - start
     kernel_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     judge_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -74,10 +74,10 @@ def _perfect_class(folder: str, size: int, names: list[str]) -> Path:
 
 
 def _graded_class_wall(submissions: Path, out: Path, names: list[str], workers: int) -> float:
-    from graders import classroom
+    from graders import classroom, grading
 
     start = time.perf_counter()
-    classroom.grade_class(submissions, out, names, workers, None, 600)
+    classroom.grade_class(submissions, out, names, workers, None, grading.TimeLimits())
     return time.perf_counter() - start
 
 

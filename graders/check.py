@@ -11,12 +11,12 @@ import nbformat
 from graders import grading
 
 
-def check(path: Path, cell_timeout: int = grading.DEFAULT_CELL_TIMEOUT) -> int:
+def check(path: Path, limits: grading.TimeLimits = grading.TimeLimits()) -> int:
     notebook = nbformat.read(path, as_version=4)
     notebook.metadata["kernelspec"] = {"name": grading.KERNEL_NAME, "display_name": "sandbox",
                                        "language": "python"}
     with grading.scratch_dir() as workdir:
-        problems = grading.run(notebook, None, workdir, cell_timeout)
+        problems = grading.run(notebook, None, workdir, limits)
     failures, total = 0, 0
     for index, cell in enumerate(notebook.cells):
         if not grading.is_test_cell(cell):

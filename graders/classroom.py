@@ -79,14 +79,14 @@ def _renamed(name: str, candidates: list[Path]) -> Path | None:
 
 # --- One task: runs on a Dask worker --------------------------------------------------------
 
-def grade_task(student: str, name: str, path: str | None, flags: list[str], cell_timeout: int) -> dict:
+def grade_task(student: str, name: str, path: str | None, flags: list[str], limits) -> dict:
     """Grade one notebook of one student; never raises (a grader crash is reported as such)."""
     from graders import grading
 
     try:
         with grading.scratch_dir() as workdir:
             result, executed = grading.grade_notebook(
-                student, name, Path(path) if path else None, workdir, cell_timeout, flags)
+                student, name, Path(path) if path else None, workdir, limits, flags)
         return {"result": result.to_json(), "feedback": _feedback_html(result, executed)}
     except Exception as err:  # the grader's own failure: reported, never silently zero
         source = grading.source_notebook(name)
@@ -127,7 +127,10 @@ def _feedback_html(result, executed) -> str | None:
 # --- The class ---------------------------------------------------------------------------
 
 def grade_class(submissions: Path, out: Path, names: list[str], workers: int,
-                scheduler: str | None, cell_timeout: int) -> list[dict]:
+                scheduler: str | None, limits) -> list[dict]:
+    """Grade every submission found in `submissions` on the worker pool; write the outputs.
+
+    `limits` is a graders.grading.TimeLimits (seconds per ordinary and per training cell)."""
     from distributed import Client, LocalCluster, as_completed
     from tqdm import tqdm
 
@@ -143,7 +146,7 @@ def grade_class(submissions: Path, out: Path, names: list[str], workers: int,
         client = Client(cluster)
     results = []
     try:
-        futures = [client.submit(grade_task, s, n, p, f, cell_timeout, pure=False, key=f"grade-{s}-{n}")
+        futures = [client.submit(grade_task, s, n, p, f, limits, pure=False, key=f"grade-{s}-{n}")
                    for s, n, p, f in tasks]
         for future in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="notebook",
                            file=sys.stdout):
@@ -213,6 +216,8 @@ def main(argv=None) -> int:
     import argparse
     import os
 
+    from graders.grading import TimeLimits
+
     parser = argparse.ArgumentParser(prog="python -m graders.classroom", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--submissions", type=Path, required=True, help="folder of submissions")
@@ -223,10 +228,15 @@ def main(argv=None) -> int:
                         help="local worker processes (default: number of CPU cores)")
     parser.add_argument("--scheduler", default=None,
                         help="address of a Dask scheduler (tcp://host:8786) to grade on a cluster")
-    parser.add_argument("--cell-timeout", type=int, default=300, help="seconds per cell (default 300)")
+    parser.add_argument("--cell-timeout", type=int, default=TimeLimits.ordinary,
+                        help=f"seconds an ordinary cell may run (default {TimeLimits.ordinary})")
+    parser.add_argument("--training-cell-timeout", type=int, default=TimeLimits.training,
+                        help="seconds a cell tagged `training` may run (notebook 07's budgeted "
+                             f"training runs; default {TimeLimits.training})")
     args = parser.parse_args(argv)
     names = args.notebooks or graded_notebooks()
-    results = grade_class(args.submissions, args.out, names, args.workers, args.scheduler, args.cell_timeout)
+    limits = TimeLimits(args.cell_timeout, args.training_cell_timeout)
+    results = grade_class(args.submissions, args.out, names, args.workers, args.scheduler, limits)
     print(f"graded {len({r['result']['student'] for r in results})} students; "
           f"grades in {args.out / 'grades.csv'}, reports in {args.out / 'reports'}")
     return 0

@@ -36,10 +36,22 @@ from graders.notebooks import SOLUTIONS
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 KERNEL_NAME = "gpt2-course-sandbox"
-DEFAULT_CELL_TIMEOUT = 300
 MAX_RESTARTS = 6
 OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
 SANDBOX_UIDS = (1_000_000_000, 2_000_000_000)  # no account has these: each kernel draws its own
+
+
+@dataclass(frozen=True)
+class TimeLimits:
+    """Seconds a cell may run before it is interrupted: one policy for nbgrader (see
+    nbgrader_config.py) and the course's harness. Cells tagged "training" (notebook 07's
+    budgeted runs, 1-2 min on one core) get minutes; every other cell needs seconds (the
+    slowest graded one about 10 s on one core), so an infinite loop there costs 2 min, not 10."""
+    ordinary: int = 120
+    training: int = 600
+
+    def of(self, cell) -> int:
+        return self.training if "training" in cell.get("metadata", {}).get("tags", []) else self.ordinary
 
 
 @dataclass
@@ -271,7 +283,7 @@ def _recording_prelude(records: Path, grade_id: str) -> str:
             f"_grading.Recorder.start({str(records)!r}, {grade_id!r})\n")
 
 
-def run(notebook, records: Path | None, workdir: Path, cell_timeout: int,
+def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         confined_to: list[Path] | None = None) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
@@ -297,10 +309,10 @@ def run(notebook, records: Path | None, workdir: Path, cell_timeout: int,
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
             try:
-                return _run_kernels(notebook, records, workdir, cell_timeout, env, config)
+                return _run_kernels(notebook, records, workdir, limits, env, config)
             finally:
                 _end_processes_of(uid)
-        return _run_kernels(notebook, records, workdir, cell_timeout, env, config)
+        return _run_kernels(notebook, records, workdir, limits, env, config)
 
 
 def _end_processes_of(uid: int) -> None:
@@ -320,7 +332,7 @@ def _end_processes_of(uid: int) -> None:
             return
 
 
-def _run_kernels(notebook, records, workdir, cell_timeout, env, config) -> dict[int, str]:
+def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config) -> dict[int, str]:
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
@@ -342,7 +354,7 @@ def _run_kernels(notebook, records, workdir, cell_timeout, env, config) -> dict[
         batch = nbformat.v4.new_notebook(cells=cells, metadata=notebook.metadata)
         current = {"index": None}
         client = NotebookClient(
-            batch, timeout=cell_timeout, kernel_name=KERNEL_NAME, allow_errors=True,
+            batch, timeout=limits.ordinary, timeout_func=limits.of, kernel_name=KERNEL_NAME, allow_errors=True,
             interrupt_on_timeout=True, startup_timeout=120,
             resources={"metadata": {"path": str(workdir)}},
             on_cell_start=lambda cell, cell_index: current.update(index=order[cell_index]),
@@ -355,20 +367,21 @@ def _run_kernels(notebook, records, workdir, cell_timeout, env, config) -> dict[
             problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
                              "segfault, or running out of memory)"
             done.update(i for i in order if i < died and i in test_indices)
-            _copy_outputs(batch, order, notebook, problems)
+            _copy_outputs(batch, order, notebook, problems, limits)
             continue
-        _copy_outputs(batch, order, notebook, problems)
+        _copy_outputs(batch, order, notebook, problems, limits)
         break
     return problems
 
 
-def _copy_outputs(batch, order, notebook, problems) -> None:
+def _copy_outputs(batch, order, notebook, problems, limits: TimeLimits) -> None:
     for cell, index in zip(batch.cells, order):
         outputs = cell.get("outputs", [])
         for output in outputs:
             if output.get("output_type") == "error" and output.get("ename") in (
                     "CellTimeoutError", "KeyboardInterrupt"):  # the harness interrupts on timeout
-                problems.setdefault(index, "timeout")
+                problems.setdefault(index, f"timeout: the cell ran past its time limit of "
+                                           f"{limits.of(cell)} s (an infinite loop, or far too slow)")
             if isinstance(output.get("text"), str) and len(output["text"]) > OUTPUT_LIMIT:
                 output["text"] = output["text"][:OUTPUT_LIMIT] + "\n... [output truncated]"
         if outputs:
@@ -494,10 +507,10 @@ def judge_cell(cell, wanted: list[tuple[str, dict]] | Exception, records: list[d
     for exercise, case in wanted:
         found = next((r for r in records if r.get("exercise") == exercise and r.get("case") == case), None)
         if found is None:
-            reason = {"timeout": "timeout: the cell ran past its time limit (an infinite loop, "
-                                 "or far too slow)"}.get(problem, problem)
-            return failed("timeout" if problem == "timeout" else "crashed" if problem else "error",
-                          reason or cell_error or f"{exercise} did not run (an error before it?)")
+            status = "crashed" if problem else "error"
+            if problem and problem.startswith("timeout"):
+                status = "timeout"
+            return failed(status, problem or cell_error or f"{exercise} did not run (an error before it?)")
         if found["outputs"] is None:
             return failed("failed", found.get("message", ""))
         used = forbidden_use(exercise, code)
@@ -524,7 +537,7 @@ def _cell_error(cell) -> str:
 
 
 def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
-                   cell_timeout: int = DEFAULT_CELL_TIMEOUT, flags: list[str] | None = None) -> tuple[NotebookResult, object]:
+                   limits: TimeLimits = TimeLimits(), flags: list[str] | None = None) -> tuple[NotebookResult, object]:
     """Grade one student's notebook; returns the result and the executed, restored notebook."""
     source = source_notebook(name)
     result = NotebookResult(student, name, flags=list(flags or []))
@@ -553,7 +566,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
                       "Grade as root to confine it.", RuntimeWarning, stacklevel=2)
     files = None if unavailable else reference_files(wanted)
     before = graders_snapshot()
-    problems = run(notebook, records, workdir, cell_timeout, files)
+    problems = run(notebook, records, workdir, limits, files)
     tampered = changed_graders(before)
     if tampered:
         result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "

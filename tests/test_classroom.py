@@ -44,7 +44,8 @@ def _rows(out):
 def graded_example_class(tmp_path_factory):
     submissions = example_class.write(tmp_path_factory.mktemp("example_class"))
     out = tmp_path_factory.mktemp("grading")
-    classroom.grade_class(submissions, out, NAMES, workers=2, scheduler=None, cell_timeout=300)
+    classroom.grade_class(submissions, out, NAMES, workers=2, scheduler=None,
+                          limits=grading.TimeLimits())
     return out
 
 
@@ -101,7 +102,7 @@ def test_regrading_locally_and_on_a_dask_scheduler_gives_identical_results(tmp_p
         for scheduler in (None, cluster.scheduler_address, None):
             out = tmp_path / f"out{len(outputs)}"
             classroom.grade_class(submissions, out, ["01_layernorm"], workers=2,
-                                  scheduler=scheduler, cell_timeout=300)
+                                  scheduler=scheduler, limits=grading.TimeLimits())
             outputs.append(((out / "grades.csv").read_text(), (out / "results.json").read_text(),
                             (out / "reports" / "buggy.txt").read_text()))
     assert outputs[0] == outputs[1] == outputs[2]

@@ -38,7 +38,8 @@ def grade(tmp_path, name, notebook, cell_timeout=120):
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"{name}.ipynb"
     nbformat.write(notebook, path)
-    result, executed = grading.grade_notebook("crafted", name, path, tmp_path / "work", cell_timeout)
+    result, executed = grading.grade_notebook("crafted", name, path, tmp_path / "work",
+                                               grading.TimeLimits(ordinary=cell_timeout))
     return {c.grade_id: c for c in result.cells}, result, executed
 
 
@@ -244,10 +245,35 @@ def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status
     assert cells["embed_test"].points == 0
     assert cells["embed_test"].status in (status, "error") and cells["embed_test"].message
     if status == "timeout":
-        assert "timeout" in cells["embed_test"].message
+        assert "ran past its time limit of 40 s" in cells["embed_test"].message
     if status == "crashed":
         assert "crashed" in cells["embed_test"].message
     assert cells["pos_embed_test"].points == 3
+
+
+def test_only_cells_tagged_training_get_the_training_time_limit(tmp_path):
+    """The same slow cell finishes when tagged `training` and is interrupted when not."""
+    slow = "import time\ntime.sleep(15)\nprint('{} cell finished')"
+    notebook = crafted("01_layernorm", extra={"layernorm_answer": [slow.format("training"),
+                                                                   slow.format("ordinary")]})
+    next(c for c in notebook.cells if "training cell" in c.source).metadata["tags"] = ["training"]
+    path = tmp_path / "01_layernorm.ipynb"
+    nbformat.write(notebook, path)
+    result, executed = grading.grade_notebook("crafted", "01_layernorm", path, tmp_path / "work",
+                                               grading.TimeLimits(ordinary=5, training=60))
+    assert "training cell finished" in printed(executed, "import time")
+    assert "ordinary cell finished" not in printed(executed, "import time")
+    assert [c.points for c in result.cells] == [5]  # an interrupted demo cell costs no points
+
+
+def test_nbgrader_uses_the_same_time_limits_as_the_harness():
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(grading.SOLUTIONS.parent)).load_config()
+    tagged, plain = ({"cell_type": "code", "metadata": {"tags": tags}, "source": ""} for tags in (["training"], []))
+    assert config.Execute.timeout == grading.TimeLimits().ordinary
+    assert config.Execute.timeout_func(tagged) == grading.TimeLimits().training
+    assert config.Execute.timeout_func(plain) == grading.TimeLimits().ordinary
 
 
 # 10. Warnings and stderr output during a passing check do not zero it.
