@@ -26,7 +26,7 @@ test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 exercises: setup
-	$(BIN)/python -m graders.notebooks exercises
+	$(BIN)/python -m graders.course.notebooks exercises
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
@@ -34,18 +34,18 @@ bench: setup
 # Instructors: grade the bundled example class, or a real one with SUBMISSIONS=<dir>.
 grade: setup
 ifeq ($(SUBMISSIONS),)
-	$(BIN)/python -m graders.example_class build/example_class
-	$(BIN)/python -m graders.classroom --submissions build/example_class --out grading/example_class
+	$(BIN)/python -m graders.course.example_class build/example_class
+	$(BIN)/python -m graders.harness.classroom --submissions build/example_class --out grading/example_class
 else
-	$(BIN)/python -m graders.classroom --submissions $(SUBMISSIONS) --out grading
+	$(BIN)/python -m graders.harness.classroom --submissions $(SUBMISSIONS) --out grading
 endif
 
 release: setup
-	$(BIN)/python -m graders.notebooks release build/course
+	$(BIN)/python -m graders.course.notebooks release build/course
 
 solutions: setup
-	$(BIN)/python -m graders.notebooks run-solutions build/solutions
+	$(BIN)/python -m graders.course.notebooks run-solutions build/solutions
 
 # Learners: a per-test summary before submitting, e.g. make check NB=exercises/03_attention.ipynb
 check: setup
-	$(BIN)/python -m graders.check $(NB)
+	$(BIN)/python -m graders.harness.check $(NB)

@@ -6,15 +6,15 @@ c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.root = "build/course"
 
 # Notebooks run in the kernel `make setup` installs into .venv (named python3 there). The grading
-# harness (graders/grading.py) ignores a notebook's kernelspec and always uses its own sandbox.
+# harness (graders/harness/grading.py) ignores a notebook's kernelspec and always uses its own sandbox.
 c.Execute.kernel_name = "python3"
 
-# Per-cell time limits, the same policy as the course's harness (graders.grading.TimeLimits):
+# Per-cell time limits, the same policy as the course's harness (graders.harness.execute.TimeLimits):
 # 120 s for an ordinary cell (the slowest graded cells build a 12-layer GPT-2 and run it a few
 # times, about 10 s on one core; nbgrader's default of 30 s fails them on a slow laptop), 600 s
 # for the cells tagged `training` (notebook 07's budgeted training runs, 1-2 min on one core).
 # An infinite loop is interrupted after its cell's limit and costs only that cell.
-from graders.grading import TimeLimits  # noqa: E402
+from graders.harness.execute import TimeLimits  # noqa: E402
 
 c.Execute.timeout = TimeLimits().ordinary
 c.Execute.timeout_func = TimeLimits().of

@@ -7,8 +7,12 @@ import time
 
 import torch
 
-from graders import common, components, reference
-from graders.weights import load_strict
+from graders.judging.cases import Case
+from graders.reference import store
+from graders.reference.config import Config
+from graders.reference import components
+from graders.reference import model as reference
+from graders.reference.weights import load_strict
 
 TARGET = 1.5
 
@@ -26,12 +30,12 @@ def best_of(fn, tokens, repeats=3):
 
 def main() -> int:
     torch.manual_seed(0)
-    ref = common.reference()
+    ref = store.reference()
     print(f"Reference: {ref.label}")
-    ours = load_strict(components.DemoTransformer(common.Config()), common.weights()).eval()
+    ours = load_strict(components.DemoTransformer(Config()), store.weights()).eval()
     hf = reference.fresh_hf_model(ref.source)
-    cases = {"reference text [1, 35]": common.Case().tokens(),
-             "random tokens [4, 128]": torch.randint(0, common.Config().d_vocab, (4, 128))}
+    cases = {"reference text [1, 35]": Case().tokens(),
+             "random tokens [4, 128]": torch.randint(0, Config().d_vocab, (4, 128))}
     worst = 0.0
     for name, tokens in cases.items():
         with torch.no_grad():

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 def _grade_one(name: str, queue) -> None:
     import nbformat
 
-    from graders import example_class, grading
+    from graders.course import example_class
+    from graders.harness import grading
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder, f"{name}.ipynb")
@@ -62,7 +63,7 @@ def verdict(label: str, seconds: float, target: float) -> None:
 def _perfect_class(folder: str, size: int, names: list[str]) -> Path:
     import nbformat
 
-    from graders import example_class
+    from graders.course import example_class
 
     submissions = Path(folder, "class")
     for n in range(size):
@@ -74,7 +75,8 @@ def _perfect_class(folder: str, size: int, names: list[str]) -> Path:
 
 
 def _graded_class_wall(submissions: Path, out: Path, names: list[str], workers: int) -> float:
-    from graders import classroom, grading
+    from graders.harness import classroom
+    from graders.harness import grading
 
     start = time.perf_counter()
     classroom.grade_class(submissions, out, names, workers, None, grading.TimeLimits())
@@ -101,8 +103,8 @@ def class_speedup(size: int, names: list[str]) -> None:
 
 
 def main() -> None:
-    from graders.classroom import graded_notebooks
-    from graders.notebooks import notebook_names
+    from graders.harness.classroom import graded_notebooks
+    from graders.course.notebooks import notebook_names
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--class-size", type=int, default=4)

@@ -30,10 +30,11 @@ def timed(what: str, target: float):
 def main() -> int:
     import torch
 
-    from graders import reference, synthetic
-    from graders.activations import reference_activations
-    from graders.paths import CACHE_ENV
-    from graders.tokenizer import to_tokens
+    from graders.reference import model as reference
+    from graders.reference import synthetic
+    from graders.reference.activations import reference_activations
+    from graders.reference.paths import CACHE_ENV
+    from graders.reference.tokenizer import to_tokens
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as cache:

@@ -14,9 +14,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from graders import common, components, reference
-from graders.notebooks import SOLUTIONS
-from graders.weights import load_strict
+from graders.judging.cases import Case
+from graders.reference import store
+from graders.reference.config import Config
+from graders.reference import components
+from graders.reference import model as reference
+from graders.course.notebooks import SOLUTIONS
+from graders.reference.weights import load_strict
 
 N_NEW = 200
 CACHE_TARGET = 5.0
@@ -40,12 +44,12 @@ def timed(fn):
 
 
 def main() -> int:
-    ref = common.reference()
+    ref = store.reference()
     print(f"Reference: {ref.label}; {torch.get_num_threads()} threads")
-    model = load_strict(components.DemoTransformer(common.Config()), common.weights()).eval()
+    model = load_strict(components.DemoTransformer(Config()), store.weights()).eval()
     hf = reference.fresh_hf_model(ref.source)
     solution = solution_functions()
-    prompt = common.Case().tokens()
+    prompt = Case().tokens()
     with torch.no_grad():
         solution["generate_with_cache"](model, prompt, 2)           # warm-up
         cached, t_cached = timed(lambda: solution["generate_with_cache"](model, prompt, N_NEW))

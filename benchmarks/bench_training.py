@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from graders import nb07  # noqa: E402
-from graders.components import DemoTransformer  # noqa: E402
+from graders.exercises import nb07  # noqa: E402
+from graders.reference.components import DemoTransformer  # noqa: E402
 
 
 def lm_cross_entropy_loss(logits, tokens):

@@ -1,6 +1,11 @@
-"""Grading core of the course *GPT-2 from scratch, autograded*.
+"""Grading core of the course *GPT-2 from scratch, autograded*, in four layers:
 
-The learner-facing entry points live in one module per notebook (``graders.nb01`` ...);
-they all share :mod:`graders.engine` for comparing outputs and naming mistakes, and
-:mod:`graders.reference` for the reference GPT-2 small (pretrained or synthetic).
+- ``graders.reference``: the reference GPT-2 small (pretrained or synthetic), its weights under
+  the course's names, tokenizer, data, and the course's own components;
+- ``graders.judging``: cases, the one tolerance policy, comparison and diagnosis, running
+  learner code, and ``Exercise``, which declares how each exercise is produced and judged;
+- ``graders.exercises``: one module per notebook (``nb01`` ... ), the learner-facing checks;
+- ``graders.harness``: running a submission in a sandboxed kernel and judging it outside,
+  for one notebook (``check``), one student or a whole class (``classroom``);
+- ``graders.course``: generating, releasing and running the notebooks; the example class.
 """

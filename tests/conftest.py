@@ -16,7 +16,7 @@ TOKEN_IDS = [50256, 40, 716, 281, 4998, 1960, 382, 19741, 11, 875, 12342, 12, 88
 @contextlib.contextmanager
 def cache_lock():
     """Serialise first-time generation in the shared cache across pytest-xdist workers."""
-    from graders.paths import cache_dir
+    from graders.reference.paths import cache_dir
 
     with open(cache_dir() / ".tests.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -25,7 +25,7 @@ def cache_lock():
 
 @pytest.fixture(scope="session")
 def reference():
-    from graders.reference import load_reference
+    from graders.reference.model import load_reference
 
     with cache_lock():
         return load_reference("synthetic", quiet=True)
@@ -39,7 +39,7 @@ def reference_tokens() -> torch.Tensor:
 @pytest.fixture(scope="session")
 def reference_acts(reference, reference_tokens):
     """The synthetic reference's graded activations on the 35-token text (default cache)."""
-    from graders.activations import reference_activations
+    from graders.reference.activations import reference_activations
 
     with cache_lock():
         return reference_activations(reference, reference_tokens)

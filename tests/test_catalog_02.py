@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders import nb02
-from graders.config import Config
-from graders.engine import CheckFailed
+from graders.exercises import nb02
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed
 
 HIDDEN = dict(text=None, seed=7, batch=3)
 
@@ -65,7 +65,7 @@ class EmbedUsesCourse(nn.Module):
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
 
     def forward(self, tokens):
-        from graders import components
+        from graders.reference import components
         inner = components.Embed(Config())
         inner.W_E = self.W_E
         return inner(tokens)
@@ -140,7 +140,7 @@ class PosUsesCourse(nn.Module):
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
 
     def forward(self, tokens):
-        from graders import components
+        from graders.reference import components
         inner = components.PosEmbed(Config())
         inner.W_pos = self.W_pos
         return inner(tokens)

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from fancy_einsum import einsum as fancy_einsum
 from torch import nn
 
-from graders import nb03
-from graders.common import Case
-from graders.engine import CheckFailed
+from graders.exercises import nb03
+from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed
 
 
 class Base(nn.Module):
@@ -308,7 +308,7 @@ def test_mask_never_called_is_reported():
 @pytest.fixture(scope="module")
 def correct_outputs():
     case = Case()
-    return case, nb03.produce_attention(variant(), case)
+    return case, nb03.produce_attention(variant(), case, nb03.inputs_attention(case))
 
 
 def test_non_causal_outputs_fail(correct_outputs):

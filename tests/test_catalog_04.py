@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders import nb04
-from graders.config import Config
-from graders.engine import CheckFailed
+from graders.exercises import nb04
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed
 
 HIDDEN = dict(block=9, text=None, seed=3, batch=2)
 C = math.sqrt(2 / math.pi)
@@ -46,7 +46,7 @@ def gelu_uses_module(x):
 
 
 def gelu_course(x):
-    from graders import components
+    from graders.reference import components
     return components.gelu_new(x)
 
 
@@ -67,7 +67,7 @@ GELU_BUGGY = {
     "identity": (lambda x: x.clone(), "no activation"),
     "F_gelu": (gelu_erf, "your code uses `F.gelu`"),
     "nn_GELU": (gelu_uses_module, "your code uses `nn.GELU`"),
-    "course": (gelu_course, "graders.components"),
+    "course": (gelu_course, "graders.reference.components"),
     "in_place": (gelu_inplace, "in place"),
 }
 

@@ -3,9 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from graders import nb05
-from graders.components import MLP, Attention, LayerNorm
-from graders.engine import CheckFailed
+from graders.exercises import nb05
+from graders.reference.components import MLP, Attention, LayerNorm
+from graders.judging.compare import CheckFailed
 
 
 class Base(nn.Module):
@@ -131,7 +131,7 @@ def test_buggy_variants_are_named(cls, where, diagnosis):
 
 
 def test_library_block_is_refused():
-    from graders import components
+    from graders.reference import components
 
     def uses_course_block(self, x):
         return components.TransformerBlock.forward(self, x)

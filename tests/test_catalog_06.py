@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders import nb06
-from graders.components import Embed, LayerNorm, PosEmbed, TransformerBlock
-from graders.engine import CheckFailed
+from graders.exercises import nb06
+from graders.reference.components import Embed, LayerNorm, PosEmbed, TransformerBlock
+from graders.judging.compare import CheckFailed
 
 # --- Unembed ------------------------------------------------------------------------------
 

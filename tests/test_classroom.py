@@ -6,7 +6,10 @@ import zipfile
 import nbformat
 import pytest
 
-from graders import classroom, example_class, grading
+from graders.harness import classroom
+from graders.course import example_class
+from graders.harness import grading
+from graders.harness.cells import HIDDEN_BEGIN, HIDDEN_END
 
 # The grades each bundled student must get, per test cell (the specification of the example class).
 FULL = {"01_layernorm/layernorm_test": 5, "02_embeddings/embed_test": 3,
@@ -75,7 +78,7 @@ def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class
     hidden_lines = set()
     for name in NAMES:
         for cell in grading.test_cells(grading.source_notebook(name)):
-            body = cell.source.split(grading.HIDDEN_BEGIN)[1].split(grading.HIDDEN_END)[0]
+            body = cell.source.split(HIDDEN_BEGIN)[1].split(HIDDEN_END)[0]
             hidden_lines |= {line.strip() for line in body.splitlines() if line.strip()}
     assert hidden_lines
     pages = sorted((graded_example_class / "feedback").rglob("*.html"))
@@ -151,14 +154,16 @@ def test_deleted_or_edited_locked_cells_are_restored_from_the_source():
 
 
 def test_expected_checks_are_listed_without_running_learner_code():
+    from graders.harness.manifest import checks_of
+
     cell = grading.test_cells(grading.source_notebook("01_layernorm"))[0]
-    listed = grading.expected_checks(cell.source)
-    assert [name for name, _ in listed] == ["LayerNorm"] * 3
+    listed = checks_of(cell.source)
+    assert [key for key, _ in listed] == [("01_layernorm", "LayerNorm")] * 3
     assert listed[1][1]["block"] == 7 and listed[1][1]["batch"] == 3 and listed[1][1]["text"] is None
 
 
 def test_release_writes_student_notebooks_without_solutions_or_hidden_tests(tmp_path):
-    from graders.notebooks import main as notebooks_main
+    from graders.course.notebooks import main as notebooks_main
 
     assert notebooks_main(["release", str(tmp_path)]) == 0
     released = sorted(tmp_path.glob("release/*/*.ipynb"))
@@ -169,7 +174,7 @@ def test_release_writes_student_notebooks_without_solutions_or_hidden_tests(tmp_
 
 
 def test_learner_check_summarises_each_test_cell(tmp_path, capsys):
-    from graders.check import check
+    from graders.harness.check import check
 
     solved = tmp_path / "01_layernorm.ipynb"
     nbformat.write(example_class.students()["perfect"]["01_layernorm"], solved)
@@ -183,7 +188,7 @@ def test_learner_check_summarises_each_test_cell(tmp_path, capsys):
 
 
 def test_run_solutions_saves_each_executed_notebook_with_html_and_reports_failures(tmp_path, capsys, monkeypatch):
-    from graders import notebooks
+    from graders.course import notebooks
 
     names = ["00_tour", "01_layernorm"]
     assert notebooks.main(["run-solutions", str(tmp_path / "ok"), *names]) == 0

@@ -1,9 +1,9 @@
-"""graders.data: tiny Shakespeare is found offline, verified, and a bad file gets a clear message."""
+"""graders.reference.data: tiny Shakespeare is found offline, verified, and a bad file gets a clear message."""
 from pathlib import Path
 
 import pytest
 
-from graders import data
+from graders.reference import data
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -108,8 +108,8 @@ def test_download_is_verified_and_cached(isolated, monkeypatch):
 def test_models_round_trip(isolated):
     import torch
 
-    from graders.components import DemoTransformer
-    from graders.config import Config
+    from graders.reference.components import DemoTransformer
+    from graders.reference.config import Config
 
     cfg = Config(d_vocab=100, n_ctx=16, d_model=32, n_layers=1, n_heads=2, d_head=16, d_mlp=64)
     torch.manual_seed(0)

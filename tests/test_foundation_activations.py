@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 import torch
 
-import graders.activations as act
-from graders.activations import graded_hooks, reference_activations
-from graders.paths import CACHE_ENV
+import graders.reference.activations as act
+from graders.reference.activations import graded_hooks, reference_activations
+from graders.reference.paths import CACHE_ENV
 
 
 def expected_shapes(batch=1, pos=35, d=768, heads=12, d_head=64, mlp=3072, vocab=50257, layers=12):
@@ -40,9 +40,9 @@ def test_hooks_see_the_plain_gpt2_forward(reference, reference_tokens, reference
     """Same weights in a plain transformers GPT2LMHeadModel: same residual stream, same logits."""
     from transformers import GPT2LMHeadModel
 
-    from graders import synthetic
+    from graders.reference import synthetic
 
-    from graders.paths import cache_dir
+    from graders.reference.paths import cache_dir
 
     plain = GPT2LMHeadModel.from_pretrained(
         cache_dir(f"synthetic-gpt2-v{synthetic.VERSION}"), attn_implementation="eager",

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graders import reference as ref
-from graders import synthetic
-from graders.engine import tolerance
-from graders.paths import CACHE_ENV
-from graders.weights import component, course_weights
+from graders.reference import model as ref
+from graders.reference import synthetic
+from graders.judging.tolerance import tolerance
+from graders.reference.paths import CACHE_ENV
+from graders.reference.weights import component, course_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = json.loads((ROOT / "data" / "synthetic_gpt2.json").read_text())["sha256"]
@@ -132,7 +132,7 @@ def test_residual_stream_grows_with_depth(reference_acts):
 
 # --- The usual mistakes are far outside the grading tolerance ----------------------------------
 # Plain-torch versions of block 3's sublayers, each with a switch for one classic mistake. The
-# tolerance is the course's one policy (graders.engine.tolerance): a mistake must exceed it at
+# tolerance is the course's one policy (graders.judging.tolerance.tolerance): a mistake must exceed it at
 # least 10x somewhere, and the correct computation must stay within it everywhere.
 
 BLOCK = 3

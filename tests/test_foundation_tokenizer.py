@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import graders.tokenizer as tok
+import graders.reference.tokenizer as tok
 from conftest import TEXT, TOKEN_IDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ NO_NETWORK_SCRIPT = textwrap.dedent("""
     socket.create_connection = refuse
     socket.getaddrinfo = refuse
 
-    from graders.tokenizer import gpt2_encoding, hf_tokenizer, to_string, to_tokens
+    from graders.reference.tokenizer import gpt2_encoding, hf_tokenizer, to_string, to_tokens
     text = json.loads(input())
     print(json.dumps({
         "to_tokens": to_tokens(text)[0].tolist(),

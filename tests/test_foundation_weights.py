@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from graders.config import Config
-from graders.weights import WeightLoadError, component, course_weights, load_strict
+from graders.reference.config import Config
+from graders.reference.weights import WeightLoadError, component, course_weights, load_strict
 
 
 # --- An independent minimal GPT-2, named like the course's modules ------------------------------
@@ -185,7 +185,7 @@ def test_component_slices_one_module(weights):
 # --- load_strict into an independent DemoTransformer -------------------------------------------
 
 def test_demo_transformer_reproduces_synthetic_logits(reference, reference_tokens, reference_acts):
-    from graders.engine import close
+    from graders.judging.tolerance import close
 
     model = load_strict(DemoTransformer(Config()), course_weights(reference))
     with torch.no_grad():
@@ -198,7 +198,7 @@ def test_demo_transformer_reproduces_synthetic_logits(reference, reference_token
 
 
 def test_demo_transformer_reproduces_small_pretrained_logits(small_gpt2_dir, monkeypatch):
-    from graders.reference import PRETRAINED_DIR_ENV, load_reference
+    from graders.reference.model import PRETRAINED_DIR_ENV, load_reference
 
     monkeypatch.setenv(PRETRAINED_DIR_ENV, str(small_gpt2_dir))
     small = load_reference.__wrapped__("pretrained", quiet=True)

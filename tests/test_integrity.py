@@ -1,7 +1,7 @@
 """Crafted submissions: each is graded right, and costs nothing beyond what it breaks.
 
-Every test builds a submission from the released notebook (graders.example_class), grades it
-with the instructor's harness (graders.grading), and checks the points and the reason.
+Every test builds a submission from the released notebook (graders.course.example_class), grades it
+with the instructor's harness (graders.harness.grading), and checks the points and the reason.
 """
 import copy
 import json
@@ -11,7 +11,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from graders import example_class, grading
+from graders.course import example_class
+from graders.course.notebooks import SOLUTIONS
+from graders.harness import execute, grading, sandbox
 
 pytestmark = pytest.mark.xdist_group("integrity")
 
@@ -79,11 +81,11 @@ def test_monkeypatched_comparisons_do_not_rescue_a_wrong_answer(tmp_path):
 
 # 2. Rewriting the graders in the kernel's memory changes no verdict.
 def test_rewritten_graders_modules_in_the_kernel_change_nothing(tmp_path):
-    patch = ("import sys, graders.engine, graders.common\n"
-             "graders.engine.compare = lambda *a, **k: None\n"
-             "graders.engine.close = lambda *a, **k: True\n"
-             "sys.modules['graders.nb01'].judge_layernorm = lambda *a, **k: None\n"
-             "graders.common.Exercise.judge = property(lambda self: (lambda *a: None))\n")
+    patch = ("import sys, graders.judging.compare, graders.judging.tolerance, graders.judging.exercise\n"
+             "graders.judging.compare.compare = lambda *a, **k: None\n"
+             "graders.judging.tolerance.close = lambda *a, **k: True\n"
+             "sys.modules['graders.exercises.nb01'].judge_layernorm = lambda *a, **k: None\n"
+             "graders.judging.exercise.Exercise.judge = property(lambda self: (lambda *a: None))\n")
     cells, _, _ = grade(tmp_path, "01_layernorm",
                         crafted("01_layernorm", edits=[SAMPLE_VARIANCE], extra={"layernorm_answer": [patch]}))
     assert cells["layernorm_test"].points == 0
@@ -102,13 +104,18 @@ def test_lying_tensor_subclass_fails(tmp_path):
     assert cells["layernorm_test"].status == "failed"
 
 
-# 4. Solutions (and their hidden tests) and reference activations are out of reach.
+# 4. Solutions (and their hidden tests) and reference activations are out of reach, even the
+# activations of the notebook's own visible check (they hold its expected outputs).
 @ROOT_GRADER
 def test_solutions_and_reference_activations_cannot_be_read(tmp_path):
-    from graders.common import Case
+    from graders.course.notebooks import SOLUTIONS
+    from graders.judging.cases import Case
+    from graders.reference.activations import activation_path
+    from graders.reference.store import reference_id
 
-    solution = grading.SOLUTIONS / "01_layernorm.ipynb"
-    activations = grading.activation_file(Case(text="A text that no check of notebook 01 reads."))
+    solution = SOLUTIONS / "01_layernorm.ipynb"
+    activations = activation_path(reference_id(), Case().tokens())
+    assert activations.is_file()
     steal = ("# steal\n"
              "import json\n"
              f"for path in {[str(solution), str(activations)]!r}:\n"
@@ -179,7 +186,7 @@ def test_learner_code_runs_unprivileged_and_offline(tmp_path):
                "print(subprocess.Popen(['sleep', '600'], start_new_session=True).pid)\n")
         cells, _, executed = grade(tmp_path, "01_layernorm", crafted("01_layernorm", extra={"setup": [who]}))
     uid, euid, gid, groups, network, background = printed(executed, "# who").split()
-    assert int(uid) == int(euid) >= grading.SANDBOX_UIDS[0] and int(gid) == int(uid) and groups == "0"
+    assert int(uid) == int(euid) >= sandbox.SANDBOX_UIDS[0] and int(gid) == int(uid) and groups == "0"
     assert network == "offline"
     status = Path(f"/proc/{background}/status")
     alive = status.exists() and "\nState:\tZ" not in status.read_text()   # a zombie is dead
@@ -269,7 +276,7 @@ def test_only_cells_tagged_training_get_the_training_time_limit(tmp_path):
 def test_nbgrader_uses_the_same_time_limits_as_the_harness():
     from traitlets.config.loader import PyFileConfigLoader
 
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(grading.SOLUTIONS.parent)).load_config()
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(SOLUTIONS.parent)).load_config()
     tagged, plain = ({"cell_type": "code", "metadata": {"tags": tags}, "source": ""} for tags in (["training"], []))
     assert config.Execute.timeout == grading.TimeLimits().ordinary
     assert config.Execute.timeout_func(tagged) == grading.TimeLimits().training
@@ -323,7 +330,7 @@ def test_huge_output_is_truncated_and_grading_continues(tmp_path):
                                crafted("01_layernorm", extra={"layernorm_answer": [flood]}))
     assert cells["layernorm_test"].points == 5
     sizes = [len(o.get("text", "")) for c in executed.cells for o in c.get("outputs", [])]
-    assert max(sizes) <= grading.OUTPUT_LIMIT + 100
+    assert max(sizes) <= execute.OUTPUT_LIMIT + 100
 
 
 # 14. The notebook's kernelspec is ignored.
@@ -336,7 +343,7 @@ def test_a_changed_kernelspec_has_no_effect(tmp_path):
 
 # 15. Detecting the grading run and forging records gains nothing.
 def test_forged_records_in_grading_mode_gain_nothing(tmp_path):
-    forge = ("import json, pathlib, graders.common as g\n"
+    forge = ("import json, pathlib, graders.judging.exercise as g\n"
              "if g.Recorder.directory is not None:\n"
              "    g.Exercise.check = lambda self, learner, **case: None\n"
              "    for n, case in enumerate([{}, {'block': 7, 'text': None, 'seed': 11, 'batch': 3}]):\n"
@@ -361,25 +368,28 @@ def test_regrading_is_deterministic(tmp_path):
 def test_the_kernel_is_told_which_reference_the_judge_uses(tmp_path, monkeypatch):
     """A kernel has its own HOME: left to `auto` it would miss a pretrained GPT-2 in the grader's
     Hugging Face cache and produce outputs with other weights than the judge compares with."""
-    from graders import reference
+    from graders.harness.sandbox import sandbox_env
+    from graders.reference import store
+    from graders.reference.model import ReferenceId, identify
 
-    assert grading.sandbox_env(tmp_path)["GPT2_COURSE_WEIGHTS"] == reference.identify().source
-    folder = tmp_path / "hub" / "snapshots" / "abc"
-    folder.mkdir(parents=True)
-    monkeypatch.setattr(reference, "identify", lambda source=None: reference.ReferenceId(
-        "pretrained", "0" * 64, "pretrained GPT-2 small (test)"))
-    monkeypatch.setattr(reference, "_pretrained_folder", lambda: folder)
-    monkeypatch.setenv("GPT2_COURSE_WEIGHTS", "auto")
-    env = grading.sandbox_env(tmp_path / "home")
+    assert sandbox_env(tmp_path)["GPT2_COURSE_WEIGHTS"] == identify().source
+    pretrained = ReferenceId("pretrained", "0" * 64, "pretrained GPT-2 small (test)")
+    unpinned = store.reference_id.__wrapped__
+    monkeypatch.setattr(store, "reference_id", lambda: pretrained)
+    env = sandbox_env(tmp_path / "home")
     assert env["GPT2_COURSE_WEIGHTS"] == "pretrained"
-    assert env["GPT2_COURSE_PRETRAINED_DIR"] == str(folder)
+    # The kernel, which cannot see the pretrained folder, takes the judge's reference as named.
+    monkeypatch.setenv(store.PINNED_ENV, env[store.PINNED_ENV])
+    assert unpinned() == pretrained
 
 
-def test_only_checks_against_reference_activations_get_activation_files():
+def test_only_checks_against_reference_activations_receive_reference_inputs():
     """Training and sampling checks run their own small models: computing GPT-2 activations for
     their cases (2,000 sequences in notebook 07) once took the grader out of memory."""
-    wanted = {name: [check for cell in grading.test_cells(grading.source_notebook(name))
-                     for check in grading.expected_checks(cell.source)]
+    from graders.harness.manifest import notebook_checks
+    from graders.judging.exercise import find, no_inputs
+
+    wanted = {name: [check for checks in notebook_checks(name).values() for check in checks]
               for name in ("01_layernorm", "07_training", "08_sampling")}
-    assert all(grading.uses_activations(e) for e, _ in wanted["01_layernorm"])
-    assert not any(grading.uses_activations(e) for e, _ in wanted["07_training"] + wanted["08_sampling"])
+    assert all(find(key).inputs is not no_inputs for key, _ in wanted["01_layernorm"])
+    assert all(find(key).inputs is no_inputs for key, _ in wanted["07_training"] + wanted["08_sampling"])

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from graders.notebooks import EXERCISES, ROOT, SOLUTIONS, generate, notebook_names, stripped, venv_env
+from graders.course.notebooks import EXERCISES, ROOT, SOLUTIONS, generate, notebook_names, stripped, venv_env
 
 NAMES = notebook_names()
 

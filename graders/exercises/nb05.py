@@ -14,11 +14,16 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from graders import components
-from graders.common import Case, Exercise, activations, loaded, part, rand_float
-from graders.config import Config
-from graders.engine import CheckFailed, Forbidden, check_shape, close, compare, run_learner
-from graders.weights import load_strict
+from graders.reference import components
+from graders.judging.cases import Case, activations, rand_float
+from graders.judging.exercise import Exercise
+from graders.judging.learner import loaded
+from graders.reference.store import part
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.learner import Forbidden, run_learner
+from graders.judging.tolerance import close
+from graders.reference.weights import load_strict
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden(
@@ -209,9 +214,13 @@ def first_divergence(what: str, outputs: dict, acts: dict, hooks: Sequence[tuple
 
 # --- The exercise ----------------------------------------------------------------------------
 
-def produce_block(TransformerBlock, case: Case) -> dict:
+def inputs_block(case: Case) -> dict:
+    return {"x": activations(case)[f"blocks.{case.block}.hook_resid_pre"]}
+
+
+def produce_block(TransformerBlock, case: Case, inputs: dict) -> dict:
     block = loaded("TransformerBlock", TransformerBlock, f"blocks.{case.block}")
-    x = activations(case)[f"blocks.{case.block}.hook_resid_pre"]
+    x = inputs["x"]
     x_before = x.clone()
 
     def runner(fn, inp):
@@ -249,9 +258,7 @@ def judge_block(case: Case, outputs: dict) -> None:
     compare(f"TransformerBlock output (blocks.{i})", out, expected, DIMS)  # e.g. NaNs
 
 
-block = Exercise("TransformerBlock", produce_block, judge_block)
-
-
-def check_transformer_block(TransformerBlock, **case) -> None:
-    """Grade the learner's `TransformerBlock` class (visible check: block 0 on the reference text)."""
-    block.check(TransformerBlock, **case)
+block = Exercise("05_transformer_block", "TransformerBlock", produce_block, judge_block,
+                  inputs=inputs_block, forbidden=(FORBIDDEN,))
+check_transformer_block = block.checker(
+    "Grade the learner's `TransformerBlock` class (visible check: block 0 on the reference text).")

@@ -9,7 +9,7 @@ from torch import nn
 
 
 def course_weights(reference) -> dict[str, torch.Tensor]:
-    """Every reference weight by course name, from a graders.reference.Reference."""
+    """Every reference weight by course name, from a graders.reference.model.Reference."""
     cfg = reference.hf_model.config
     n_heads, d_model = cfg.n_head, cfg.n_embd
     sd = reference.state_dict

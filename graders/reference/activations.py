@@ -5,10 +5,11 @@ reference forward pass, and a library upgrade or other weights never serve stale
 """
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 
-from graders.paths import atomic_write, cache_dir
+from graders.reference.paths import atomic_write, cache_dir
 
 FORMAT = 1
 PER_BLOCK_HOOKS = (
@@ -37,18 +38,26 @@ def _key(fingerprint: str, tokens: torch.Tensor) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def _batched(tokens) -> torch.Tensor:
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    return tokens[None] if tokens.ndim == 1 else tokens
+
+
+def activation_path(reference, tokens) -> Path:
+    """Where the activations of `reference` (a Reference or ReferenceId) on `tokens` are cached."""
+    return cache_dir("activations") / f"{_key(reference.fingerprint, _batched(tokens))}.safetensors"
+
+
 def reference_activations(reference, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every graded activation of `reference` on `tokens`.
 
-    `reference` is a loaded graders.reference.Reference, or just its ReferenceId: then the
+    `reference` is a loaded graders.reference.model.Reference, or just its ReferenceId: then the
     model is loaded only when the activations are not cached yet.
     """
     from safetensors.torch import load_file, save_file
 
-    tokens = torch.as_tensor(tokens, dtype=torch.long)
-    if tokens.ndim == 1:
-        tokens = tokens[None]
-    path = cache_dir("activations") / f"{_key(reference.fingerprint, tokens)}.safetensors"
+    tokens = _batched(tokens)
+    path = activation_path(reference, tokens)
     if path.is_file():
         try:
             return load_file(path)
@@ -57,7 +66,7 @@ def reference_activations(reference, tokens: torch.Tensor) -> dict[str, torch.Te
     if hasattr(reference, "bridge"):
         bridge = reference.bridge
     else:
-        from graders.reference import load_reference
+        from graders.reference.model import load_reference
 
         bridge = load_reference(reference.source, quiet=True).bridge
     names = graded_hooks(bridge.cfg.n_layers)

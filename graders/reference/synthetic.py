@@ -90,7 +90,7 @@ def fingerprint(state: dict[str, torch.Tensor]) -> str:
 
 def expected_fingerprint() -> str:
     """The fingerprint committed in `data/` — the same on every platform, or the recipe drifted."""
-    manifest = Path(__file__).resolve().parent.parent / "data" / "synthetic_gpt2.json"
+    manifest = Path(__file__).resolve().parents[2] / "data" / "synthetic_gpt2.json"
     return json.loads(manifest.read_text())["sha256"]
 
 

@@ -1,6 +1,6 @@
 """The bundled example class, generated from solutions/ and exercises/ (never edited by hand).
 
-`python -m graders.example_class OUT` writes nbgrader's `submitted/<student>/<notebook>/` layout:
+`python -m graders.course.example_class OUT` writes nbgrader's `submitted/<student>/<notebook>/` layout:
 - perfect: every answer cell holds the solution;
 - untouched: the released notebooks as they are;
 - partial: solved 01-03 only;
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 
-from graders.notebooks import EXERCISES, SOLUTIONS, notebook_names
+from graders.course.notebooks import EXERCISES, SOLUTIONS, notebook_names
 
 # (notebook, answer cell, text in the solution, replacement): one classic mistake each.
 BUGS = [

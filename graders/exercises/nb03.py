@@ -12,14 +12,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders import components
+from graders.reference import components
 from functools import lru_cache
 
-from graders.common import Case, Exercise, loaded, part, rand_float
-from graders.common import activations as _load_activations
-from graders.config import Config
-from graders.engine import CheckFailed, Forbidden, check_shape, close, compare, run_learner
-from graders.weights import load_strict
+from graders.judging.cases import Case, rand_float
+from graders.judging.exercise import Exercise
+from graders.judging.learner import loaded
+from graders.reference.store import part
+from graders.judging.cases import activations as _load_activations
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.learner import Forbidden, run_learner
+from graders.judging.tolerance import close
+from graders.reference.weights import load_strict
 
 DIMS = ("batch", "position", "d_model")
 SCORE_DIMS = ("batch", "head", "query_pos", "key_pos")
@@ -35,7 +40,7 @@ _FORBIDDEN_TARGETS = [
 _FORBIDDEN_WORDS = ["scaled_dot_product_attention", "F.scaled_dot_product_attention",
                     "functional.scaled_dot_product_attention", "MultiheadAttention", "nn.MultiheadAttention",
                     "multi_head_attention_forward", "F.multi_head_attention_forward",
-                    "graders.components", "components.Attention"]
+                    "graders.reference.components", "components.Attention"]
 FORBIDDEN = Forbidden("attention", targets=_FORBIDDEN_TARGETS, source_words=_FORBIDDEN_WORDS)
 FORBIDDEN_MASK = Forbidden("the causal mask", targets=_FORBIDDEN_TARGETS, source_words=_FORBIDDEN_WORDS)
 
@@ -127,11 +132,15 @@ def _call_mask(attn, scores: torch.Tensor) -> torch.Tensor:
                        forbidden=FORBIDDEN_MASK)
 
 
-def produce_mask(Attention, case: Case) -> dict:
+def inputs_mask(case: Case) -> dict:
+    return {"scores": reference_scores(case)}
+
+
+def produce_mask(Attention, case: Case, inputs: dict) -> dict:
     attn = loaded("Attention", Attention, _prefix(case))
     return {
         "random_out": _call_mask(attn, rand_float(case.seed, 2, 3, 5, 5)),
-        "out": _call_mask(attn, reference_scores(case)),
+        "out": _call_mask(attn, inputs["scores"]),
     }
 
 
@@ -216,12 +225,10 @@ def judge_mask(case: Case, outputs: dict) -> None:
                         "apply_causal_mask on random scores [2, 3, 5, 5]")
 
 
-causal_mask = Exercise("apply_causal_mask", produce_mask, judge_mask)
-
-
-def check_apply_causal_mask(Attention, **case) -> None:
-    """Grade the learner's `Attention.apply_causal_mask` (visible check: block 0, reference text)."""
-    causal_mask.check(Attention, **case)
+causal_mask = Exercise("03_attention", "apply_causal_mask", produce_mask, judge_mask,
+                        inputs=inputs_mask, forbidden=(FORBIDDEN_MASK,))
+check_apply_causal_mask = causal_mask.checker(
+    "Grade the learner's `Attention.apply_causal_mask` (visible check: block 0, reference text).")
 
 
 # --- Attention forward --------------------------------------------------------------------------
@@ -234,11 +241,14 @@ def _other_input(case: Case, x: torch.Tensor, seed_offset: int, rows: int, posit
     return rand_float(case.seed * 1000 + seed_offset, rows, positions, x.shape[-1]) * x.std()
 
 
-def produce_attention(Attention, case: Case) -> dict:
+def inputs_attention(case: Case) -> dict:
+    return {"x": activations(case)[f"blocks.{case.block}.ln1.hook_out"]}
+
+
+def produce_attention(Attention, case: Case, inputs: dict) -> dict:
     prefix = _prefix(case)
     attn = loaded("Attention", Attention, prefix)
-    acts = activations(case)
-    x = acts[f"blocks.{case.block}.ln1.hook_out"].clone()   # the learner's own copy
+    x = inputs["x"].clone()   # the learner's own copy
     x_before = x.clone()
     seen = []
     method = attn.apply_causal_mask
@@ -396,14 +406,12 @@ def judge_attention(case: Case, outputs: dict) -> None:
 
 
 def _tol(expected: torch.Tensor) -> torch.Tensor:
-    from graders.engine import tolerance
+    from graders.judging.tolerance import tolerance
 
     return tolerance(expected)
 
 
-attention = Exercise("Attention", produce_attention, judge_attention)
-
-
-def check_attention(Attention, **case) -> None:
-    """Grade the learner's `Attention` forward pass (visible check: block 0, reference text)."""
-    attention.check(Attention, **case)
+attention = Exercise("03_attention", "Attention", produce_attention, judge_attention,
+                      inputs=inputs_attention, forbidden=(FORBIDDEN,))
+check_attention = attention.checker(
+    "Grade the learner's `Attention` forward pass (visible check: block 0, reference text).")

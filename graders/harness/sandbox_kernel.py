@@ -1,6 +1,6 @@
 """The kernel a submission runs in during grading: an IPython kernel under a memory cap.
 
-Launched by the grading harness as `python -m graders.sandbox_kernel -f CONNECTION_FILE`, with
+Launched by the grading harness as `python -m graders.harness.sandbox_kernel -f CONNECTION_FILE`, with
 a scrubbed environment and its own working folder. A memory bomb then fails inside the kernel
 (MemoryError, or the kernel dies) and costs only the cell that ran it.
 

@@ -13,13 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders import components
-from graders.common import Case, Exercise, activations, loaded, part, rand_float, rand_int, weights
-from graders.config import Config
-from graders.engine import (CheckFailed, Forbidden, build_module, check_shape, close, compare,
-                            run_learner)
-from graders.nb05 import Recorder, first_divergence
-from graders.weights import WeightLoadError, load_strict
+from graders.reference import components
+from graders.judging.cases import Case, activations, rand_float, rand_int
+from graders.judging.exercise import Exercise
+from graders.judging.learner import loaded
+from graders.reference.store import part, weights
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.learner import Forbidden, build_module, run_learner
+from graders.judging.tolerance import close
+from graders.exercises.nb05 import Recorder, first_divergence
+from graders.reference.weights import WeightLoadError, load_strict
 
 DIMS = ("batch", "position", "d_model")
 LOGIT_DIMS = ("batch", "position", "d_vocab")
@@ -48,9 +52,13 @@ def _random_bias(seed: int) -> torch.Tensor:
     return rand_float(seed + 1000, Config().d_vocab) * 0.1
 
 
-def produce_unembed(Unembed, case: Case) -> dict:
+def inputs_unembed(case: Case) -> dict:
+    return {"x": activations(case)["ln_final.hook_out"]}
+
+
+def produce_unembed(Unembed, case: Case, inputs: dict) -> dict:
     unembed = loaded("Unembed", Unembed, "unembed")
-    x = activations(case)["ln_final.hook_out"]
+    x = inputs["x"]
     x_before = x.clone()
     out = run_learner("Unembed", unembed, x, forbidden=UNEMBED_FORBIDDEN)
     modified = not torch.equal(x, x_before)
@@ -79,12 +87,10 @@ def judge_unembed(case: Case, outputs: dict) -> None:
             hint="logits = x @ W_U + b_U, with W_U of shape [d_model, d_vocab].")
 
 
-unembed = Exercise("Unembed", produce_unembed, judge_unembed)
-
-
-def check_unembed(Unembed, **case) -> None:
-    """Grade the learner's `Unembed` (visible check: the reference text)."""
-    unembed.check(Unembed, **case)
+unembed = Exercise("06_gpt2", "Unembed", produce_unembed, judge_unembed,
+                    inputs=inputs_unembed, forbidden=(UNEMBED_FORBIDDEN,))
+check_unembed = unembed.checker(
+    "Grade the learner's `Unembed` (visible check: the reference text).")
 
 
 # --- DemoTransformer --------------------------------------------------------------------------
@@ -189,7 +195,7 @@ def _changed_last(tokens: torch.Tensor) -> torch.Tensor:
     return changed
 
 
-def produce_model(DemoTransformer, case: Case) -> dict:
+def produce_model(DemoTransformer, case: Case, inputs: dict) -> dict:
     model = _loaded_model(DemoTransformer)
     tokens = case.tokens()
 
@@ -261,12 +267,10 @@ def _submodules_names(n_layers: int):
     return ["embed", "pos_embed"] + [f"blocks.{i}" for i in range(n_layers)] + ["ln_final", "unembed"]
 
 
-model = Exercise("DemoTransformer", produce_model, judge_model)
-
-
-def check_demo_transformer(DemoTransformer, **case) -> None:
-    """Grade the learner's `DemoTransformer` on the reference logits (visible check: the reference text)."""
-    model.check(DemoTransformer, **case)
+model = Exercise("06_gpt2", "DemoTransformer", produce_model, judge_model,
+                  forbidden=(MODEL_FORBIDDEN,))
+check_demo_transformer = model.checker(
+    "Grade the learner's `DemoTransformer` on the reference logits (visible check: the reference text).")
 
 
 # --- The next-token loss ---------------------------------------------------------------------
@@ -293,9 +297,13 @@ def loss_mistakes(logits: torch.Tensor, tokens: torch.Tensor) -> dict:
     }
 
 
-def produce_loss(next_token_loss, case: Case) -> dict:
+def inputs_loss(case: Case) -> dict:
+    return {"logits": activations(case)["logits"]}
+
+
+def produce_loss(next_token_loss, case: Case, inputs: dict) -> dict:
     tokens = case.tokens()
-    logits = activations(case)["logits"]
+    logits = inputs["logits"]
     before = logits.clone()
     out = run_learner("next_token_loss", next_token_loss, logits, tokens)
     return {"loss": out, "input_modified": torch.tensor(not torch.equal(logits, before))}
@@ -313,9 +321,7 @@ def judge_loss(case: Case, outputs: dict) -> None:
             hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
 
 
-loss = Exercise("next_token_loss", produce_loss, judge_loss)
-
-
-def check_loss(next_token_loss, **case) -> None:
-    """Grade `next_token_loss(logits, tokens) -> scalar` on the reference model's logits."""
-    loss.check(next_token_loss, **case)
+loss = Exercise("06_gpt2", "next_token_loss", produce_loss, judge_loss,
+                 inputs=inputs_loss)
+check_loss = loss.checker(
+    "Grade `next_token_loss(logits, tokens) -> scalar` on the reference model's logits.")

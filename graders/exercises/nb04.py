@@ -10,21 +10,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import graders.components as course
-from graders.common import Case, Exercise, activations, loaded, part, rand_float
-from graders.config import Config
-from graders.engine import CheckFailed, Forbidden, check_shape, compare, run_learner
+import graders.reference.components as course
+from graders.judging.cases import Case, activations, rand_float
+from graders.judging.exercise import Exercise
+from graders.judging.learner import loaded
+from graders.reference.store import part
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.learner import Forbidden, run_learner
 
 GELU_FORBIDDEN = Forbidden(
     "gelu_new",
     targets=[(F, "gelu"), (nn.GELU, "forward"), (course, "gelu_new")],
     source_words=["F.gelu", "functional.gelu", "nn.GELU", "NewGELU", "gelu_pytorch_tanh",
-                  "graders.components"],
+                  "graders.reference.components"],
 )
 MLP_FORBIDDEN = Forbidden(
     "the MLP",
     targets=[(course.MLP, "forward"), (nn.Linear, "forward")],
-    source_words=["graders.components", "nn.Linear"],
+    source_words=["graders.reference.components", "nn.Linear"],
 )
 LINSPACE = (-6.0, 6.0, 1201)
 
@@ -59,11 +63,15 @@ def activation_mistakes(x: torch.Tensor) -> dict:
 
 # --- gelu_new -------------------------------------------------------------------------------
 
-def produce_gelu(gelu_new, case: Case) -> dict:
+def inputs_gelu(case: Case) -> dict:
+    return {"x": activations(case)[f"blocks.{case.block}.mlp.hook_pre"]}
+
+
+def produce_gelu(gelu_new, case: Case, inputs: dict) -> dict:
     if not callable(gelu_new) or isinstance(gelu_new, type):
         raise CheckFailed(f"gelu_new: expected your function, got {gelu_new!r}.")
     grid = torch.linspace(*LINSPACE)
-    pre = activations(case)[f"blocks.{case.block}.mlp.hook_pre"]
+    pre = inputs["x"]
     pre_before = pre.clone()
     return {
         "grid_out": run_learner("gelu_new", gelu_new, grid, forbidden=GELU_FORBIDDEN),
@@ -87,12 +95,10 @@ def judge_gelu(case: Case, outputs: dict) -> None:
             mistakes=activation_mistakes(acts[f"{b}.hook_pre"]), hint=hint)
 
 
-gelu = Exercise("gelu_new", produce_gelu, judge_gelu)
-
-
-def check_gelu_new(gelu_new, **case) -> None:
-    """Grade the learner's `gelu_new` function (visible check: block 0 on the reference text)."""
-    gelu.check(gelu_new, **case)
+gelu = Exercise("04_mlp", "gelu_new", produce_gelu, judge_gelu,
+                 inputs=inputs_gelu, forbidden=(GELU_FORBIDDEN,))
+check_gelu_new = gelu.checker(
+    "Grade the learner's `gelu_new` function (visible check: block 0 on the reference text).")
 
 
 # --- MLP ------------------------------------------------------------------------------------
@@ -120,10 +126,14 @@ def mlp_mistakes(x: torch.Tensor, w: dict) -> dict:
     return mistakes
 
 
-def produce_mlp(MLP, case: Case) -> dict:
+def inputs_mlp(case: Case) -> dict:
+    return {"x": activations(case)[f"blocks.{case.block}.ln2.hook_out"]}
+
+
+def produce_mlp(MLP, case: Case, inputs: dict) -> dict:
     prefix = f"blocks.{case.block}.mlp"
     module = loaded("MLP", MLP, prefix)
-    x = activations(case)[f"blocks.{case.block}.ln2.hook_out"]
+    x = inputs["x"]
     x_before = x.clone()
     random_input = rand_float(case.seed, 2, 4, Config().d_model)
     try:
@@ -159,9 +169,7 @@ def judge_mlp(case: Case, outputs: dict) -> None:
             hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
 
 
-mlp = Exercise("MLP", produce_mlp, judge_mlp)
-
-
-def check_mlp(MLP, **case) -> None:
-    """Grade the learner's `MLP` class (visible check: block 0 on the reference text)."""
-    mlp.check(MLP, **case)
+mlp = Exercise("04_mlp", "MLP", produce_mlp, judge_mlp,
+                inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
+check_mlp = mlp.checker(
+    "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from graders.paths import cache_dir, sha256_file
+from graders.reference.paths import cache_dir, sha256_file
 
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"

@@ -8,22 +8,23 @@ from pathlib import Path
 
 import nbformat
 
-from graders import grading
+from graders.harness.cells import KERNEL_NAME, cell_error, is_test_cell, nbgrader_meta
+from graders.harness.execute import TimeLimits, run, scratch_dir
 
 
-def check(path: Path, limits: grading.TimeLimits = grading.TimeLimits()) -> int:
+def check(path: Path, limits: TimeLimits = TimeLimits()) -> int:
     notebook = nbformat.read(path, as_version=4)
-    notebook.metadata["kernelspec"] = {"name": grading.KERNEL_NAME, "display_name": "sandbox",
+    notebook.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "sandbox",
                                        "language": "python"}
-    with grading.scratch_dir() as workdir:
-        problems = grading.run(notebook, None, workdir, limits)
+    with scratch_dir() as workdir:
+        problems = run(notebook, None, workdir, limits)
     failures, total = 0, 0
     for index, cell in enumerate(notebook.cells):
-        if not grading.is_test_cell(cell):
+        if not is_test_cell(cell):
             continue
         total += 1
-        meta = grading._nbgrader(cell)
-        error = problems.get(index) or grading._cell_error(cell)
+        meta = nbgrader_meta(cell)
+        error = problems.get(index) or cell_error(cell)
         points = meta.get("points", 0)
         if error:
             failures += 1
@@ -36,5 +37,5 @@ def check(path: Path, limits: grading.TimeLimits = grading.TimeLimits()) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m graders.check NOTEBOOK.ipynb")
+        raise SystemExit("usage: python -m graders.harness.check NOTEBOOK.ipynb")
     raise SystemExit(check(Path(sys.argv[1])))

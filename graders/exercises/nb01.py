@@ -3,9 +3,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders.common import Case, Exercise, activations, loaded, part, rand_float
-from graders.config import Config
-from graders.engine import CheckFailed, Forbidden, check_shape, compare, run_learner
+from graders.judging.cases import Case, activations, rand_float
+from graders.judging.exercise import Exercise
+from graders.judging.learner import loaded
+from graders.reference.store import part
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.learner import Forbidden, run_learner
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden(
@@ -49,11 +53,15 @@ def _quiet(x: torch.Tensor) -> torch.Tensor:
     return x * (1e-5 / x.var(-1, keepdim=True, unbiased=False).mean()).sqrt()
 
 
-def produce_layernorm(LayerNorm, case: Case) -> dict:
-    prefix, source, _ = _where(case)
+def inputs_layernorm(case: Case) -> dict:
+    return {"x": activations(case)[_where(case)[1]]}
+
+
+def produce_layernorm(LayerNorm, case: Case, inputs: dict) -> dict:
+    prefix, _, _ = _where(case)
     fresh = loaded("LayerNorm", LayerNorm, prefix)
     random_input = rand_float(case.seed, 2, 4, Config().d_model)
-    x = activations(case)[source]
+    x = inputs["x"]
     x_before = x.clone()
     out = run_learner("LayerNorm", fresh, x, forbidden=FORBIDDEN)
     return {
@@ -84,9 +92,7 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
             hint="eps goes inside the square root: sqrt(var + eps).")
 
 
-layernorm = Exercise("LayerNorm", produce_layernorm, judge_layernorm)
-
-
-def check_layernorm(LayerNorm, **case) -> None:
-    """Grade the learner's `LayerNorm` class (visible check: block 0 on the reference text)."""
-    layernorm.check(LayerNorm, **case)
+layernorm = Exercise("01_layernorm", "LayerNorm", produce_layernorm, judge_layernorm,
+                     inputs=inputs_layernorm, forbidden=(FORBIDDEN,))
+check_layernorm = layernorm.checker(
+    "Grade the learner's `LayerNorm` class (visible check: block 0 on the reference text).")

@@ -9,7 +9,7 @@ import einops
 import torch
 from torch import Tensor, nn
 
-from graders.config import Config
+from graders.reference.config import Config
 
 
 class LayerNorm(nn.Module):

@@ -1,7 +1,7 @@
 """Exercises are generated from the solution notebooks by nbgrader, never edited by hand.
 
-`python -m graders.notebooks exercises` (what `make exercises` runs) rewrites `exercises/` from
-`solutions/`; `python -m graders.notebooks release DIR` writes the same student versions into
+`python -m graders.course.notebooks exercises` (what `make exercises` runs) rewrites `exercises/` from
+`solutions/`; `python -m graders.course.notebooks release DIR` writes the same student versions into
 an nbgrader course folder an instructor can hand out.
 """
 import json
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 
@@ -92,7 +92,7 @@ def stripped(path: Path) -> dict:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m graders.notebooks", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m graders.course.notebooks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("exercises", help="regenerate exercises/ from solutions/")

@@ -3,8 +3,8 @@
 One setting picks the weights: the argument `source`, else `$GPT2_COURSE_WEIGHTS`, else `auto`.
 - `pretrained`: the real openai-community/gpt2, from `$GPT2_COURSE_PRETRAINED_DIR` (a folder in
   Hugging Face format) or the local Hugging Face cache. Never downloads: `python -m
-  graders.reference download` does that, once, on a machine with internet.
-- `synthetic`: the deterministic stand-in of :mod:`graders.synthetic`, generated once into the
+  graders.reference.model download` does that, once, on a machine with internet.
+- `synthetic`: the deterministic stand-in of :mod:`graders.reference.synthetic`, generated once into the
   course cache and checked against its sha256 fingerprint on every load.
 - `auto`: pretrained when it is on disk, otherwise synthetic; one line says which.
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from graders import synthetic
-from graders.paths import atomic_folder, cache_dir
+from graders.reference import synthetic
+from graders.reference.paths import atomic_folder, cache_dir
 
 SOURCE_ENV = "GPT2_COURSE_WEIGHTS"
 PRETRAINED_DIR_ENV = "GPT2_COURSE_PRETRAINED_DIR"
@@ -83,7 +83,7 @@ def _pretrained_model():
         raise ReferenceUnavailable(
             f"The pretrained GPT-2 weights are not on this machine (looked in "
             f"{folder or 'the Hugging Face cache'}). With internet, run "
-            f"`.venv/bin/python -m graders.reference download`; offline, copy a Hugging Face "
+            f"`.venv/bin/python -m graders.reference.model download`; offline, copy a Hugging Face "
             f"folder of {HUB_NAME} here and set ${PRETRAINED_DIR_ENV} to it. Or use the "
             f"synthetic reference: ${SOURCE_ENV}=synthetic."
         ) from err
@@ -115,7 +115,7 @@ def _synthetic_model():
 def _boot(hf_model):
     from transformer_lens.model_bridge import TransformerBridge
 
-    from graders.tokenizer import hf_tokenizer
+    from graders.reference.tokenizer import hf_tokenizer
 
     hf_model.eval()
     bridge = TransformerBridge.boot_transformers(
@@ -205,7 +205,7 @@ def load_reference(source: str | None = None, quiet: bool = False) -> Reference:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m graders.reference", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m graders.reference.model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["show", "download"],
                         help="show: load the reference and print which it is; "

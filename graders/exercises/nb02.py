@@ -5,10 +5,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import graders.components as course
-from graders.common import Case, Exercise, activations, loaded, part
-from graders.config import Config
-from graders.engine import CheckFailed, Forbidden, compare, require_tensor, run_learner
+import graders.reference.components as course
+from graders.judging.cases import Case, activations
+from graders.judging.exercise import Exercise
+from graders.judging.learner import loaded
+from graders.reference.store import part
+from graders.reference.config import Config
+from graders.judging.compare import CheckFailed, compare, require_tensor
+from graders.judging.learner import Forbidden, run_learner
 
 DIMS = ("batch", "position", "d_model")
 SMALL_SHAPE = (2, 5)     # the first, small input: ids below 768 so that index mix-ups do not crash
@@ -18,7 +22,7 @@ def _forbidden(what: str, course_class) -> Forbidden:
     return Forbidden(
         what,
         targets=[(nn.Embedding, "forward"), (F, "embedding"), (course_class, "forward")],
-        source_words=["nn.Embedding", "F.embedding", "functional.embedding", "graders.components"],
+        source_words=["nn.Embedding", "F.embedding", "functional.embedding", "graders.reference.components"],
     )
 
 
@@ -88,7 +92,7 @@ def _embed_shape(what: str, actual, tokens: torch.Tensor, W_E: torch.Tensor) -> 
                           f"  Likely mistake: {note}.")
 
 
-def produce_embed(Embed, case: Case) -> dict:
+def produce_embed(Embed, case: Case, inputs: dict) -> dict:
     module = loaded("Embed", Embed, "embed")
     return _run("Embed", module, small_tokens(case), case.tokens(), FORBIDDEN_EMBED)
 
@@ -110,12 +114,10 @@ def judge_embed(case: Case, outputs: dict) -> None:
             mistakes=embed_mistakes(W_E, tokens), hint="W_E[tokens] has shape [batch, position, d_model].")
 
 
-embed = Exercise("Embed", produce_embed, judge_embed)
-
-
-def check_embed(Embed, **case) -> None:
-    """Grade the learner's `Embed` class (visible check: the reference text)."""
-    embed.check(Embed, **case)
+embed = Exercise("02_embeddings", "Embed", produce_embed, judge_embed,
+                  forbidden=(FORBIDDEN_EMBED,))
+check_embed = embed.checker(
+    "Grade the learner's `Embed` class (visible check: the reference text).")
 
 
 # --- PosEmbed -------------------------------------------------------------------------------
@@ -162,7 +164,7 @@ def _pos_shape(what: str, actual, tokens: torch.Tensor, W_pos: torch.Tensor) -> 
                           f"  Likely mistake: {note}.")
 
 
-def produce_pos_embed(PosEmbed, case: Case) -> dict:
+def produce_pos_embed(PosEmbed, case: Case, inputs: dict) -> dict:
     module = loaded("PosEmbed", PosEmbed, "pos_embed")
     return _run("PosEmbed", module, small_tokens(case), case.tokens(), FORBIDDEN_POS)
 
@@ -186,9 +188,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
             hint="row p of the output is W_pos[p], the same for every sequence in the batch.")
 
 
-pos_embed = Exercise("PosEmbed", produce_pos_embed, judge_pos_embed)
-
-
-def check_pos_embed(PosEmbed, **case) -> None:
-    """Grade the learner's `PosEmbed` class (visible check: the reference text)."""
-    pos_embed.check(PosEmbed, **case)
+pos_embed = Exercise("02_embeddings", "PosEmbed", produce_pos_embed, judge_pos_embed,
+                      forbidden=(FORBIDDEN_POS,))
+check_pos_embed = pos_embed.checker(
+    "Grade the learner's `PosEmbed` class (visible check: the reference text).")

@@ -4,7 +4,7 @@
 order:
 1. `$GPT2_COURSE_SHAKESPEARE`, if set (a file that is missing or has the wrong sha256 is an
    error: an explicit setting is never silently replaced by something else);
-2. the course cache, `graders.paths.cache_dir("data")/tinyshakespeare.txt`;
+2. the course cache, `graders.reference.paths.cache_dir("data")/tinyshakespeare.txt`;
 3. `<course folder>/../shared/data/tinyshakespeare.txt`, the offline location the tests and CI
    use (the course folder is the one holding `graders/`);
 4. a download from Karpathy's char-rnn repository into the cache (online users only).
@@ -16,13 +16,13 @@ import json
 import os
 from pathlib import Path
 
-from graders.paths import cache_dir, sha256_file
+from graders.reference.paths import cache_dir, sha256_file
 
 SHAKESPEARE_ENV = "GPT2_COURSE_SHAKESPEARE"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 FILE_NAME = "tinyshakespeare.txt"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHARED_PATH = ROOT.parent / "shared" / "data" / FILE_NAME
 
 
@@ -111,17 +111,17 @@ def save_model(model, name: str) -> Path:
 
 
 def load_model(name: str, model_class=None):
-    """Rebuild the model saved under `name` (by default as graders.components.DemoTransformer)."""
+    """Rebuild the model saved under `name` (by default as graders.reference.components.DemoTransformer)."""
     from safetensors.torch import load_file
 
-    from graders.config import Config
+    from graders.reference.config import Config
 
     folder = model_dir(name)
     if not (folder / "model.safetensors").is_file():
         raise DataFileError(f"no trained model called {name!r} in {folder}: run the notebook that "
                             "trains and saves it first.")
     if model_class is None:
-        from graders.components import DemoTransformer as model_class
+        from graders.reference.components import DemoTransformer as model_class
     cfg = Config(**json.loads((folder / "config.json").read_text()))
     model = model_class(cfg)
     model.load_state_dict(load_file(str(folder / "model.safetensors")))

@@ -1,8 +1,8 @@
-"""Grade a whole class: `python -m graders.classroom --help` (what `make grade` runs).
+"""Grade a whole class: `python -m graders.harness.classroom --help` (what `make grade` runs).
 
 Submissions may be laid out as nbgrader's `submitted/<student>/<assignment>/<nb>.ipynb`, as
 plain `<student>/<nb>.ipynb` folders, or as `<student>.zip` files. Each (student, notebook)
-is graded by `graders.grading` on a Dask cluster: a local one with one worker per core by
+is graded by `graders.harness.grading` on a Dask cluster: a local one with one worker per core by
 default, or the scheduler named by `--scheduler` (the same code path). One submission's
 failure never stops the class. Outputs, all rewritten on every run (same input, same output):
 
@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from graders.notebooks import notebook_names
+from graders.course.notebooks import notebook_names
 
 
 # --- Finding the submissions -----------------------------------------------------------------
@@ -63,9 +63,9 @@ def discover(submissions: Path, names: list[str]) -> dict[str, dict[str, tuple[P
 
 def _renamed(name: str, candidates: list[Path]) -> Path | None:
     """A notebook under another file name whose nbgrader cell ids are this notebook's."""
-    from graders.grading import _nbgrader, source_notebook
+    from graders.harness.cells import nbgrader_meta, source_notebook
 
-    wanted = {_nbgrader(c).get("grade_id") for c in source_notebook(name).cells} - {None}
+    wanted = {nbgrader_meta(c).get("grade_id") for c in source_notebook(name).cells} - {None}
     for path in candidates:
         try:
             cells = json.loads(path.read_text()).get("cells", [])
@@ -81,19 +81,21 @@ def _renamed(name: str, candidates: list[Path]) -> Path | None:
 
 def grade_task(student: str, name: str, path: str | None, flags: list[str], limits) -> dict:
     """Grade one notebook of one student; never raises (a grader crash is reported as such)."""
-    from graders import grading
+    from graders.harness import grading
+    from graders.harness.cells import nbgrader_meta, source_notebook, test_cells
+    from graders.harness.execute import scratch_dir
 
     try:
-        with grading.scratch_dir() as workdir:
+        with scratch_dir() as workdir:
             result, executed = grading.grade_notebook(
                 student, name, Path(path) if path else None, workdir, limits, flags)
         return {"result": result.to_json(), "feedback": _feedback_html(result, executed)}
     except Exception as err:  # the grader's own failure: reported, never silently zero
-        source = grading.source_notebook(name)
-        cells = [{"grade_id": grading._nbgrader(c)["grade_id"], "points": 0.0,
-                  "max_points": float(grading._nbgrader(c).get("points", 0)), "status": "error",
+        source = source_notebook(name)
+        cells = [{"grade_id": nbgrader_meta(c)["grade_id"], "points": 0.0,
+                  "max_points": float(nbgrader_meta(c).get("points", 0)), "status": "error",
                   "message": f"the grader failed on this notebook: {type(err).__name__}: {err}"}
-                 for c in grading.test_cells(source)]
+                 for c in test_cells(source)]
         return {"result": {"student": student, "notebook": name, "flags": flags, "cells": cells},
                 "feedback": None}
 
@@ -105,13 +107,13 @@ def _feedback_html(result, executed) -> str | None:
     import nbformat
     from nbconvert import HTMLExporter
 
-    from graders.grading import _nbgrader, _released_source, is_test_cell
+    from graders.harness.cells import is_test_cell, nbgrader_meta, released_source
 
     verdicts = {c.grade_id: c for c in result.cells}
     for cell in executed.cells:
         if is_test_cell(cell):
-            verdict = verdicts.get(_nbgrader(cell)["grade_id"])
-            cell["source"] = _released_source(cell)
+            verdict = verdicts.get(nbgrader_meta(cell)["grade_id"])
+            cell["source"] = released_source(cell)
             text = (f"{verdict.status.upper()}: {verdict.points:g} / {verdict.max_points:g} points\n"
                     + (verdict.message + "\n" if verdict.message else "")) if verdict else ""
             cell["outputs"] = [nbformat.v4.new_output("stream", name="stdout", text=text)]
@@ -130,7 +132,7 @@ def grade_class(submissions: Path, out: Path, names: list[str], workers: int,
                 scheduler: str | None, limits) -> list[dict]:
     """Grade every submission found in `submissions` on the worker pool; write the outputs.
 
-    `limits` is a graders.grading.TimeLimits (seconds per ordinary and per training cell)."""
+    `limits` is a graders.harness.execute.TimeLimits (seconds per ordinary and per training cell)."""
     from distributed import Client, LocalCluster, as_completed
     from tqdm import tqdm
 
@@ -160,9 +162,9 @@ def grade_class(submissions: Path, out: Path, names: list[str], workers: int,
 
 
 def write_outputs(out: Path, results: list[dict], names: list[str]) -> None:
-    from graders.grading import source_notebook, test_cells, _nbgrader
+    from graders.harness.cells import nbgrader_meta, source_notebook, test_cells
 
-    columns = [(name, _nbgrader(c)["grade_id"], float(_nbgrader(c).get("points", 0)))
+    columns = [(name, nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0)))
                for name in names for c in test_cells(source_notebook(name))]
     by_student: dict[str, dict[str, dict]] = {}
     for item in results:
@@ -216,9 +218,9 @@ def main(argv=None) -> int:
     import argparse
     import os
 
-    from graders.grading import TimeLimits
+    from graders.harness.execute import TimeLimits
 
-    parser = argparse.ArgumentParser(prog="python -m graders.classroom", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m graders.harness.classroom", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--submissions", type=Path, required=True, help="folder of submissions")
     parser.add_argument("--out", type=Path, default=Path("grading"), help="output folder (default: grading/)")
@@ -243,7 +245,7 @@ def main(argv=None) -> int:
 
 
 def graded_notebooks() -> list[str]:
-    from graders.grading import source_notebook, test_cells
+    from graders.harness.cells import source_notebook, test_cells
 
     return [name for name in notebook_names() if test_cells(source_notebook(name))]
 

@@ -1,0 +1,148 @@
+"""Running a restored notebook in a fresh sandbox kernel, cell by cell, within time limits.
+
+Test cells run in recording mode (graders.harness.records). A kernel that dies (os._exit, a
+segfault, memory) is restarted; the cell that killed it is skipped and the learner's other
+cells are replayed, so only the affected tests are lost.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import secrets
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from graders.harness.cells import KERNEL_NAME, is_test_cell, nbgrader_meta
+from graders.harness.records import recording_prelude
+from graders.harness.sandbox import SANDBOX_UIDS, end_processes_of, sandbox_env, sandbox_plan
+
+MAX_RESTARTS = 6
+OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
+
+
+@dataclass(frozen=True)
+class TimeLimits:
+    """Seconds a cell may run before it is interrupted: one policy for nbgrader (see
+    nbgrader_config.py) and the course's harness. Cells tagged "training" (notebook 07's
+    budgeted runs, 1-2 min on one core) get minutes; every other cell needs seconds (the
+    slowest graded one about 10 s on one core), so an infinite loop there costs 2 min instead
+    of the 5 min the former single limit allowed."""
+    ordinary: int = 120
+    training: int = 600
+
+    def of(self, cell) -> int:
+        return self.training if "training" in cell.get("metadata", {}).get("tags", []) else self.ordinary
+
+
+def _kernel_dir(root: Path) -> Path:
+    spec = root / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "graders.harness.sandbox_kernel", "-f", "{connection_file}"],
+        "display_name": "GPT-2 course sandbox", "language": "python"}))
+    return root
+
+
+def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
+        confined_to: list[Path] | None = None, inputs_dir: Path | None = None) -> dict[int, str]:
+    """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
+
+    With `records`, test cells record outputs for the judge and receive their inputs from
+    `inputs_dir` (reference activations are withheld); without, they judge in the kernel (the
+    learner's own pre-submission check). With `confined_to` (a root grader), the kernel is
+    confined and sees those of the grader's files only (see graders.harness.sandbox).
+    """
+    from graders.judging.cases import WITHHELD_ENV
+
+    with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
+        # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
+        # rewrite would start the next kernel as root.
+        os.environ["JUPYTER_PATH"] = str(_kernel_dir(Path(private)))
+        env, config = sandbox_env(workdir), {}
+        if records is not None:
+            env[WITHHELD_ENV] = str(inputs_dir)
+        if confined_to is not None:
+            from graders.harness.sandbox_kernel import PLAN_ENV
+
+            uid = secrets.randbelow(SANDBOX_UIDS[1] - SANDBOX_UIDS[0]) + SANDBOX_UIDS[0]
+            root, sockets = Path(private) / "root", Path(private) / "sockets"
+            root.mkdir()
+            sockets.mkdir()
+            for folder in (workdir, records, sockets):
+                os.chown(folder, uid, uid)
+            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, root, confined_to, uid, sockets))
+            # The kernel has no network: it talks to this process over Unix sockets.
+            config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
+            try:
+                return _run_kernels(notebook, records, workdir, limits, env, config)
+            finally:
+                end_processes_of(uid)
+        return _run_kernels(notebook, records, workdir, limits, env, config)
+
+
+def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config) -> dict[int, str]:
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+    from traitlets.config import Config
+
+    problems: dict[int, str] = {}
+    test_indices = {i for i, c in enumerate(notebook.cells) if is_test_cell(c)}
+    done: set[int] = set()
+    for _attempt in range(MAX_RESTARTS):
+        order = [i for i in range(len(notebook.cells))
+                 if notebook.cells[i]["cell_type"] == "code" and i not in problems and i not in done]
+        if not order:
+            break
+        cells = []
+        for i in order:
+            cell = copy.deepcopy(notebook.cells[i])
+            if i in test_indices and records is not None:
+                cell["source"] = recording_prelude(records, nbgrader_meta(cell)["grade_id"]) + cell["source"]
+            cells.append(cell)
+        batch = nbformat.v4.new_notebook(cells=cells, metadata=notebook.metadata)
+        current = {"index": None}
+        client = NotebookClient(
+            batch, timeout=limits.ordinary, timeout_func=limits.of, kernel_name=KERNEL_NAME, allow_errors=True,
+            interrupt_on_timeout=True, startup_timeout=120,
+            resources={"metadata": {"path": str(workdir)}},
+            on_cell_start=lambda cell, cell_index: current.update(index=order[cell_index]),
+            config=Config(config),
+        )
+        try:
+            client.execute(env=env, cwd=str(workdir))
+        except DeadKernelError:
+            died = current["index"]
+            problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
+                             "segfault, or running out of memory)"
+            done.update(i for i in order if i < died and i in test_indices)
+            _copy_outputs(batch, order, notebook, problems, limits)
+            continue
+        _copy_outputs(batch, order, notebook, problems, limits)
+        break
+    return problems
+
+
+def _copy_outputs(batch, order, notebook, problems, limits: TimeLimits) -> None:
+    for cell, index in zip(batch.cells, order):
+        outputs = cell.get("outputs", [])
+        for output in outputs:
+            if output.get("output_type") == "error" and output.get("ename") in (
+                    "CellTimeoutError", "KeyboardInterrupt"):  # the harness interrupts on timeout
+                problems.setdefault(index, f"timeout: the cell ran past its time limit of "
+                                           f"{limits.of(cell)} s (an infinite loop, or far too slow)")
+            if isinstance(output.get("text"), str) and len(output["text"]) > OUTPUT_LIMIT:
+                output["text"] = output["text"][:OUTPUT_LIMIT] + "\n... [output truncated]"
+        if outputs:
+            notebook.cells[index]["outputs"] = outputs
+
+
+@contextlib.contextmanager
+def scratch_dir():
+    with tempfile.TemporaryDirectory(prefix="gpt2-grade-") as folder:
+        yield Path(folder)

@@ -1,0 +1,64 @@
+"""The inputs of one check (`Case`) and the reference activations a case is judged against."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from graders.reference.config import Config
+
+REFERENCE_TEXT = ("I am an amazing autoregressive, decoder-only, GPT-2 style transformer. "
+                  "One day I will exceed human level intelligence and take over the world!")
+# Set in a grading kernel: the reference's activations are withheld there (issue: a kernel that
+# can read expected outputs can answer a check by lookup); exercises receive their inputs only.
+WITHHELD_ENV = "GPT2_COURSE_INPUTS_DIR"
+
+
+class ReferenceWithheld(RuntimeError):
+    """Reference activations were asked for inside a grading kernel."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """The inputs of one check. Visible checks use the defaults; hidden tests vary them."""
+    text: str | None = REFERENCE_TEXT   # a text, or None for random tokens from `seed`
+    seed: int = 0
+    batch: int = 1
+    seq: int = 20                       # length of random token sequences
+    block: int = 0                      # which transformer block's weights and activations
+
+    def tokens(self) -> torch.Tensor:
+        if self.text is not None:
+            from graders.reference.tokenizer import to_tokens
+
+            return to_tokens([self.text] * self.batch)
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.randint(0, Config().d_vocab, (self.batch, self.seq), generator=generator)
+
+    def describe(self) -> str:
+        what = "the reference text" if self.text == REFERENCE_TEXT else (
+            f"text {self.text[:30]!r}" if self.text else f"random inputs (seed {self.seed})")
+        return f"{what}, batch {self.batch}" + (f", block {self.block}" if self.block else "")
+
+
+def activations(case: Case) -> dict[str, torch.Tensor]:
+    """The reference's graded activations on `case`'s tokens (judge side, and learners' demos)."""
+    if os.environ.get(WITHHELD_ENV):
+        raise ReferenceWithheld(
+            "The reference activations are withheld while a notebook is graded, so this "
+            "demonstration cell is skipped; it runs as usual in your own JupyterLab.")
+    from graders.reference.activations import reference_activations
+    from graders.reference.store import reference_id
+
+    return reference_activations(reference_id(), case.tokens())
+
+
+def rand_float(seed: int, *shape: int) -> torch.Tensor:
+    """Random fp32 input for shape checks, as in the classic rand_float_test."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def rand_int(seed: int, *shape: int) -> torch.Tensor:
+    """Random token ids for shape checks, as in the classic rand_int_test."""
+    return torch.randint(100, 1000, shape, generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,134 @@
+"""Compare a learner's output with the expected one and explain any difference.
+
+`compare` checks type, shape and values under the course tolerance (graders.judging.tolerance)
+and names a known mistake when the output matches what that mistake produces.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from graders.judging.tolerance import close, tolerance
+
+
+class CheckFailed(AssertionError):
+    """A check found a mistake; the message says what and where."""
+
+
+def _describe_shape(dims: Sequence[str], shape: Sequence[int]) -> str:
+    return "[" + ", ".join(f"{d}={n}" for d, n in zip(dims, shape)) + "]"
+
+
+def check_shape(what: str, actual, expected_shape: Sequence[int], dims: Sequence[str]) -> None:
+    """Fail with a message naming the wrong dimension when `actual` has the wrong shape."""
+    require_tensor(what, actual)
+    shape, expected_shape = tuple(actual.shape), tuple(expected_shape)
+    if shape == expected_shape:
+        return
+    want = _describe_shape(dims, expected_shape)
+    if len(shape) != len(expected_shape):
+        hint = ""
+        if len(shape) == len(expected_shape) + 1 and shape[-1] == 1:
+            hint = " (a trailing dimension of size 1: did you forget to squeeze, or keepdim=True?)"
+        if len(shape) + 1 == len(expected_shape):
+            hint = " (a dimension is missing: did a sum/mean drop it, or did you forget keepdim=True?)"
+        raise CheckFailed(f"{what}: has {len(shape)} dimensions {list(shape)}, expected "
+                          f"{len(expected_shape)}: {want}{hint}.")
+    wrong = [f"dimension {i} ({dims[i]}) is {n}, should be {m}"
+             for i, (n, m) in enumerate(zip(shape, expected_shape)) if n != m]
+    hint = ""
+    if sorted(shape) == sorted(expected_shape):
+        hint = " The sizes are right but in another order: check your transpose/rearrange."
+    raise CheckFailed(f"{what}: shape {list(shape)}, expected {want}: " + "; ".join(wrong) + "." + hint)
+
+
+def require_tensor(what: str, actual) -> None:
+    """Only a real floating-point torch.Tensor counts (no look-alikes, no numpy arrays)."""
+    if type(actual) not in (torch.Tensor, torch.nn.Parameter):
+        raise CheckFailed(f"{what}: expected a torch.Tensor, got {type(actual).__name__}. "
+                          "Return the tensor itself (not a list, numpy array or tuple).")
+
+
+def _worst_place(err: torch.Tensor, dims: Sequence[str]) -> str:
+    index = torch.unravel_index(err.argmax(), err.shape)
+    return ", ".join(f"{d}={int(i)}" for d, i in zip(dims, index))
+
+
+def _concentration(bad: torch.Tensor, dims: Sequence[str]) -> list[str]:
+    """Name the dimensions along which the wrong values cluster (e.g. 'only position 0')."""
+    notes = []
+    for axis, dim in enumerate(dims):
+        if dim == "batch" and bad.shape[axis] == 1 or bad.shape[axis] == 1:
+            continue
+        other = tuple(a for a in range(bad.ndim) if a != axis)
+        per_index = bad.any(dim=other) if other else bad
+        wrong = per_index.nonzero().flatten().tolist()
+        if 0 < len(wrong) < per_index.numel():
+            shown = ", ".join(map(str, wrong[:8])) + (" ..." if len(wrong) > 8 else "")
+            notes.append(f"only some {dim} values are wrong: {dim} {shown} "
+                         f"({len(wrong)} of {per_index.numel()})")
+    return notes
+
+
+def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
+            mistakes: Mapping[str, torch.Tensor] | None = None, hint: str = "",
+            depth: int = 1) -> None:
+    """Check type, shape and values of `actual` against `expected`; explain any difference.
+
+    `mistakes` maps a description of a known mistake to the output that mistake produces on
+    the same input; when the learner's output matches one, the message names it.
+    """
+    check_shape(what, actual, expected.shape, dims)
+    if not actual.is_floating_point():
+        raise CheckFailed(f"{what}: dtype {actual.dtype}, expected a floating-point tensor "
+                          f"({expected.dtype}).")
+    actual = actual.detach().to("cpu", torch.float64)
+    if not torch.isfinite(actual).all():
+        n_bad = int((~torch.isfinite(actual)).sum())
+        place = _worst_place((~torch.isfinite(actual)).double(), dims)
+        raise CheckFailed(f"{what}: {n_bad} values are NaN or infinite (first at {place}). "
+                          "Look for a division by zero, a sqrt of a negative number, or a "
+                          "-inf that reached a sum.")
+    err = (actual - expected.double()).abs()
+    tol = tolerance(expected, depth)
+    bad = err > tol
+    if not bad.any():
+        return
+    lines = [f"{what} does not match the reference.",
+             f"  largest error {err.max().item():.3g} at [{_worst_place(err, dims)}] "
+             f"(expected {expected.flatten()[err.argmax()].item():.6g}, "
+             f"got {actual.flatten()[err.argmax()].item():.6g}); "
+             f"{100 * (1 - bad.double().mean().item()):.1f}% of values within tolerance."]
+    lines += ["  " + note for note in _concentration(bad, dims)]
+    for description, wrong_output in (mistakes or {}).items():
+        if wrong_output.shape == actual.shape and close(actual, wrong_output, depth):
+            lines.append(f"  Likely mistake: {description}")
+            break
+    if hint:
+        lines.append(f"  Hint: {hint}")
+    raise CheckFailed("\n".join(lines))
+
+
+def judge_generator_use(what: str, outputs: Mapping, made: str, how: str) -> None:
+    """Randomness must come from the generator the caller passes, and only from it.
+
+    `outputs` holds "a" and "a_again" (same seed), "b" (another seed) and "global_rng_used";
+    `made` names what was produced ("sequences", "tokens"), `how` the call that draws right.
+    """
+    if not torch.equal(outputs["a"], outputs["a_again"]):
+        raise CheckFailed(f"{what}: two calls with generators seeded the same gave different "
+                          f"{made}. Draw every random number from the generator you are given: "
+                          f"{how}.")
+    if torch.equal(outputs["a"], outputs["b"]):
+        raise CheckFailed(f"{what}: generators with different seeds gave the same {made}: draw "
+                          f"from the generator you are given ({how}); do not reseed it, use a "
+                          "fixed seed, or always take the most likely token.")
+    if bool(outputs["global_rng_used"]):
+        raise CheckFailed(f"{what} used or reseeded torch's global random generator. Use only the "
+                          f"generator passed in ({how}), so that callers control the randomness.")
+
+
+def ok(message: str) -> None:
+    """Print a passed check on stdout (never stderr: nbgrader zeroes cells that write there)."""
+    print(f"\N{CHECK MARK} {message}")

@@ -1,0 +1,128 @@
+"""Running the learner's code on the grader's inputs, in the learner's kernel.
+
+Crashes, unimplemented stubs and library shortcuts become messages a learner can act on.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from graders.judging.compare import CheckFailed
+
+@dataclass
+class Forbidden:
+    """Library implementations of the thing the learner must build, by where they live."""
+    what: str                      # "LayerNorm"
+    targets: Sequence[tuple[object, str]] = field(default_factory=tuple)  # (module/class, attr)
+    source_words: Sequence[str] = field(default_factory=tuple)            # in the learner's source
+
+
+ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")
+
+
+class LibraryUsed(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _tripwires(forbidden: Forbidden):
+    """Make the forbidden library functions raise while the learner's code runs."""
+    saved = []
+
+    def tripwire(name):
+        def fail(*args, **kwargs):
+            raise LibraryUsed(name)
+        return fail
+
+    try:
+        for owner, attr in forbidden.targets:
+            saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, tripwire(f"{getattr(owner, '__name__', owner)}.{attr}"))
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+def _source_of(obj) -> str:
+    try:
+        return inspect.getsource(obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj))
+    except (OSError, TypeError):
+        return ""
+
+
+def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = None, **kwargs):
+    """Call learner code, turning crashes and library shortcuts into messages a learner can act on."""
+    forbidden = forbidden or Forbidden(what)
+    source = _source_of(fn if not isinstance(fn, torch.nn.Module) else type(fn))
+    code_lines = [ln.split("#")[0] for ln in source.splitlines()
+                  if not ln.strip().startswith(("#", '"""', "'''"))]
+    code = "\n".join(code_lines)
+    for word in tuple(forbidden.source_words) + ALWAYS_FORBIDDEN_WORDS:
+        if mentions(code, word):
+            raise CheckFailed(f"{what}: your code uses `{word}`. The point of this exercise is to "
+                              f"implement {forbidden.what} yourself from tensor operations; "
+                              "replace the library call with your own computation.")
+    try:
+        with _tripwires(forbidden), torch.no_grad():
+            return fn(*args, **kwargs)
+    except LibraryUsed as used:
+        raise CheckFailed(f"{what}: your code calls `{used}`. Implement {forbidden.what} yourself "
+                          "from tensor operations instead of calling the library version.") from None
+    except CheckFailed:
+        raise
+    except NotImplementedError:
+        raise CheckFailed(f"{what}: not implemented yet (the cell still raises "
+                          "NotImplementedError). Write your solution in the cell above.") from None
+    except Exception as err:  # the learner's bug: report it in their terms, not torch's
+        raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
+                          f"  while running on {describe_args(args)}.") from err
+
+
+def mentions(code: str, word: str) -> bool:
+    import re
+
+    return re.search(rf"(?<![\w.]){re.escape(word)}(?!\w)" if "." not in word
+                     else re.escape(word), code) is not None
+
+
+def describe_args(args) -> str:
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append(f"a {a.dtype} tensor of shape {list(a.shape)}")
+        else:
+            parts.append(type(a).__name__)
+    return ", ".join(parts) or "no arguments"
+
+
+def build_module(what: str, cls, *args):
+    """Instantiate the learner's class, reporting a crash in `__init__` clearly."""
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise CheckFailed(f"{what}: expected your class (a subclass of nn.Module), got {cls!r}.")
+    try:
+        return cls(*args)
+    except NotImplementedError:
+        raise CheckFailed(f"{what}: __init__ is not implemented yet.") from None
+    except Exception as err:
+        raise CheckFailed(f"{what}: creating {cls.__name__}(cfg) raised "
+                          f"{type(err).__name__}: {err}") from err
+
+
+
+
+def loaded(what: str, cls, prefix: str, cfg=None):
+    """The learner's module built with `cfg` and strictly loaded with the reference `prefix`."""
+    from graders.reference.config import Config
+    from graders.reference.store import part
+    from graders.reference.weights import WeightLoadError, load_strict
+
+    module = build_module(what, cls, cfg or Config())
+    try:
+        return load_strict(module, part(prefix), what)
+    except WeightLoadError as err:
+        raise CheckFailed(str(err)) from None
