@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from graders import components, nb07
-from graders.engine import CheckFailed
+from graders.reference import components
+from graders.exercises import nb07
+from graders.judging.compare import CheckFailed
 
 pytestmark = pytest.mark.xdist_group("nb07")
 

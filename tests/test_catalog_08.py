@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graders import nb08
-from graders.engine import CheckFailed
+from graders.exercises import nb08
+from graders.judging.compare import CheckFailed
 
 INF = float("inf")
 

@@ -3,10 +3,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders.judging.cases import Case, activations, rand_float
+from graders.judging.cases import Case, activations, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
-from graders.reference.store import part
+from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.learner import Forbidden, run_learner
@@ -68,6 +68,7 @@ def produce_layernorm(LayerNorm, case: Case, inputs: dict) -> dict:
         "random_out": run_learner("LayerNorm", fresh, random_input, forbidden=FORBIDDEN),
         "out": out,
         "quiet_out": run_learner("LayerNorm", fresh, _quiet(x), forbidden=FORBIDDEN),
+        "unseen_out": run_learner("LayerNorm", fresh, unseen_variant(x, case.seed), forbidden=FORBIDDEN),
         "input_modified": torch.tensor(not torch.equal(x, x_before)),
     }
 
@@ -90,6 +91,16 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
             outputs["quiet_out"], F.layer_norm(quiet, quiet.shape[-1:], w["w"], w["b"], 1e-5), DIMS,
             mistakes=layernorm_mistakes(quiet, w["w"], w["b"]),
             hint="eps goes inside the square root: sqrt(var + eps).")
+    # Inputs no file holds: the expected outputs are computed here, with the course's LayerNorm.
+    course = course_component("LayerNorm", prefix)
+    for key, what, x in (("random_out", "a random [2, 4, d_model] input",
+                          rand_float(case.seed, 2, 4, Config().d_model)),
+                         ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(acts[source], case.seed))):
+        with torch.no_grad():
+            expected = course(x)
+        compare(f"LayerNorm output ({prefix}) on {what}", outputs[key], expected, DIMS,
+                mistakes=layernorm_mistakes(x, w["w"], w["b"]),
+                hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
 
 
 layernorm = Exercise("01_layernorm", "LayerNorm", produce_layernorm, judge_layernorm,

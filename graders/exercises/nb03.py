@@ -15,10 +15,10 @@ from torch import nn
 from graders.reference import components
 from functools import lru_cache
 
-from graders.judging.cases import Case, rand_float
+from graders.judging.cases import Case, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
-from graders.reference.store import part
+from graders.reference.store import course_component, part
 from graders.judging.cases import activations as _load_activations
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape, compare
@@ -268,6 +268,7 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
                                   forbidden=FORBIDDEN),
         "out": out,
         "input_modified": torch.tensor(not torch.equal(x, x_before)),
+        "unseen_out": run_learner("Attention", attn, unseen_variant(x, case.seed), forbidden=FORBIDDEN),
         "mask_calls": torch.tensor(len(seen)),
         "scores_seen": seen[0] if seen else torch.zeros(0),
     }
@@ -403,6 +404,14 @@ def judge_attention(case: Case, outputs: dict) -> None:
                 f"Attention mixes the batch: on a batch of two different inputs, row {row} ({name}) "
                 "differs from running it alone. Keep the batch axis separate in every einsum/matmul "
                 "(no sum over batch, no reshape that merges batch with positions or heads).")
+    # Inputs no file holds: the expected outputs are computed here, with the course's Attention.
+    course = course_component("Attention", prefix)
+    for key, what, inp in (("random_out", "a random [2, 4, d_model] input", rand_float(case.seed, 2, 4, d_model)),
+                           ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(x, case.seed))):
+        with torch.no_grad():
+            expected = course(inp)
+        compare(f"Attention output ({prefix}) on {what}", outputs[key], expected, DIMS,
+                mistakes=attention_mistakes(inp, w))
 
 
 def _tol(expected: torch.Tensor) -> torch.Tensor:

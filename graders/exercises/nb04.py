@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import graders.reference.components as course
-from graders.judging.cases import Case, activations, rand_float
+from graders.judging.cases import Case, activations, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
-from graders.reference.store import part
+from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.learner import Forbidden, run_learner
@@ -140,6 +140,7 @@ def produce_mlp(MLP, case: Case, inputs: dict) -> dict:
         return {
             "random_out": run_learner("MLP", module, random_input, forbidden=MLP_FORBIDDEN),
             "out": run_learner("MLP", module, x, forbidden=MLP_FORBIDDEN),
+            "unseen_out": run_learner("MLP", module, unseen_variant(x, case.seed), forbidden=MLP_FORBIDDEN),
             "input_modified": torch.tensor(not torch.equal(x, x_before)),
         }
     except CheckFailed as crash:
@@ -167,6 +168,15 @@ def judge_mlp(case: Case, outputs: dict) -> None:
     compare(f"MLP output ({b}.hook_mlp_out)", outputs["out"], acts[f"{b}.hook_mlp_out"], dims,
             mistakes=mlp_mistakes(acts[f"{b}.ln2.hook_out"], part(f"{b}.mlp")),
             hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
+    # Inputs no file holds: the expected outputs are computed here, with the course's MLP.
+    course = course_component("MLP", f"{b}.mlp")
+    for key, what, x in (("random_out", "a random [2, 4, d_model] input", rand_float(case.seed, 2, 4, Config().d_model)),
+                         ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(acts[f"{b}.ln2.hook_out"], case.seed))):
+        with torch.no_grad():
+            expected = course(x)
+        compare(f"MLP output ({b}) on {what}", outputs[key], expected, dims,
+                mistakes=mlp_mistakes(x, part(f"{b}.mlp")),
+                hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
 
 
 mlp = Exercise("04_mlp", "MLP", produce_mlp, judge_mlp,

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from graders.reference import components
-from graders.judging.cases import Case, activations, rand_float
+from graders.judging.cases import Case, activations, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
-from graders.reference.store import part
+from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.learner import Forbidden, run_learner
@@ -230,6 +230,7 @@ def produce_block(TransformerBlock, case: Case, inputs: dict) -> dict:
     outputs["input_modified"] = torch.tensor(not torch.equal(x, x_before))
     outputs["random_out"] = run_learner("TransformerBlock", block,
                                         rand_float(case.seed, 2, 4, Config().d_model), forbidden=FORBIDDEN)
+    outputs["unseen_out"] = run_learner("TransformerBlock", block, unseen_variant(x, case.seed), forbidden=FORBIDDEN)
     return {k: v for k, v in outputs.items() if v is not None}
 
 
@@ -245,6 +246,7 @@ def judge_block(case: Case, outputs: dict) -> None:
     out = outputs.get("hook_resid_post")
     check_shape(f"TransformerBlock output (blocks.{i})", out, expected.shape, DIMS)
     if out.is_floating_point() and torch.isfinite(out).all() and close(out, expected):
+        _judge_unseen_inputs(case, outputs)
         return
     if bool(outputs["shared_ln"]):
         raise CheckFailed(f"TransformerBlock output (blocks.{i}) does not match the reference.\n"
@@ -256,6 +258,18 @@ def judge_block(case: Case, outputs: dict) -> None:
                      [(h, f"blocks.{i}.{h}") for h in HOOKS], traces, DIMS, HINTS, counts,
                      "hook_resid_post")
     compare(f"TransformerBlock output (blocks.{i})", out, expected, DIMS)  # e.g. NaNs
+
+
+def _judge_unseen_inputs(case: Case, outputs: dict) -> None:
+    """Inputs no file holds: the expected outputs are computed here, with the course's block."""
+    course = course_component("TransformerBlock", f"blocks.{case.block}")
+    resid_pre = activations(case)[f"blocks.{case.block}.hook_resid_pre"]
+    for key, what, x in (("random_out", "a random [2, 4, d_model] input", rand_float(case.seed, 2, 4, Config().d_model)),
+                         ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(resid_pre, case.seed))):
+        with torch.no_grad():
+            expected = course(x)
+        compare(f"TransformerBlock output (blocks.{case.block}) on {what}", outputs.get(key), expected, DIMS,
+                hint="resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)).")
 
 
 block = Exercise("05_transformer_block", "TransformerBlock", produce_block, judge_block,

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.reference import components
-from graders.judging.cases import Case, activations, rand_float, rand_int
+from graders.judging.cases import Case, activations, rand_float, rand_int, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
-from graders.reference.store import part, weights
+from graders.reference.store import course_component, part, weights
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.learner import Forbidden, build_module, run_learner
@@ -239,6 +239,11 @@ def judge_model(case: Case, outputs: dict) -> None:
             "see itself and earlier tokens: look for an operation that mixes positions (a mean or "
             "norm over the position dimension, a missing causal mask).")
     if logits.is_floating_point() and torch.isfinite(logits).all() and close(logits, expected, cfg.n_layers):
+        # Tokens no file holds logits for: the expected ones are computed here, with the course's model.
+        with torch.no_grad():
+            random_expected = course_component("DemoTransformer")(rand_int(case.seed, 2, 4))
+        compare("DemoTransformer logits on random tokens of shape [2, 4]", outputs["random_out"],
+                random_expected, LOGIT_DIMS, depth=cfg.n_layers)
         return
     if int(outputs["distinct_blocks"]) < cfg.n_layers:
         raise CheckFailed(
@@ -306,7 +311,8 @@ def produce_loss(next_token_loss, case: Case, inputs: dict) -> dict:
     logits = inputs["logits"]
     before = logits.clone()
     out = run_learner("next_token_loss", next_token_loss, logits, tokens)
-    return {"loss": out, "input_modified": torch.tensor(not torch.equal(logits, before))}
+    unseen = run_learner("next_token_loss", next_token_loss, unseen_variant(logits, case.seed), tokens)
+    return {"loss": out, "unseen_loss": unseen, "input_modified": torch.tensor(not torch.equal(logits, before))}
 
 
 def judge_loss(case: Case, outputs: dict) -> None:
@@ -318,6 +324,12 @@ def judge_loss(case: Case, outputs: dict) -> None:
         loss = loss.reshape(())
     compare("next_token_loss", loss, reference_loss(logits, tokens), (),
             mistakes=loss_mistakes(logits, tokens),
+            hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
+    unseen, loss = unseen_variant(logits, case.seed), outputs["unseen_loss"]
+    if isinstance(loss, torch.Tensor) and loss.ndim > 0 and loss.numel() == 1:
+        loss = loss.reshape(())
+    compare("next_token_loss on rescaled, noisy logits that no file holds", loss,
+            reference_loss(unseen, tokens), (), mistakes=loss_mistakes(unseen, tokens),
             hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
 
 

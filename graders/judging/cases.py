@@ -62,3 +62,11 @@ def rand_float(seed: int, *shape: int) -> torch.Tensor:
 def rand_int(seed: int, *shape: int) -> torch.Tensor:
     """Random token ids for shape checks, as in the classic rand_int_test."""
     return torch.randint(100, 1000, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def unseen_variant(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """A seeded variant of a reference input that no file holds (rescaled, with noise of a
+    quarter of its spread), still shaped like real activations so that subtle mistakes show.
+    The kernel makes it from the input it received; the judge remakes it from the reference."""
+    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(10_000 + seed))
+    return x * 1.3 + noise * (x.std() * 0.25)

@@ -55,6 +55,8 @@ class Exercise:
 
     def __post_init__(self):
         caller = sys._getframe(2)
+        while caller.f_back is not None and caller.f_code.co_name != "<module>":
+            caller = caller.f_back   # through factories, to the module line that made it
         object.__setattr__(self, "defined_at", f"{caller.f_code.co_filename}:{caller.f_lineno}")
         earlier = _REGISTRY.get(self.key)
         if earlier is not None and earlier.defined_at != self.defined_at:
@@ -105,6 +107,9 @@ class Exercise:
         def check(*args, **kwargs):
             case = self.case(**{k: v for k, v in kwargs.items() if k in CASE_FIELDS})
             extra = {k: v for k, v in kwargs.items() if k not in CASE_FIELDS}
+            if learner is None and (len(args) != 1 or extra):
+                raise TypeError(f"check for {self.name} takes your code and keyword arguments among "
+                                f"{sorted(CASE_FIELDS)}; got {len(args)} positional and {sorted(extra)}")
             self.check(learner(*args, **extra) if learner else args[0], case)
 
         check.__doc__, check.exercise = doc, self
@@ -112,7 +117,12 @@ class Exercise:
 
 
 def find(key: tuple[str, str]) -> Exercise:
-    """The registered exercise with this (notebook, name) key."""
+    """The exercise with this (notebook, name) key. Notebook `NN_...` is graded by the module
+    graders.exercises.nbNN, imported here if it was not yet."""
+    if tuple(key) not in _REGISTRY:
+        import importlib
+
+        importlib.import_module(f"graders.exercises.nb{key[0][:2]}")
     if tuple(key) not in _REGISTRY:
         raise KeyError(f"no exercise {tuple(key)} (imported: {sorted(_REGISTRY)})")
     return _REGISTRY[tuple(key)]

@@ -73,3 +73,15 @@ def part(prefix: str) -> dict[str, torch.Tensor]:
     if not found:
         raise KeyError(f"No reference weights under {prefix!r}.")
     return found
+
+
+def course_component(name: str, prefix: str | None = None):
+    """The course's own `name` (graders.reference.components) with the reference weights under
+    `prefix` (all of them when None): how a judge computes the expected output on an input
+    that no file holds."""
+    from graders.reference import components
+    from graders.reference.config import Config
+    from graders.reference.weights import load_strict
+
+    module = getattr(components, name)(Config())
+    return load_strict(module, part(prefix) if prefix else weights(), name).eval()

@@ -1,0 +1,129 @@
+"""Notebook 08's `beam_search(model, input_ids, num_beams, max_new_tokens)`, judged on tiny Markov
+models whose best continuations are known by enumerating all of them."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from graders.exercises.sampling.reference import beam_search
+from graders.exercises.small_models import MarkovModel, markov_model
+from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.exercise import Exercise
+from graders.judging.learner import run_learner
+from graders.judging.tolerance import DECISION_MARGIN, close
+
+BEAM_VOCAB = 6
+
+
+def exhaustive_search(model: MarkovModel, prompt: torch.Tensor, n_new: int, top: int):
+    """The `top` most likely continuations of `prompt`, by enumerating all of them."""
+    log_probs = model.table.double().log_softmax(-1)
+    scored = []
+    for continuation in itertools.product(range(model.cfg.d_vocab), repeat=n_new):
+        previous = [int(prompt[0, -1])] + list(continuation[:-1])
+        score = sum(float(log_probs[a, b]) for a, b in zip(previous, continuation))
+        scored.append((score, continuation))
+    scored.sort(key=lambda item: -item[0])
+    tokens = torch.tensor([prompt[0].tolist() + list(c) for _, c in scored[:top]])
+    return tokens, torch.tensor([s for s, _ in scored[:top]], dtype=torch.float64)
+
+
+BEAM_SETTINGS = {"exact": (36, 3), "narrow": (3, 5), "greedy": (1, 4)}   # (num_beams, new tokens)
+# 36 = 6^2 beams hold every 2-token prefix, so beam search over 3 new tokens is exhaustive.
+
+
+def _beam_margin(model: MarkovModel, prompt: torch.Tensor, num_beams: int, n_new: int) -> float:
+    """The smallest score gap that decides the search: at every step between the last kept
+    candidate and the first dropped one, and between consecutive final beams."""
+    log_probs = model.table.double().log_softmax(-1)
+    beams, scores, margin = prompt, torch.zeros(1, dtype=torch.float64), math.inf
+    for _ in range(n_new):
+        ranked, flat = (scores[:, None] + log_probs[beams[:, -1]]).flatten().sort(descending=True)
+        if len(ranked) > num_beams:
+            margin = min(margin, float(ranked[num_beams - 1] - ranked[num_beams]))
+        scores, flat = ranked[:num_beams], flat[:num_beams]
+        beams = torch.cat([beams[flat // BEAM_VOCAB], (flat % BEAM_VOCAB)[:, None]], dim=-1)
+    return min([margin] + (scores[:-1] - scores[1:]).tolist())
+
+
+def _beam_cases(case: Case):
+    """A Markov model whose searches are decided by gaps above DECISION_MARGIN (1e-3, far above
+    fp32 rounding), so that every correct implementation finds the same beams in the same order."""
+    prompt = torch.tensor([[case.seed % BEAM_VOCAB, 4]])
+    for attempt in itertools.count():
+        model = markov_model(case.seed + 80 + 1000 * attempt, BEAM_VOCAB)
+        if all(_beam_margin(model, prompt, *setting) > DECISION_MARGIN
+               for setting in BEAM_SETTINGS.values()):
+            return model, prompt, BEAM_SETTINGS
+
+
+def sequence_log_prob(model: MarkovModel, tokens: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """Total log-probability of each row's new tokens given everything before them."""
+    log_probs = model.table.double().log_softmax(-1)
+    return log_probs[tokens[:, n_prompt - 1:-1], tokens[:, n_prompt:]].sum(-1)
+
+
+def produce_beam(fn, case: Case, inputs: dict) -> dict:
+    model, prompt, settings = _beam_cases(case)
+    outputs = {}
+    for key, (beams, new) in settings.items():
+        result = run_learner("beam_search", fn, model, prompt.clone(), beams, new)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise CheckFailed("beam_search must return a pair (tokens, log_probs): tokens "
+                              "[num_beams, prompt + new], log-probabilities [num_beams].")
+        for part, value in zip(("tokens", "log_probs"), result):
+            require_tensor(f"beam_search(...) {part}", value)
+            outputs[f"{key}_{part}"] = value
+    return outputs
+
+
+def judge_beam(case: Case, outputs: dict) -> None:
+    model, prompt, settings = _beam_cases(case)
+    n_prompt = prompt.shape[1]
+    for key, (beams, new) in settings.items():
+        where = f"beam_search(model, prompt, num_beams={beams}, max_new_tokens={new})"
+        tokens, scores = outputs[f"{key}_tokens"], outputs[f"{key}_log_probs"]
+        check_shape(f"{where} tokens", tokens, (beams, n_prompt + new), ("beam", "position"))
+        check_shape(f"{where} log_probs", scores, (beams,), ("beam",))
+        if not torch.equal(tokens[:, :n_prompt], prompt.expand(beams, -1)):
+            raise CheckFailed(f"{where}: every beam must start with the prompt.")
+        true_scores = sequence_log_prob(model, tokens, n_prompt)
+        if not close(scores, true_scores.float()):
+            row = int((scores.double() - true_scores).abs().argmax())
+            last = model.table.double().log_softmax(-1)[tokens[:, -2], tokens[:, -1]]
+            if close(scores, last.float()):
+                why = ("Likely mistake: the scores are not accumulated: a beam's score is the SUM "
+                       "of the log-probabilities of all its new tokens, not the last one's.")
+            elif any(close(scores, (true_scores / n).float()) for n in (new, n_prompt + new)):
+                why = ("Likely mistake: the score is divided by the length. Return the plain total "
+                       "log-probability of the new tokens, the same measure for every beam.")
+            else:
+                why = ("A beam's score must be the sum of log_softmax(logits) of each new token "
+                       "given the tokens before it (log-probabilities, not probabilities or raw "
+                       "logits), over the new tokens only.")
+            raise CheckFailed(f"{where}: beam {row} has log-probability {float(scores[row]):.5f}, "
+                              f"but its tokens {tokens[row].tolist()} have total log-probability "
+                              f"{float(true_scores[row]):.5f}. {why}")
+        expected_tokens, expected_scores = (exhaustive_search(model, prompt, new, beams)
+                                            if key == "exact" else beam_search(model, prompt, beams, new))
+        if torch.equal(tokens, expected_tokens):
+            continue
+        if set(map(tuple, tokens.tolist())) == set(map(tuple, expected_tokens.tolist())):
+            raise CheckFailed(f"{where}: the right beams, but return them best first "
+                              "(log-probabilities in decreasing order).")
+        versus = "exhaustive search" if key == "exact" else "the reference beam search"
+        raise CheckFailed(
+            f"{where}: the beams differ from {versus} (first difference in beam "
+            f"{int((tokens != expected_tokens).any(-1).nonzero()[0])}). Expected best "
+            f"log-probability {float(expected_scores[0]):.5f}, got {float(scores[0]):.5f}. "
+            "At every step, extend each beam by every token, score each candidate by its "
+            "total log-probability, and keep the num_beams best candidates overall.")
+
+
+beam_exercise = Exercise("08_sampling", "beam_search", produce_beam, judge_beam,
+                         defaults={"text": None})
+check_beam_search = beam_exercise.checker(
+    "Grade `beam_search(model, input_ids, num_beams, max_new_tokens)` on a tiny Markov model.")

@@ -1,0 +1,115 @@
+"""Notebook 08's KV cache: `forward_with_cache` and `generate_with_cache`, judged against forward
+passes and generation without a cache."""
+from __future__ import annotations
+
+import torch
+
+from graders.exercises.sampling.reference import forward_with_cache, generate, generate_with_cache
+from graders.exercises.small_models import cache_config, seeded_model
+from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed, check_shape, compare, require_tensor
+from graders.judging.exercise import Exercise
+from graders.judging.learner import run_learner
+
+CACHE_CHUNKS = (6, 1, 3, 1, 1)
+CACHE_MISTAKES = {
+    "offset": "the new tokens get position embeddings 0, 1, ... instead of continuing after the "
+              "cached positions (use W_pos[past_len : past_len + n_new])",
+    "no_append": "the cache is not extended: the new keys and values must be appended to the "
+                 "cached ones and returned for the next call",
+    "mask": "the causal mask ignores the cached positions: new query i sits at position "
+            "past_len + i and may attend to every key up to that position",
+}
+
+
+def _cache_tokens(case: Case) -> torch.Tensor:
+    return torch.randint(0, cache_config().d_vocab, (max(case.batch, 1), sum(CACHE_CHUNKS)),
+                         generator=torch.Generator().manual_seed(case.seed + 90))
+
+
+def _chunked_logits(forward, model, tokens, **kwargs) -> torch.Tensor:
+    cache, pieces, start = None, [], 0
+    for size in CACHE_CHUNKS:
+        logits, cache = forward(model, tokens[:, start:start + size], cache, **kwargs)
+        pieces.append(logits)
+        start += size
+    return torch.cat(pieces, dim=1)
+
+
+def produce_forward_cache(fn, case: Case, inputs: dict) -> dict:
+    model = seeded_model(cache_config(), case.seed).eval()
+    tokens = _cache_tokens(case)
+
+    def learner_forward(m, chunk, cache):
+        result = run_learner("forward_with_cache", fn, m, chunk, cache)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise CheckFailed("forward_with_cache must return a pair (logits, cache).")
+        require_tensor("forward_with_cache logits", result[0])
+        return result
+
+    return {"logits": _chunked_logits(learner_forward, model, tokens)}
+
+
+def judge_forward_cache(case: Case, outputs: dict) -> None:
+    model = seeded_model(cache_config(), case.seed).eval()
+    tokens = _cache_tokens(case)
+    with torch.no_grad():
+        expected = model(tokens)
+        mistakes = {d: _chunked_logits(forward_with_cache, model, tokens, mistake=m)
+                    for m, d in CACHE_MISTAKES.items()}
+    compare(f"forward_with_cache fed {len(tokens[0])} tokens in chunks of {list(CACHE_CHUNKS)} "
+            "(logits of every position, against one uncached forward pass)",
+            outputs["logits"], expected, ("batch", "position", "d_vocab"), mistakes=mistakes,
+            depth=model.cfg.n_layers,
+            hint="positions 0-5 are the first call (no cache); a mismatch from position 6 on is "
+                 "in how the cache is reused.")
+
+
+forward_cache_exercise = Exercise("08_sampling", "forward_with_cache", produce_forward_cache,
+                                  judge_forward_cache, defaults={"text": None})
+check_forward_with_cache = forward_cache_exercise.checker(
+    "Grade `forward_with_cache(model, new_tokens, cache) -> (logits, cache)`.")
+
+
+CACHE_STEPS = 50
+
+
+def _cache_prompt(case: Case) -> torch.Tensor:
+    return _cache_tokens(case)[:, :5]
+
+
+def produce_generate_cache(fn, case: Case, inputs: dict) -> dict:
+    model = seeded_model(cache_config(), case.seed).eval()
+    prompt = _cache_prompt(case)
+    out = run_learner("generate_with_cache", fn, model, prompt.clone(), CACHE_STEPS)
+    require_tensor("generate_with_cache(...)", out)
+    return {"tokens": out}
+
+
+def judge_generate_cache(case: Case, outputs: dict) -> None:
+    model = seeded_model(cache_config(), case.seed).eval()
+    prompt = _cache_prompt(case)
+    out = outputs["tokens"]
+    where = f"generate_with_cache(model, prompt of shape {list(prompt.shape)}, {CACHE_STEPS})"
+    check_shape(where, out, (prompt.shape[0], prompt.shape[1] + CACHE_STEPS), ("batch", "position"))
+    with torch.no_grad():
+        expected = generate(model, prompt, CACHE_STEPS, None, temperature=0.0)
+    if torch.equal(out, expected):
+        return
+    first = int((out != expected).any(0).nonzero()[0]) - prompt.shape[1]
+    lines = [f"{where}: differs from greedy generation without a cache at new token {first} "
+             f"(expected {expected[0, prompt.shape[1]:][:first + 3].tolist()} ..., got "
+             f"{out[0, prompt.shape[1]:][:first + 3].tolist()} ...)."]
+    with torch.no_grad():
+        for mistake, description in CACHE_MISTAKES.items():
+            if torch.equal(out, generate_with_cache(model, prompt, CACHE_STEPS, mistake)):
+                lines.append(f"  Likely mistake: {description}")
+                break
+    raise CheckFailed("\n".join(lines))
+
+
+generate_cache_exercise = Exercise("08_sampling", "generate_with_cache", produce_generate_cache,
+                                   judge_generate_cache, defaults={"text": None})
+check_generate_with_cache = generate_cache_exercise.checker(
+    """Grade `generate_with_cache(model, input_ids, max_new_tokens)`: 50 greedy tokens, identical
+    to generation without a cache.""")

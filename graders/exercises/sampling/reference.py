@@ -1,0 +1,155 @@
+"""The course's reference implementations of notebook 08's functions, which the sampling checks
+judge learners against (and which the notebook's demonstrations call)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def greedy_search(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits / temperature
+
+
+def token_counts(input_ids: torch.Tensor, d_vocab: int) -> torch.Tensor:
+    """How often each vocabulary token occurs in each row of `input_ids`: [batch, d_vocab]."""
+    counts = torch.zeros(input_ids.shape[0], d_vocab, dtype=torch.long)
+    return counts.scatter_add(1, input_ids, torch.ones_like(input_ids))
+
+
+def apply_frequency_penalty(input_ids: torch.Tensor, logits: torch.Tensor, freq_penalty: float):
+    return logits - freq_penalty * token_counts(input_ids, logits.shape[-1]).to(logits.dtype)
+
+
+def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep every token whose logit is at least the k-th largest (ties at the k-th all stay)."""
+    kth = logits.topk(k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the most likely tokens until their total probability reaches top_p (at least one)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove_sorted = mass_before >= top_p
+    remove_sorted[..., 0] = False
+    remove = remove_sorted.scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, NEG_INF)
+
+
+def sample_basic(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+
+
+def next_token_logits(input_ids, logits, temperature=1.0, top_k=0, top_p=1.0, freq_penalty=0.0):
+    """The logits `sample_next_token` draws from: penalty, temperature, top-k, then top-p."""
+    logits = apply_frequency_penalty(input_ids, logits, freq_penalty)
+    logits = apply_temperature(logits, temperature)
+    if top_k > 0:
+        logits = apply_top_k(logits, top_k)
+    if top_p < 1.0:
+        logits = apply_top_p(logits, top_p)
+    return logits
+
+
+def sample_next_token(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0,
+                      freq_penalty=0.0):
+    if temperature == 0.0:
+        return greedy_search(apply_frequency_penalty(input_ids, logits, freq_penalty))
+    return sample_basic(next_token_logits(input_ids, logits, temperature, top_k, top_p,
+                                          freq_penalty), generator)
+
+
+@torch.no_grad()
+def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, use_cache=False,
+             **sampling):
+    """Sample up to `max_new_tokens`, cropping the context to the model's n_ctx.
+
+    With `use_cache` (the notebook's demos, for speed) each step feeds only the newest token
+    through `forward_with_cache`; the context cannot be cropped then, so it must fit n_ctx.
+    """
+    if use_cache and input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(f"with use_cache the prompt ({input_ids.shape[1]} tokens) plus "
+                         f"max_new_tokens ({max_new_tokens}) must fit the context "
+                         f"({model.cfg.n_ctx}); ask for fewer tokens or use_cache=False")
+    tokens, cache = input_ids, None
+    for _ in range(max_new_tokens):
+        if use_cache:
+            logits, cache = forward_with_cache(model, tokens if cache is None else tokens[:, -1:], cache)
+            logits = logits[:, -1]
+        else:
+            logits = model(tokens[:, -model.cfg.n_ctx:])[:, -1]
+        new = sample_next_token(tokens, logits, generator, **sampling)
+        tokens = torch.cat([tokens, new[:, None]], dim=-1)
+        if eos_token_id is not None and bool((new == eos_token_id).all()):
+            break
+    return tokens
+
+
+@torch.no_grad()
+def beam_search(model, input_ids, num_beams, max_new_tokens):
+    """The `num_beams` best continuations (best first) and their total log-probabilities."""
+    beams, scores = input_ids, torch.zeros(1, dtype=torch.float64)
+    for _ in range(max_new_tokens):
+        log_probs = model(beams)[:, -1].double().log_softmax(dim=-1)        # [beams, d_vocab]
+        candidates = (scores[:, None] + log_probs).flatten()
+        scores, best = candidates.topk(min(num_beams, len(candidates)))
+        beam, token = best // log_probs.shape[-1], best % log_probs.shape[-1]
+        beams = torch.cat([beams[beam], token[:, None]], dim=-1)
+    return beams, scores
+
+
+def attention_with_cache(attn, x, past, position_bug=False):
+    """Attention over the cached keys/values plus the new positions: (out, (keys, values))."""
+    q = torch.einsum("bpd,ndh->bpnh", x, attn.W_Q) + attn.b_Q
+    k = torch.einsum("bpd,ndh->bpnh", x, attn.W_K) + attn.b_K
+    v = torch.einsum("bpd,ndh->bpnh", x, attn.W_V) + attn.b_V
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+    scores = torch.einsum("bqnh,bknh->bnqk", q, k) / math.sqrt(attn.W_Q.shape[-1])
+    n_new, n_all = q.shape[1], k.shape[1]
+    offset = 0 if position_bug else n_all - n_new
+    future = torch.arange(n_all)[None, :] > torch.arange(n_new)[:, None] + offset
+    pattern = scores.masked_fill(future, NEG_INF).softmax(dim=-1)
+    z = torch.einsum("bnqk,bknh->bqnh", pattern, v)
+    return torch.einsum("bqnh,nhd->bqd", z, attn.W_O) + attn.b_O, (k, v)
+
+
+def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
+    """Logits of the new positions given a cache of the earlier ones: (logits, new cache).
+
+    `mistake` computes what a known wrong cache does (for diagnosis): "offset" embeds the new
+    tokens at positions 0.. instead of after the cached ones, "no_append" never adds to the
+    cache, "mask" builds the causal mask as if the new positions started at 0.
+    """
+    past_len = 0 if cache is None else cache[0][0].shape[1]
+    start = 0 if mistake == "offset" else past_len
+    residual = model.embed(new_tokens) + model.pos_embed.W_pos[start:start + new_tokens.shape[1]]
+    new_cache = []
+    for i, block in enumerate(model.blocks):
+        past = None if cache is None else cache[i]
+        attn_out, kv = attention_with_cache(block.attn, block.ln1(residual), past,
+                                            position_bug=mistake == "mask")
+        residual = residual + attn_out
+        residual = residual + block.mlp(block.ln2(residual))
+        new_cache.append(past if mistake == "no_append" and past is not None else kv)
+    return model.unembed(model.ln_final(residual)), new_cache
+
+
+@torch.no_grad()
+def generate_with_cache(model, input_ids, max_new_tokens, mistake: str = ""):
+    """Greedy generation that feeds each new token alone, reusing the cache."""
+    logits, cache = forward_with_cache(model, input_ids, None, mistake)
+    tokens = input_ids
+    for _ in range(max_new_tokens):
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        tokens = torch.cat([tokens, new], dim=-1)
+        logits, cache = forward_with_cache(model, new, cache, mistake)
+    return tokens

@@ -1,0 +1,316 @@
+"""Notebook 08's logit transforms: `greedy_search`, `apply_temperature`, `apply_frequency_penalty`,
+`apply_top_k` and `apply_top_p`.
+
+A transform is judged by the exact set of tokens it keeps and, within the course tolerance, by
+the distribution it leaves (softmax of its logits, so shifting every logit of a row by a
+constant is not a mistake). Every input comes from a fixed seed.
+"""
+from __future__ import annotations
+
+import torch
+
+from graders.exercises.sampling.reference import (NEG_INF, apply_frequency_penalty,
+                                                  apply_temperature, apply_top_k, apply_top_p,
+                                                  greedy_search, token_counts)
+from graders.judging.cases import Case, rand_float
+from graders.judging.compare import CheckFailed, check_shape, compare, require_tensor
+from graders.judging.exercise import Exercise
+from graders.judging.learner import run_learner
+from graders.judging.tolerance import DECISION_MARGIN, PROBABILITY_SUM_SLACK, close
+
+DIMS = ("batch", "d_vocab")
+VOCAB = 50                       # vocabulary of the fixed logit batches
+
+
+# --- Judging transformed logits ------------------------------------------------------------------
+
+def as_probs(logits: torch.Tensor) -> torch.Tensor:
+    return logits.double().softmax(dim=-1)
+
+
+def _looks_like_probabilities(x: torch.Tensor) -> bool:
+    x = x.double()
+    return bool(torch.isfinite(x).all() and (x >= 0).all() and (x <= 1).all()
+                and (x.sum(-1) <= 1 + PROBABILITY_SUM_SLACK).all())
+
+
+def token_list(ids: torch.Tensor) -> str:
+    shown = ids.tolist()[:10]
+    return ", ".join(map(str, shown)) + (" ..." if len(ids) > 10 else "")
+
+
+def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint: str = "") -> None:
+    """The tokens kept must be exactly the reference's; their probabilities must match."""
+    check_shape(what, actual, expected.shape, DIMS)
+    if not actual.is_floating_point():
+        raise CheckFailed(f"{what}: dtype {actual.dtype}; return floating-point logits.")
+    actual = actual.double()
+    if torch.isnan(actual).any():
+        raise CheckFailed(f"{what}: contains NaN (e.g. inf - inf, or 0 * inf). Removed tokens "
+                          "should be set to -inf with masked_fill, not computed arithmetically.")
+    if (actual == NEG_INF).all(-1).any():
+        row = int((actual == NEG_INF).all(-1).nonzero()[0])
+        raise CheckFailed(f"{what}: row {row} has every token removed (all -inf), so nothing can "
+                          "be sampled. A filter must always keep at least the most likely token.")
+    kept, kept_expected = as_probs(actual) > 0, as_probs(expected) > 0
+
+    def same(x, kept_x, y, kept_y):
+        return torch.equal(kept_x, kept_y) and close(as_probs(x).float(), as_probs(y))
+
+    if same(actual, kept, expected, kept_expected):
+        return
+    for description, wrong in mistakes.items():
+        if same(actual, kept, wrong, as_probs(wrong) > 0):
+            raise CheckFailed(f"{what} does not match the reference.\n  Likely mistake: "
+                              f"{description}" + (f"\n  Hint: {hint}" if hint else ""))
+    if _looks_like_probabilities(actual) and not _looks_like_probabilities(expected):
+        raise CheckFailed(f"{what}: returned what looks like probabilities (values in [0, 1] "
+                          "summing to at most 1). Return logits: leave the kept logits as they "
+                          "are and set removed tokens to -inf; the sampler applies the softmax.")
+    if not torch.equal(kept, kept_expected):
+        row = int((kept != kept_expected).any(-1).nonzero()[0])
+        extra = (kept[row] & ~kept_expected[row]).nonzero().flatten()
+        missing = (~kept[row] & kept_expected[row]).nonzero().flatten()
+        lines = [f"{what}: keeps the wrong tokens. In row {row} it keeps {int(kept[row].sum())} "
+                 f"tokens, the reference keeps {int(kept_expected[row].sum())}."]
+        if len(extra):
+            lines.append(f"  kept but should be removed (-inf): token ids {token_list(extra)}")
+        if len(missing):
+            lines.append(f"  removed but should be kept: token ids {token_list(missing)}")
+        for description, wrong in mistakes.items():
+            if torch.equal(kept, as_probs(wrong) > 0):
+                lines.append(f"  Likely mistake: {description}")
+                break
+        if hint:
+            lines.append(f"  Hint: {hint}")
+        raise CheckFailed("\n".join(lines))
+    compare(f"{what} (compared as probabilities: the softmax of your logits)",
+            as_probs(actual).float(), as_probs(expected), DIMS, hint=hint)
+
+
+def _run_transform(what: str, fn, cases: list[tuple[str, tuple]]) -> dict:
+    """Run `fn(*args)` on each case, recording its output and whether it changed its inputs."""
+    outputs = {}
+    for key, args in cases:
+        copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        outputs[key] = run_learner(what, fn, *copies)
+        require_tensor(f"{what} on case {key}", outputs[key])
+        outputs[f"{key}_modified"] = torch.tensor(any(
+            isinstance(a, torch.Tensor) and not torch.equal(a, c) for a, c in zip(args, copies)))
+    return outputs
+
+
+def _no_in_place(what: str, outputs: dict, cases) -> None:
+    for key, _ in cases:
+        if bool(outputs[f"{key}_modified"]):
+            raise CheckFailed(f"{what}: modified the tensor it was given in place (e.g. "
+                              "masked_fill_ or -=). Return a new tensor; callers reuse their logits.")
+
+
+def transform_exercise(name: str, cases, reference, mistakes, signature, hint: str) -> Exercise:
+    """An exercise for a logit transform `name(*args)`: the learner's function runs on each of
+    `cases(case)` ((key, args) pairs), and each output is judged against `reference(*args)`
+    with `mistakes(*args)` named; `signature(*args)` describes the call in messages."""
+    def produce(fn, case: Case, inputs: dict) -> dict:
+        return _run_transform(name, fn, cases(case))
+
+    def judge(case: Case, outputs: dict) -> None:
+        chosen = cases(case)
+        _no_in_place(name, outputs, chosen)
+        for key, args in chosen:
+            judge_logits(f"{name}({signature(*args)})", outputs[key], reference(*args),
+                         mistakes(*args), hint=hint)
+
+    return Exercise("08_sampling", name, produce, judge, defaults={"text": None})
+
+
+def logit_batch(seed: int, batch: int, scale: float = 3.0, vocab: int = VOCAB) -> torch.Tensor:
+    return scale * rand_float(seed, batch, vocab)
+
+
+# --- Exercise: greedy search --------------------------------------------------------------------
+
+def _greedy_cases(case: Case):
+    return [("main", (logit_batch(case.seed, max(case.batch, 4)),)),
+            ("one", (logit_batch(case.seed + 1, 1),))]
+
+
+def produce_greedy(fn, case: Case, inputs: dict) -> dict:
+    return _run_transform("greedy_search", fn, _greedy_cases(case))
+
+
+def judge_greedy(case: Case, outputs: dict) -> None:
+    cases = _greedy_cases(case)
+    _no_in_place("greedy_search", outputs, cases)
+    for key, (logits,) in cases:
+        out, where = outputs[key], f"greedy_search(logits of shape {list(logits.shape)})"
+        check_shape(where, out, (logits.shape[0],), ("batch",))
+        if out.dtype != torch.long:
+            raise CheckFailed(f"{where}: dtype {out.dtype}; return token ids (torch.long): the "
+                              "index of the largest logit, not its value.")
+        expected = greedy_search(logits)
+        if not torch.equal(out, expected):
+            why = ""
+            if torch.equal(out, logits.argmin(-1)):
+                why = " Likely mistake: argmin instead of argmax."
+            elif logits.shape[0] > 1 and torch.equal(out[:1], logits.argmax(0)[:1]):
+                why = " Likely mistake: argmax over the batch dimension (use dim=-1, the vocabulary)."
+            raise CheckFailed(f"{where}: returned {out.tolist()}, expected the most likely token "
+                              f"of each row, {expected.tolist()}.{why}")
+
+
+greedy_exercise = Exercise("08_sampling", "greedy_search", produce_greedy, judge_greedy,
+                           defaults={"text": None})
+check_greedy = greedy_exercise.checker("Grade `greedy_search(logits) -> token ids`.")
+
+
+# --- Exercise: temperature ------------------------------------------------------------------------
+
+def _temperature_cases(case: Case):
+    logits = logit_batch(case.seed + 10, max(case.batch, 3))
+    return [(f"t{i}", (logits, t)) for i, t in enumerate((2.0, 0.5, 1e-3))]
+
+
+def temperature_mistakes(logits, t) -> dict:
+    return {
+        "multiplying by the temperature: divide, so that a low temperature sharpens": logits * t,
+        "temperature applied after softmax: divide the LOGITS by the temperature, then let the "
+        "sampler take the softmax": logits.softmax(-1) / t,
+        "the temperature is subtracted: divide the logits by it": logits - t,
+    }
+
+
+temperature_exercise = transform_exercise(
+    "apply_temperature", _temperature_cases, apply_temperature, temperature_mistakes,
+    lambda logits, t: f"logits, temperature={t}", hint="return logits / temperature.")
+check_temperature = temperature_exercise.checker(
+    "Grade `apply_temperature(logits, temperature)`.")
+
+
+# --- Exercise: frequency penalty ------------------------------------------------------------------
+
+def _penalty_cases(case: Case):
+    batch = max(case.batch, 2)
+    generator = torch.Generator().manual_seed(case.seed + 20)
+    # Few distinct tokens per row, so that most are repeated and many vocabulary ids unseen.
+    input_ids = torch.randint(0, 12, (batch, 15), generator=generator) + 5 * torch.arange(batch)[:, None]
+    logits = logit_batch(case.seed + 21, batch)
+    return [(f"p{i}", (input_ids, logits, penalty)) for i, penalty in enumerate((1.0, 0.35))]
+
+
+def penalty_mistakes(input_ids, logits, penalty) -> dict:
+    counts = token_counts(input_ids, logits.shape[-1]).to(logits.dtype)
+    whole_batch = counts.sum(0, keepdim=True).expand_as(counts)
+    return {
+        "each token seen is penalised once (a presence penalty): subtract the penalty times the "
+        "NUMBER of times the token occurs": logits - penalty * (counts > 0).to(logits.dtype),
+        "tokens are counted over the whole batch: count each row's own tokens":
+            logits - penalty * whole_batch,
+        "the penalty is added: subtract it, to make repeated tokens less likely":
+            logits + penalty * counts,
+        "the logits are divided by the counts: subtract penalty * count":
+            logits / (1 + penalty * counts),
+    }
+
+
+penalty_exercise = transform_exercise(
+    "apply_frequency_penalty", _penalty_cases, apply_frequency_penalty, penalty_mistakes,
+    lambda input_ids, logits, penalty: f"input_ids, logits, freq_penalty={penalty}",
+    hint="count each token in its own row (torch.bincount or scatter_add) and subtract "
+         "freq_penalty * count from its logit.")
+check_frequency_penalty = penalty_exercise.checker(
+    "Grade `apply_frequency_penalty(input_ids, logits, freq_penalty)`.")
+
+
+# --- Exercise: top-k ------------------------------------------------------------------------------
+
+def _top_k_cases(case: Case):
+    logits = logit_batch(case.seed + 30, max(case.batch, 3))
+    k = 5
+    # Row 0 has a tie at the k-th largest value: both tied tokens must stay.
+    order = logits[0].argsort(descending=True)
+    logits[0, order[k]] = logits[0, order[k - 1]]
+    return [("k", (logits, k)), ("k1", (logits, 1)), ("kall", (logits, VOCAB))]
+
+
+def top_k_mistakes(logits, k) -> dict:
+    ranked = logits.sort(dim=-1, descending=True, stable=True).indices
+
+    def keep_first(n):
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, ranked[:, :max(n, 1)], True)
+        return logits.masked_fill(~keep, NEG_INF)
+
+    return {
+        "ties at the k-th largest value are broken (torch.topk + scatter keeps exactly k): keep "
+        "EVERY token whose logit is >= the k-th largest, so the result does not depend on the "
+        "order of tied tokens": keep_first(k),
+        "one token too few: the k-th largest must stay (remove only logits < the k-th value)":
+            logits.masked_fill(logits <= logits.topk(k, -1).values[..., -1:], NEG_INF)
+            if k > 1 else keep_first(0),
+        "one token too many: keep the k largest, not k + 1": keep_first(k + 1),
+        "the k SMALLEST logits are kept: keep the largest":
+            logits.masked_fill(logits > (-logits).topk(k, -1).values[..., -1:].neg(), NEG_INF),
+    }
+
+
+top_k_exercise = transform_exercise(
+    "apply_top_k", _top_k_cases, apply_top_k, top_k_mistakes, lambda logits, k: f"logits, k={k}",
+    hint="kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.")
+check_top_k = top_k_exercise.checker(
+    "Grade `apply_top_k(logits, k)` (includes a tie at the k-th value, k = 1 and k = vocab).")
+
+
+# --- Exercise: top-p ------------------------------------------------------------------------------
+
+def _clear_p(logits: torch.Tensor, candidates) -> float:
+    """The first p in `candidates` at least DECISION_MARGIN (1e-3) away from every row's
+    cumulative probabilities, so that the nucleus is decided far above fp32 rounding error
+    (~1e-7)."""
+    cumulative = logits.double().softmax(-1).sort(-1, descending=True).values.cumsum(-1)
+    return next(p for p in candidates if bool(((cumulative - p).abs() > DECISION_MARGIN).all()))
+
+
+def _top_p_cases(case: Case):
+    batch = max(case.batch, 3)
+    logits = logit_batch(case.seed + 40, batch)
+    gentle = logit_batch(case.seed + 41, batch, scale=2.0)
+    mid = _clear_p(logits, [0.5 + 0.013 * i for i in range(30)])
+    high = _clear_p(logits, [0.9 + 0.003 * i for i in range(30)])
+    return [("mid", (logits, mid)), ("high", (logits, high)),
+            ("tiny", (logits, 1e-4)), ("one", (gentle, 1.0))]
+
+
+def top_p_mistakes(logits, p) -> dict:
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_logits.softmax(-1)
+    cumulative = probs.cumsum(-1)
+
+    def keep_sorted(keep):
+        keep = keep.clone()
+        keep[..., 0] |= True
+        return logits.masked_fill(~keep.scatter(-1, order, keep), NEG_INF)
+
+    return {
+        "one token too few: the token that takes the total past top_p must be kept too (keep a "
+        "token while the probability BEFORE it is < top_p)": keep_sorted(cumulative < p),
+        "one token too many: stop at the first token that brings the total to top_p":
+            keep_sorted(((cumulative - probs) < p).roll(1, -1) | ((cumulative - probs) < p)),
+        "the least likely tokens are kept (sorted in ascending order): sort descending":
+            logits.masked_fill(~_ascending_keep(logits, p), NEG_INF),
+    }
+
+
+def _ascending_keep(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=False, stable=True)
+    probs = sorted_logits.softmax(-1)
+    keep = (probs.cumsum(-1) - probs) < p
+    return keep.scatter(-1, order, keep)
+
+
+top_p_exercise = transform_exercise(
+    "apply_top_p", _top_p_cases, apply_top_p, top_p_mistakes,
+    lambda logits, p: f"logits, top_p={p:.4g}",
+    hint="sort descending, cumulative probabilities; keep a token while the total BEFORE it is "
+         "< top_p (the top token always stays).")
+check_top_p = top_p_exercise.checker(
+    "Grade `apply_top_p(logits, top_p)` (includes top_p = 1.0 and a tiny top_p).")

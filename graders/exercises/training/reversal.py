@@ -1,0 +1,163 @@
+"""Notebook 07, exercises 2 and 3 on the reversal task's data: `make_reversal_batch` (the data
+generator) and `evaluate` (the held-out loss)."""
+from __future__ import annotations
+
+import torch
+
+from graders.exercises.small_models import seeded_model
+from graders.exercises.training.tasks import (D_VOCAB, HALF, SEQ_LEN, reference_loss,
+                                              reference_reversal, reversal_config)
+from graders.judging.cases import Case
+from graders.judging.compare import (CheckFailed, check_shape, compare, judge_generator_use,
+                                     require_tensor)
+from graders.judging.exercise import Exercise
+from graders.judging.learner import run_learner
+
+
+# --- Exercise 2: the reversal data generator ---------------------------------------------------
+
+def produce_generator(fn, case: Case, inputs: dict) -> dict:
+    n = max(case.batch, 512)
+    what = "make_reversal_batch"
+    global_state = torch.get_rng_state()
+    outputs = {
+        "a": run_learner(what, fn, n, torch.Generator().manual_seed(case.seed)),
+        "a_again": run_learner(what, fn, n, torch.Generator().manual_seed(case.seed)),
+        "b": run_learner(what, fn, n, torch.Generator().manual_seed(case.seed + 1)),
+        "one": run_learner(what, fn, 1, torch.Generator().manual_seed(case.seed + 2)),
+    }
+    outputs["global_rng_used"] = torch.tensor(not torch.equal(global_state, torch.get_rng_state()))
+    torch.set_rng_state(global_state)
+    for key in ("a", "a_again", "b", "one"):
+        require_tensor(f"make_reversal_batch({n if key != 'one' else 1}, generator)", outputs[key])
+    return outputs
+
+
+def _off_by_one(seqs: torch.Tensor) -> str | None:
+    """Name a mirror that is shifted by one position, if that is what `seqs` holds."""
+    first, second = seqs[:, :HALF], seqs[:, HALF:]
+    mirror = first.flip(-1)
+    if torch.equal(second, first):
+        return "the second half is a copy of the first, not its mirror: reverse it (flip)."
+    for shift in (1, -1):
+        if torch.equal(second.roll(shift, dims=-1)[:, 1:-1], mirror[:, 1:-1]):
+            return ("the mirror is off by one position: token 8 + i must equal token 7 - i "
+                    "(token 8 = token 7, ..., token 15 = token 0).")
+    if torch.equal(seqs[:, HALF - 1:].flip(-1)[:, :HALF], seqs[:, :HALF]) or \
+            torch.equal(seqs[:, HALF + 1:], first[:, 1:].flip(-1)):
+        return ("the mirror is off by one position: token 8 + i must equal token 7 - i "
+                "(token 8 = token 7, ..., token 15 = token 0).")
+    return None
+
+
+def judge_generator(case: Case, outputs: dict) -> None:
+    n = max(case.batch, 512)
+    dims = ("sequence", "position")
+    for key, rows in (("a", n), ("one", 1)):
+        seqs = outputs[key]
+        where = f"make_reversal_batch({rows}, generator)"
+        check_shape(where, seqs, (rows, SEQ_LEN), dims)
+        if seqs.dtype != torch.long:
+            raise CheckFailed(f"{where}: dtype {seqs.dtype}; token ids must be torch.long (int64) "
+                              "so that they can index the embedding.")
+    seqs = outputs["a"]
+    where = f"make_reversal_batch({n}, generator)"
+    low, high = int(seqs.min()), int(seqs.max())
+    if low < 0 or high >= D_VOCAB:
+        raise CheckFailed(f"{where}: token ids range over [{low}, {high}]; they must lie in "
+                          f"[0, {D_VOCAB - 1}] (torch.randint's upper bound is exclusive: "
+                          f"randint(0, {D_VOCAB}, ...)).")
+    seen = torch.bincount(seqs[:, :HALF].flatten(), minlength=D_VOCAB)
+    if (seen == 0).any():
+        missing = (seen == 0).nonzero().flatten().tolist()
+        raise CheckFailed(f"{where}: token ids {missing[:10]} never appear among {n * HALF} random "
+                          f"tokens; every id in [0, {D_VOCAB - 1}] should (torch.randint's upper "
+                          f"bound is exclusive: randint(0, {D_VOCAB}, ...)).")
+    mirror = seqs[:, :HALF].flip(-1)
+    if not torch.equal(seqs[:, HALF:], mirror):
+        diagnosis = _off_by_one(seqs)
+        wrong = (seqs[:, HALF:] != mirror).any(0).nonzero().flatten() + HALF
+        raise CheckFailed(f"{where}: the second half is not the mirror of the first (wrong at "
+                          f"positions {wrong.tolist()}). "
+                          + (f"Likely mistake: {diagnosis}" if diagnosis else
+                             "Token 8 + i must equal token 7 - i: torch.cat([half, half.flip(-1)], -1)."))
+    if len(torch.unique(seqs[:, :HALF], dim=0)) < 0.95 * n:
+        raise CheckFailed(f"{where}: the first halves repeat across sequences; each sequence needs "
+                          "its own random tokens.")
+    judge_generator_use("make_reversal_batch", outputs, "sequences",
+                        "torch.randint(..., generator=generator)")
+
+
+generator_exercise = Exercise("07_training", "make_reversal_batch", produce_generator,
+                              judge_generator, defaults={"text": None})
+check_reversal_generator = generator_exercise.checker(
+    "Grade `make_reversal_batch(batch_size, generator)`.")
+
+
+# --- Exercise 3: evaluate -----------------------------------------------------------------------
+
+def _as_loss_number(what: str, value) -> torch.Tensor:
+    """A learner's loss value (float or 0-dim tensor) as a float64 0-dim tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise CheckFailed(f"{what} returned a tensor of shape {list(value.shape)}; return one "
+                              "number, the mean loss (a float, or a 0-dim tensor).")
+        return value.detach().double().reshape(())
+    if isinstance(value, (float, int)) and not isinstance(value, bool):
+        return torch.tensor(float(value), dtype=torch.float64)
+    raise CheckFailed(f"{what} returned {type(value).__name__}; return the mean loss as a float.")
+
+
+def _eval_sets(case: Case) -> list[torch.Tensor]:
+    """Two held-out sets: 300 sequences (more than one batch of 256), then 7."""
+    return [reference_reversal(300, torch.Generator().manual_seed(10_000 + case.seed)),
+            reference_reversal(7, torch.Generator().manual_seed(20_000 + case.seed))]
+
+
+def produce_evaluate(fn, case: Case, inputs: dict) -> dict:
+    model = seeded_model(reversal_config(), case.seed)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    outputs = {}
+    for i, tokens in enumerate(_eval_sets(case)):
+        copy = tokens.clone()
+        value = run_learner("evaluate", fn, model, tokens)
+        outputs[f"loss_{i}"] = _as_loss_number(f"evaluate(model, tokens of shape {list(tokens.shape)})",
+                                               value)
+        outputs[f"modified_{i}"] = torch.tensor(not torch.equal(copy, tokens))
+    outputs["weights_changed"] = torch.tensor(any(not torch.equal(before[k], v)
+                                                  for k, v in model.state_dict().items()))
+    return outputs
+
+
+def judge_evaluate(case: Case, outputs: dict) -> None:
+    if bool(outputs["weights_changed"]):
+        raise CheckFailed("evaluate changed the model's weights. Evaluation only measures: no "
+                          "optimizer step, no backward (wrap it in torch.no_grad()).")
+    model = seeded_model(reversal_config(), case.seed)
+    if torch.equal(outputs["loss_0"], outputs["loss_1"]):
+        raise CheckFailed("evaluate returned the same loss, "
+                          f"{outputs['loss_0'].item():.6g}, for two different sets of held-out "
+                          "sequences: it ignores its `tokens` argument. Likely mistake: it "
+                          "evaluates other data (a training batch?) instead of exactly the tokens "
+                          "it is given.")
+    with torch.no_grad():
+        for i, tokens in enumerate(_eval_sets(case)):
+            if bool(outputs[f"modified_{i}"]):
+                raise CheckFailed("evaluate modified the tokens it was given in place.")
+            expected = reference_loss(model(tokens), tokens)
+            other = _eval_sets(case)[1 - i]
+            compare(f"evaluate(model, tokens) on {len(tokens)} held-out sequences",
+                    outputs[f"loss_{i}"].reshape(1), expected.reshape(1), ("loss",),
+                    mistakes={"the loss is computed on other sequences than the `tokens` passed "
+                              "in (a training batch?): evaluate exactly the tokens it is given":
+                              reference_loss(model(other), other).reshape(1),
+                              "only the first batch of the held-out tokens is evaluated":
+                              reference_loss(model(tokens[:256]), tokens[:256]).reshape(1)},
+                    hint="return the mean next-token loss of `model` on exactly `tokens`, "
+                         "under torch.no_grad().")
+
+
+evaluate_exercise = Exercise("07_training", "evaluate", produce_evaluate, judge_evaluate,
+                             defaults={"text": None})
+check_evaluate = evaluate_exercise.checker(
+    "Grade `evaluate(model, tokens) -> float` on held-out reversal sequences.")
