@@ -159,9 +159,25 @@ def test_mask_mistakes_are_named(mask, message):
     assert message in str(failure.value), str(failure.value)
 
 
-def test_persistent_ignore_buffer_is_refused():
-    with pytest.raises(CheckFailed, match="unexpected: IGNORE"):
-        nb03.check_apply_causal_mask(variant(persistent=True))
+@pytest.mark.parametrize("ignore", [-1e5, float("-inf")])
+def test_a_persistent_ignore_buffer_passes_as_the_widely_copied_solutions_write_it(ignore):
+    """`self.register_buffer("IGNORE", torch.tensor(-1e5))` (persistent) is how the most copied
+    notebooks write it: the buffer keeps the learner's value; parameters stay strict."""
+    cls = variant(ignore=ignore, persistent=True)
+    nb03.check_apply_causal_mask(cls)
+    nb03.check_attention(cls)
+    nb03.check_attention(cls, block=4, text=None, seed=21, batch=2, seq=23)
+
+
+def test_a_misnamed_parameter_beside_a_persistent_buffer_is_still_refused():
+    class Renamed(variant(ignore=-1e5, persistent=True)):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.W_query = self.W_Q
+            del self.W_Q
+
+    with pytest.raises(CheckFailed, match="missing: W_Q"):
+        nb03.check_attention(Renamed)
 
 
 # --- Attention forward: correct variants ------------------------------------------------------------

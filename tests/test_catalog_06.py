@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises import nb06
-from graders.reference.components import Embed, LayerNorm, PosEmbed, TransformerBlock
+from graders.reference.components import Attention, Embed, LayerNorm, PosEmbed, TransformerBlock
 from graders.judging.compare import CheckFailed
 
 # --- Unembed ------------------------------------------------------------------------------
@@ -111,6 +111,32 @@ class ModelBase(nn.Module):
         self.embed, self.pos_embed = Embed(cfg), PosEmbed(cfg)
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
         self.ln_final, self.unembed = LayerNorm(cfg), Unembed(cfg)
+
+
+class PersistentIgnoreAttention(Attention):
+    """The course's Attention with the widely copied persistent IGNORE buffer."""
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        del self.IGNORE
+        self.register_buffer("IGNORE", torch.tensor(-1e5))
+
+
+class PersistentIgnoreBlock(TransformerBlock):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.attn = PersistentIgnoreAttention(cfg)
+
+
+class PersistentIgnoreModel(ModelBase):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList([PersistentIgnoreBlock(cfg) for _ in range(cfg.n_layers)])
+
+
+def test_a_model_whose_blocks_hold_a_persistent_ignore_buffer_passes():
+    cls = model_variant(loop, base=PersistentIgnoreModel)
+    assert "blocks.0.attn.IGNORE" in cls(nb06.Config()).state_dict()
+    nb06.check_demo_transformer(cls)
 
 
 def model_variant(forward, base=ModelBase):

@@ -239,13 +239,15 @@ def test_load_strict_names_every_problem(weights):
     assert good.W_in.data_ptr() != mlp["W_in"].data_ptr()
 
 
-def test_load_strict_accepts_non_persistent_buffers_only(weights):
+def test_load_strict_keeps_the_learners_own_buffers_and_refuses_extra_parameters(weights):
     ln = component(weights, "blocks.0.ln1")
     module = LayerNorm(Config())
     module.register_buffer("eps_buffer", torch.tensor(1e-5), persistent=False)
+    module.register_buffer("IGNORE", torch.tensor(-1e5))             # persistent, as often copied
     load_strict(module, ln)
-    module.register_buffer("counter", torch.zeros(()))
-    with pytest.raises(WeightLoadError, match="unexpected: counter"):
+    assert module.IGNORE.item() == -1e5 and torch.equal(module.w, ln["w"])
+    module.extra = torch.nn.Parameter(torch.zeros(()))
+    with pytest.raises(WeightLoadError, match="unexpected: extra"):
         load_strict(module, ln)
 
 

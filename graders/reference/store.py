@@ -67,12 +67,10 @@ def part(prefix: str) -> dict[str, torch.Tensor]:
     """The reference weights under `prefix` (e.g. "blocks.3.attn"), read alone from disk."""
     from safetensors import safe_open
 
-    head = prefix.rstrip(".") + "."
+    from graders.reference.weights import component
+
     with safe_open(weights_file(), framework="pt") as f:
-        found = {k[len(head):]: f.get_tensor(k) for k in f.keys() if k.startswith(head)}
-    if not found:
-        raise KeyError(f"No reference weights under {prefix!r}.")
-    return found
+        return component(f, prefix)
 
 
 def course_component(name: str, prefix: str | None = None):

@@ -46,10 +46,12 @@ def course_weights(reference) -> dict[str, torch.Tensor]:
     return {k: v.to(torch.float32).contiguous().clone() for k, v in weights.items()}
 
 
-def component(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The slice of `weights` under `prefix` (e.g. "blocks.3.attn"), with the prefix removed."""
+def component(weights, prefix: str) -> dict[str, torch.Tensor]:
+    """The slice of `weights` under `prefix` (e.g. "blocks.3.attn"), with the prefix removed.
+    `weights` is a dict of tensors or an open safetensors file (then only the slice is read)."""
     head = prefix.rstrip(".") + "."
-    part = {k[len(head):]: v for k, v in weights.items() if k.startswith(head)}
+    get = weights.get_tensor if hasattr(weights, "get_tensor") else weights.__getitem__
+    part = {k[len(head):]: get(k) for k in weights.keys() if k.startswith(head)}
     if not part:
         raise KeyError(f"No reference weights under {prefix!r}.")
     return part
@@ -60,7 +62,11 @@ class WeightLoadError(ValueError):
 
 
 def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], what: str = "module") -> nn.Module:
-    """Copy `weights` into `module`, naming every missing, unexpected or mis-shaped parameter."""
+    """Copy `weights` into `module`, naming every missing, unexpected or mis-shaped parameter.
+
+    Strict on parameters. A buffer the course's version does not have (a helper constant such
+    as the widely copied `register_buffer("IGNORE", torch.tensor(-1e5))`, persistent or not)
+    keeps the learner's own value."""
     if not isinstance(module, nn.Module):
         raise WeightLoadError(
             f"Expected your {what} to be a torch.nn.Module, got {type(module).__name__}. "
@@ -73,16 +79,17 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], what: str =
         elif own[name].shape != tensor.shape:
             problems.append(f"  wrong shape: {name} is {list(own[name].shape)}, "
                             f"expected {list(tensor.shape)}")
+    own_buffers = {name for name, _ in module.named_buffers()}
     for name in own:
-        if name not in weights:
+        if name not in weights and name not in own_buffers:
             problems.append(f"  unexpected: {name} with shape {list(own[name].shape)} "
                             "(the course's version has no such parameter or buffer)")
     if problems:
         raise WeightLoadError(
             f"Your {what} cannot take the reference weights:\n" + "\n".join(problems) +
             "\nName parameters exactly as in the exercise (nn.Parameter attributes, "
-            "submodules as attributes), and register helper constants as "
-            "non-persistent buffers (register_buffer(..., persistent=False)).")
+            "submodules as attributes).")
     with torch.no_grad():
-        module.load_state_dict({k: v.clone() for k, v in weights.items()}, strict=True)
+        kept = {k: v for k, v in own.items() if k in own_buffers and k not in weights}
+        module.load_state_dict({**kept, **{k: v.clone() for k, v in weights.items()}}, strict=True)
     return module
