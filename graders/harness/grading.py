@@ -22,7 +22,7 @@ import nbformat
 from graders.harness.cells import (cell_error, is_test_cell, learner_code, nbgrader_meta, points_of,
                                    restore, source_notebook, test_cells)
 from graders.harness.execute import TimeLimits, run
-from graders.harness.manifest import Check, TestCellError, notebook_checks
+from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
 from graders.harness.records import load_records
 from graders.harness.sandbox import confinement_unavailable, kernel_files
 
@@ -52,7 +52,7 @@ class NotebookResult:
                 "cells": [asdict(c) for c in self.cells]}
 
 
-def prepare_inputs(wanted: dict[str, list[Check] | TestCellError], folder: Path) -> None:
+def prepare_inputs(wanted: dict[str, list[Check] | UnreadableTestCell], folder: Path) -> None:
     """Write each listed check's inputs (and nothing else) where the kernel will look."""
     from safetensors.torch import save_file
 
@@ -61,7 +61,7 @@ def prepare_inputs(wanted: dict[str, list[Check] | TestCellError], folder: Path)
 
     folder.mkdir(parents=True, exist_ok=True)
     for checks in wanted.values():
-        if isinstance(checks, TestCellError):
+        if isinstance(checks, UnreadableTestCell):
             continue
         for key, fields in checks:
             exercise, case = find(key), Case(**fields)
@@ -82,7 +82,7 @@ def forbidden_use(key: tuple[str, str], code: str) -> str | None:
     return next((w for w in sorted(words) if mentions(code, w)), None)
 
 
-def judge_cell(cell, wanted: list[Check] | TestCellError, records: list[dict],
+def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: list[dict],
                problem: str | None, error: str, code: str = "") -> CellResult:
     from graders.judging.cases import Case
     from graders.judging.compare import CheckFailed
@@ -93,7 +93,7 @@ def judge_cell(cell, wanted: list[Check] | TestCellError, records: list[dict],
     def failed(status: str, message: str) -> CellResult:
         return CellResult(grade_id, 0.0, points, status, message)
 
-    if isinstance(wanted, TestCellError):
+    if isinstance(wanted, UnreadableTestCell):
         return failed("error", f"the course's test cell cannot be graded: {wanted}")
     for key, case in wanted:
         name = key[1]

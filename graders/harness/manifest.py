@@ -19,7 +19,7 @@ from graders.harness.cells import nbgrader_meta, source_notebook, test_cells
 Check = tuple[tuple[str, str], dict]   # ((notebook, exercise name), case fields)
 
 
-class TestCellError(ValueError):
+class UnreadableTestCell(ValueError):
     """A source test cell that the harness cannot read without running it."""
 
 
@@ -30,11 +30,11 @@ def checks_of(source: str, where: str = "test cell") -> list[Check]:
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
-        raise TestCellError(f"{where}: not valid Python ({err.msg}, line {err.lineno})") from None
+        raise UnreadableTestCell(f"{where}: not valid Python ({err.msg}, line {err.lineno})") from None
     found = []
     for statement in tree.body:
         def refuse(why: str):
-            raise TestCellError(f"{where}, line {statement.lineno}: {why}. A test cell may only call "
+            raise UnreadableTestCell(f"{where}, line {statement.lineno}: {why}. A test cell may only call "
                                 "nbNN.check_...(LearnerName, field=literal, ...).")
 
         call = statement.value if isinstance(statement, ast.Expr) else None
@@ -59,13 +59,13 @@ def checks_of(source: str, where: str = "test cell") -> list[Check]:
     return found
 
 
-def notebook_checks(name: str) -> dict[str, list[Check] | TestCellError]:
+def notebook_checks(name: str) -> dict[str, list[Check] | UnreadableTestCell]:
     """{grade_id: its checks, or why they could not be read} for one source notebook."""
     listed = {}
     for cell in test_cells(source_notebook(name)):
         grade_id = nbgrader_meta(cell)["grade_id"]
         try:
             listed[grade_id] = checks_of(cell["source"], f"{name}, test cell {grade_id}")
-        except TestCellError as err:
+        except UnreadableTestCell as err:
             listed[grade_id] = err
     return listed

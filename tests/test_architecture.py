@@ -1,0 +1,117 @@
+"""The rules of the graders' architecture, each of which once cost a grade when it was implicit.
+
+- Exercises are keyed by (notebook, name); registering a key twice fails at import.
+- What a test cell grades is read from its text without running it; a cell the harness cannot
+  read (a computed argument) is refused with an error naming it, never scored 0 later.
+- Every source test cell of the course can be read, and every exercise is graded somewhere.
+- The notebook list lives in one place (solutions/); the README and example class follow it.
+"""
+import importlib.util
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from graders.course.notebooks import ROOT, notebook_names
+from graders.harness import cells
+from graders.harness.manifest import UnreadableTestCell, checks_of, notebook_checks
+from graders.judging import exercise as exercise_module
+
+
+def _import_file(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_duplicate_exercise_fails_at_import_naming_both_places(tmp_path):
+    source = textwrap.dedent('''
+        from graders.judging.exercise import Exercise
+
+        def produce(learner, case, inputs):
+            return {}
+
+        def judge(case, outputs):
+            pass
+
+        first = Exercise("99_test", "twice", produce, judge)
+        second = Exercise("99_test", "twice", produce, judge)
+        ''')
+    path = tmp_path / "grader_with_a_duplicate.py"
+    path.write_text(source)
+    with pytest.raises(exercise_module.DuplicateExercise) as failure:
+        _import_file(path)
+    message = str(failure.value)
+    assert f"{path}:10" in message and f"{path}:11" in message, message
+
+
+def test_an_exercise_of_another_notebook_module_cannot_take_an_existing_key(tmp_path):
+    from graders.exercises import nb07  # noqa: F401  (registers ("07_training", "generate"))
+
+    path = tmp_path / "another_generate.py"
+    path.write_text("from graders.judging.exercise import Exercise\n"
+                    "clash = Exercise('07_training', 'generate', print, print)\n")
+    with pytest.raises(exercise_module.DuplicateExercise, match="07_training.*generate"):
+        _import_file(path)
+
+
+def test_the_two_generate_exercises_are_judged_apart_in_any_import_order():
+    """The collision that cost a perfect student 5 points: nb07 and nb08 both grade a `generate`."""
+    for first, second in (("nb07", "nb08"), ("nb08", "nb07")):
+        code = (f"from graders.exercises import {first}, {second}\n"
+                "from graders.judging.exercise import find\n"
+                "print(find(('07_training', 'generate')).judge.__module__, "
+                "find(('08_sampling', 'generate')).judge.__module__)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["graders.exercises.training.generation",
+                                      "graders.exercises.sampling.generation"]
+
+
+def test_every_source_test_cell_is_read_without_running_it():
+    """The course's manifest: each test cell's checks, all of the cell's own notebook."""
+    graded = set()
+    for name in notebook_names():
+        for grade_id, checks in notebook_checks(name).items():
+            assert not isinstance(checks, UnreadableTestCell), checks
+            assert checks, f"{name}/{grade_id} grades nothing"
+            assert {key[0] for key, _ in checks} == {name}, (name, grade_id, checks)
+            graded |= {key for key, _ in checks}
+    registered = {key for key in exercise_module._REGISTRY if not key[0].startswith("99_")}
+    assert registered == graded, f"exercises no test cell grades: {registered - graded}"
+
+
+@pytest.mark.parametrize("source, why", [
+    ("nb03.check_attention(Attention, block=cfg.n_layers - 1)", "block= is computed"),
+    ("for b in range(3):\n    nb03.check_attention(Attention, block=b)", "not a call"),
+    ("nb03.check_attention(Attention, **extra)", "**arguments"),
+    ("nb03.helper_that_is_not_a_check(Attention)", "not a check function"),
+])
+def test_a_test_cell_the_harness_cannot_read_is_refused_naming_the_cell(source, why):
+    with pytest.raises(UnreadableTestCell) as failure:
+        checks_of(source, "03_attention, test cell attention_test")
+    assert "03_attention, test cell attention_test, line" in str(failure.value)
+    assert why in str(failure.value)
+
+
+def test_a_literal_argument_is_read_with_the_exercises_defaults():
+    (key, case), = checks_of("nb07.check_loss(lm_cross_entropy_loss, seed=5)")
+    assert key == ("07_training", "lm_cross_entropy_loss")
+    assert case["seed"] == 5 and case["text"] is None and case["batch"] == 3 and case["seq"] == 10
+
+
+def test_the_readme_table_lists_exactly_the_course_notebooks():
+    listed = re.findall(r"^\| `(\d\d_\w+)` \|", (ROOT / "README.md").read_text(), re.M)
+    assert listed == notebook_names()
+
+
+def test_every_graded_notebook_has_a_classic_bug_in_the_example_class():
+    from graders.course.example_class import BUGS
+
+    graded = [n for n in notebook_names() if cells.test_cells(cells.source_notebook(n))]
+    assert sorted({bug[0] for bug in BUGS}) == graded
+    for name, cell, old, _ in BUGS:
+        answers = {cells.nbgrader_meta(c).get("grade_id"): c.source for c in cells.source_notebook(name).cells}
+        assert old in answers[cell], (name, cell)
