@@ -4,7 +4,7 @@
 - perfect: every answer cell holds the solution;
 - untouched: the released notebooks as they are;
 - partial: solved 01-03 only;
-- buggy: a typical mistake in each notebook (see BUGS);
+- buggy: a typical mistake in each notebook (each grader's EXAMPLE_BUG);
 - crasher: perfect, except that Attention.forward kills its kernel with os._exit.
 """
 from __future__ import annotations
@@ -16,21 +16,19 @@ import nbformat
 
 from graders.course.notebooks import EXERCISES, SOLUTIONS, notebook_names
 
-# (notebook, answer cell, text in the solution, replacement): one classic mistake each.
-BUGS = [
-    ("01_layernorm", "layernorm_answer", "centred.pow(2).mean(dim=-1, keepdim=True)",
-     "centred.var(dim=-1, keepdim=True)"),                                   # sample variance
-    ("02_embeddings", "pos_embed_answer", "self.W_pos[:seq_len]", "self.W_pos[1:seq_len + 1]"),
-    ("03_attention", "attention_answer", "math.sqrt(self.cfg.d_head)", "math.sqrt(self.cfg.d_model)"),
-    ("04_mlp", "gelu_answer", "0.044715 * x.pow(3)", "0.044715 * x.pow(2)"),
-    ("05_transformer_block", "block_answer", "resid_mid = resid_pre + self.attn(self.ln1(resid_pre))",
-     "resid_mid = self.attn(self.ln1(resid_pre))"),                          # no residual
-    ("06_gpt2", "model_answer", "residual = self.embed(tokens) + self.pos_embed(tokens)",
-     "residual = self.embed(tokens)"),                                       # no positions
-    ("07_training", "train_answer", "        optimizer.zero_grad()\n", ""),       # gradients pile up
-    ("08_sampling", "top_p_answer", "mass_before = probs.cumsum(dim=-1) - probs",
-     "mass_before = probs.cumsum(dim=-1)"),                                  # top-p one token short
-]
+
+def _bugs() -> list[tuple[str, str, str, str]]:
+    """(notebook, answer cell, text in the solution, replacement): the classic mistake each
+    graded notebook's grader module declares as its `EXAMPLE_BUG`."""
+    import importlib
+
+    from graders.harness.manifest import notebook_checks
+
+    return [(name, *importlib.import_module(f"graders.exercises.nb{name[:2]}").EXAMPLE_BUG)
+            for name in notebook_names() if notebook_checks(name)]
+
+
+BUGS = _bugs()
 CRASH = ("03_attention", "attention_answer", "        x = normalized_resid_pre\n",
          "        import os; os._exit(1)\n        x = normalized_resid_pre\n")
 

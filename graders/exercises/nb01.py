@@ -107,3 +107,8 @@ layernorm = Exercise("01_layernorm", "LayerNorm", produce_layernorm, judge_layer
                      inputs=inputs_layernorm, forbidden=(FORBIDDEN,))
 check_layernorm = layernorm.checker(
     "Grade the learner's `LayerNorm` class (visible check: block 0 on the reference text).")
+
+
+# The classic mistake of the example class's buggy student (sample variance):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('layernorm_answer', 'centred.pow(2).mean(dim=-1, keepdim=True)', 'centred.var(dim=-1, keepdim=True)')

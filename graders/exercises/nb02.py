@@ -192,3 +192,8 @@ pos_embed = Exercise("02_embeddings", "PosEmbed", produce_pos_embed, judge_pos_e
                       forbidden=(FORBIDDEN_POS,))
 check_pos_embed = pos_embed.checker(
     "Grade the learner's `PosEmbed` class (visible check: the reference text).")
+
+
+# The classic mistake of the example class's buggy student (positions offset by one):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('pos_embed_answer', 'self.W_pos[:seq_len]', 'self.W_pos[1:seq_len + 1]')

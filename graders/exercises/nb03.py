@@ -424,3 +424,8 @@ attention = Exercise("03_attention", "Attention", produce_attention, judge_atten
                       inputs=inputs_attention, forbidden=(FORBIDDEN,))
 check_attention = attention.checker(
     "Grade the learner's `Attention` forward pass (visible check: block 0, reference text).")
+
+
+# The classic mistake of the example class's buggy student (scores scaled by sqrt(d_model)):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('attention_answer', 'math.sqrt(self.cfg.d_head)', 'math.sqrt(self.cfg.d_model)')

@@ -183,3 +183,8 @@ mlp = Exercise("04_mlp", "MLP", produce_mlp, judge_mlp,
                 inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
 check_mlp = mlp.checker(
     "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")
+
+
+# The classic mistake of the example class's buggy student (x**2 in gelu_new's cubic term):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('gelu_answer', '0.044715 * x.pow(3)', '0.044715 * x.pow(2)')

@@ -276,3 +276,8 @@ block = Exercise("05_transformer_block", "TransformerBlock", produce_block, judg
                   inputs=inputs_block, forbidden=(FORBIDDEN,))
 check_transformer_block = block.checker(
     "Grade the learner's `TransformerBlock` class (visible check: block 0 on the reference text).")
+
+
+# The classic mistake of the example class's buggy student (no residual connection around attention):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('block_answer', 'resid_mid = resid_pre + self.attn(self.ln1(resid_pre))', 'resid_mid = self.attn(self.ln1(resid_pre))')

@@ -337,3 +337,8 @@ loss = Exercise("06_gpt2", "next_token_loss", produce_loss, judge_loss,
                  inputs=inputs_loss)
 check_loss = loss.checker(
     "Grade `next_token_loss(logits, tokens) -> scalar` on the reference model's logits.")
+
+
+# The classic mistake of the example class's buggy student (no positional embedding):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('model_answer', 'residual = self.embed(tokens) + self.pos_embed(tokens)', 'residual = self.embed(tokens)')

@@ -21,6 +21,7 @@ from graders.exercises.training.tasks import (
 from graders.exercises.training.train import check_train, judge_train
 
 __all__ = [
+    "EXAMPLE_BUG",
     "check_loss", "check_reversal_generator", "check_evaluate", "check_train",
     "check_shakespeare_training", "check_shakespeare_smoke", "check_generate",
     "PROMPT", "greedy", "sampling_config", "loss_mistakes", "TrainingRun", "one_thread",
@@ -32,3 +33,8 @@ __all__ = [
     "UNTRAINED_LOSS", "per_position", "random_windows", "reference_loss", "reference_reversal",
     "reversal_config", "shakespeare_config", "shakespeare_tokens", "unigram_entropy",
 ]
+
+
+# The classic mistake of the example class's buggy student (gradients pile up: optimizer.zero_grad() forgotten):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('train_answer', '        optimizer.zero_grad()\n', '')

@@ -26,6 +26,7 @@ def _seeded_model(cfg, seed: int):
 
 
 __all__ = [
+    "EXAMPLE_BUG",
     "check_greedy", "check_temperature", "check_frequency_penalty", "check_top_k", "check_top_p",
     "check_sampler", "check_sample_next_token", "check_generate", "check_beam_search",
     "check_forward_with_cache", "check_generate_with_cache",
@@ -35,3 +36,8 @@ __all__ = [
     "MarkovModel", "markov_model", "sampling_config", "cache_config", "CACHE_MISTAKES", "DRAWS",
     "chi_square_p_value", "_ascending_keep", "_seeded_model",
 ]
+
+
+# The classic mistake of the example class's buggy student (top-p keeps one token too few):
+# (answer cell, text in the solution, replacement).
+EXAMPLE_BUG = ('top_p_answer', 'mass_before = probs.cumsum(dim=-1) - probs', 'mass_before = probs.cumsum(dim=-1)')
