@@ -7,6 +7,11 @@
    parallel on the default worker pool: what an instructor waits for one submission.
 2. A class of N perfect submissions of 01-06 graded with 1 worker and with 2 workers, in one
    run (target speed-up >= 1.6x with 30 submissions: --class-size 30).
+3. What writing nbgrader's gradebook adds per graded notebook (scores, comments, late penalty,
+   the autograded notebook and the feedback page in the course folder): target <= 0.2 s.
+   `--gradebook-only` measures this alone.
+
+Every pipeline run writes into a freshly released nbgrader course, as `make grade` does.
 """
 import argparse
 import multiprocessing
@@ -74,20 +79,28 @@ def _perfect_class(folder: str, size: int, names: list[str]) -> Path:
     return submissions
 
 
-def _graded_class_wall(submissions: Path, out: Path, names: list[str], workers: int) -> float:
+def _graded_class_wall(submissions: Path, out: Path, names: list[str], workers: int, course: Path) -> float:
     from graders.harness import classroom
     from graders.harness import grading
 
     start = time.perf_counter()
-    classroom.grade_class(submissions, out, names, workers, None, grading.TimeLimits())
+    classroom.grade_class(submissions, out, names, workers, None, grading.TimeLimits(), course)
     return time.perf_counter() - start
+
+
+def _released_course(folder: str, names: list[str]) -> Path:
+    from graders.course.notebooks import release
+
+    release(Path(folder, "course"), names)
+    return Path(folder, "course")
 
 
 def one_submission(names: list[str]) -> float:
     """What an instructor waits for one submission: `make grade`'s pipeline, default workers."""
     with tempfile.TemporaryDirectory() as folder:
+        course = _released_course(folder, names)
         wall = _graded_class_wall(_perfect_class(folder, 1, names), Path(folder, "out"), names,
-                                  multiprocessing.cpu_count())
+                                  multiprocessing.cpu_count(), course)
     print(f"one submission of {len(names)} notebooks through the grading pipeline "
           f"({multiprocessing.cpu_count()} workers, cluster start included): {wall:.1f} s")
     return wall
@@ -96,10 +109,45 @@ def one_submission(names: list[str]) -> float:
 def class_speedup(size: int, names: list[str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         submissions = _perfect_class(folder, size, names)
-        walls = {workers: _graded_class_wall(submissions, Path(folder, f"out{workers}"), names, workers)
+        walls = {workers: _graded_class_wall(submissions, Path(folder, f"out{workers}"), names, workers,
+                                             _released_course(f"{folder}/{workers}", names))
                  for workers in (1, 2)}
     print(f"class of {size} x {len(names)} notebooks: 1 worker {walls[1]:.0f} s, 2 workers "
           f"{walls[2]:.0f} s, speed-up {walls[1] / walls[2]:.2f}x (target >= 1.6x)")
+
+
+def gradebook_overhead(names: list[str], students: int = 10) -> float:
+    """Seconds per notebook that recording a graded notebook in nbgrader's course takes: each of
+    `names` graded once (a perfect submission), then recorded for `students` students."""
+    import hashlib
+
+    import nbformat
+
+    from graders.course import example_class
+    from graders.harness import classroom, grading
+    from graders.harness.gradebook import CourseGradebook
+    from graders.harness.intake import Submission
+
+    with tempfile.TemporaryDirectory() as folder:
+        course, graded = _released_course(folder, names), {}
+        for name in names:
+            path = Path(folder, f"{name}.ipynb")
+            nbformat.write(example_class.submission(name, True), path)
+            submission = Submission("bench", name, path, path.name,
+                                    sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+            graded[name] = (submission, classroom.grade_task(submission, grading.TimeLimits()))
+        gradebook = CourseGradebook(course, names)
+        start = time.perf_counter()
+        for number in range(students):
+            for name, (submission, done) in graded.items():
+                submission.student = f"student{number:03d}"
+                gradebook.record(submission, done["entry"]["cells"], done["notebook"], done["feedback"])
+        seconds = (time.perf_counter() - start) / (students * len(names))
+        gradebook.close()
+    status = "PASS" if seconds <= 0.2 else "over"
+    print(f"{'writing the nbgrader gradebook, per notebook':45} {seconds:7.3f} s   target <= 0.2 s   "
+          f"{status} ({students} students x {len(names)} notebooks)")
+    return seconds
 
 
 def main() -> None:
@@ -109,14 +157,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--class-size", type=int, default=4)
     parser.add_argument("--skip-class", action="store_true")
+    parser.add_argument("--gradebook-only", action="store_true",
+                        help="only measure what writing nbgrader's gradebook adds per notebook")
     args = parser.parse_args()
     names = graded_notebooks()
+    core = [n for n in names if n[:2] <= "06"]
+    if args.gradebook_only:
+        gradebook_overhead(core)
+        return
     ungraded = sorted(set(notebook_names()) - set(names))
     print(f"{multiprocessing.cpu_count()} CPUs; warm caches; each notebook graded in a fresh process; "
           f"not graded (no test cells, nothing to time): {', '.join(ungraded) or 'none'}")
     per_notebook(names[:1])  # warms every cache (reference weights snapshot, activations)
     times = per_notebook(names)
-    core = [n for n in names if n[:2] <= "06"]
     without_training = [n for n in names if n[:2] != "07"]
     verdict("notebooks 01-06, one after another", sum(times.get(n, float("nan")) for n in core), 45)
     verdict("notebooks 01-06, one submission as `make grade` runs it", one_submission(core), 45)
@@ -126,6 +179,7 @@ def main() -> None:
             one_submission(without_training), 90)
     if "07_training" in times:
         verdict("notebook 07", times["07_training"], 180)
+    gradebook_overhead(core)
     if not args.skip_class:
         class_speedup(args.class_size, core)
 

@@ -1,8 +1,9 @@
 """Exercises are generated from the solution notebooks by nbgrader, never edited by hand.
 
 `python -m graders.course.notebooks exercises` (what `make exercises` runs) rewrites `exercises/` from
-`solutions/`; `python -m graders.course.notebooks release DIR` writes the same student versions into
-an nbgrader course folder an instructor can hand out.
+`solutions/`; `python -m graders.course.notebooks release DIR` (what `make release` runs) makes DIR
+an nbgrader course: each notebook an assignment in DIR/gradebook.db, its student version in
+DIR/release/<notebook>/, ready for `nbgrader release_assignment` or an LMS upload.
 """
 import json
 import os
@@ -47,6 +48,50 @@ def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
             shutil.copy(Path(course, "release", name, f"{name}.ipynb"), target)
             written.append(target)
     return written
+
+
+def nbgrader_course(root: Path | None = None):
+    """(CourseDirectory, config) as nbgrader's own commands configure them: nbgrader_config.py in
+    the current folder and in Jupyter's config folders, with the course at `root` when given."""
+    from nbgrader.apps.baseapp import NbGrader
+    from nbgrader.coursedir import CourseDirectory
+
+    app = NbGrader()
+    app.load_config_file()
+    config = app.config
+    if root:
+        config.CourseDirectory.root = str(Path(root).resolve())
+    return CourseDirectory(config=config), config
+
+
+class ReleaseError(RuntimeError):
+    """nbgrader refused to generate an assignment (the message has nbgrader's reason)."""
+
+
+def release(course: Path, names: list[str] | None = None) -> list[Path]:
+    """Make `course` an nbgrader course: source/<nb>/<nb>.ipynb from solutions/, then nbgrader's
+    generate_assignment for each, which records the assignment (its cells and points) in the
+    course's gradebook and writes the student version to release/<nb>/<nb>.ipynb. Run again, it
+    brings the course up to date with solutions/ (submissions and grades are kept)."""
+    from nbgrader.converters import GenerateAssignment
+    from nbgrader.converters.base import NbGraderException
+
+    os.environ["PATH"] = venv_env()["PATH"]  # a new gradebook asks the `alembic` command its version
+    coursedir, config = nbgrader_course(course)
+    released = []
+    for name in names or notebook_names():
+        source = Path(coursedir.format_path(coursedir.source_directory, ".", name), f"{name}.ipynb")
+        source.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SOLUTIONS / f"{name}.ipynb", source)
+        coursedir.assignment_id = name
+        converter = GenerateAssignment(coursedir=coursedir, config=config)
+        converter.force = converter.create_assignment = True
+        try:
+            converter.start()
+        except NbGraderException as err:
+            raise ReleaseError(f"nbgrader generate_assignment {name} failed in {course}: {err}") from None
+        released.append(Path(coursedir.format_path(coursedir.release_directory, ".", name), f"{name}.ipynb"))
+    return released
 
 
 def run_solutions(out_dir: Path, names: list[str] | None = None) -> list[str]:
@@ -96,8 +141,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
-    release = sub.add_parser("release", help="write student notebooks into an nbgrader course folder")
-    release.add_argument("course_dir", type=Path)
+    release_parser = sub.add_parser("release", help="make a folder an nbgrader course of every notebook")
+    release_parser.add_argument("course_dir", type=Path)
     run = sub.add_parser("run-solutions", help="execute every solution notebook into a folder, with HTML")
     run.add_argument("out_dir", type=Path)
     run.add_argument("names", nargs="*", help="only these notebooks (file stems); default: all")
@@ -111,9 +156,12 @@ def main(argv=None) -> int:
             print(f"{len(failed)} solution notebook(s) failed: {', '.join(failed)} (see their HTML)")
             return 1
     else:
-        for name in notebook_names():
-            for path in generate(args.course_dir / "release" / name, [name]):
+        try:
+            for path in release(args.course_dir):
                 print(f"released {path}")
+        except ReleaseError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -1,217 +1,258 @@
 """Grade a whole class: `python -m graders.harness.classroom --help` (what `make grade` runs).
 
-Submissions may be laid out as nbgrader's `submitted/<student>/<assignment>/<nb>.ipynb`, as
-plain `<student>/<nb>.ipynb` folders, or as `<student>.zip` files. Each (student, notebook)
-is graded by `graders.harness.grading` on a Dask cluster: a local one with one worker per core by
-default, or the scheduler named by `--scheduler` (the same code path). One submission's
-failure never stops the class. Outputs, all rewritten on every run (same input, same output):
+Submissions are found by graders.harness.intake (nbgrader's `submitted/` folders, plain
+`<student>/` folders, `<student>.zip` archives, LMS downloads `<student>_<nb>.ipynb`; every
+other file is listed as ignored). Each (student, notebook) is graded by graders.harness.grading
+on a Dask cluster: a local one with one worker per core by default, or the scheduler named by
+`--scheduler` (the same code path). One submission's failure never stops the class.
 
-    OUT/grades.csv                 one row per student: points per test cell, total, maximum
-    OUT/reports/<student>.txt      why each point was lost
-    OUT/feedback/<student>/<nb>.html  the executed notebook with verdicts, no hidden tests
-    OUT/results.json               everything above, machine-readable
+Each notebook's result is saved the moment it is graded, so an interrupted run keeps what it
+did, and running again grades only what is new or changed (same file and same grader: kept);
+a second batch of submissions is merged into the same output folder. Outputs:
+
+    OUT/grades.csv                     one row per student: points per test cell, total, maximum
+    OUT/reports/<student>.txt          why each point was lost
+    OUT/feedback/<student>/<nb>.html   the notebook with its verdicts, as nbgrader's feedback
+    OUT/results.json                   all of it, machine-readable, with seconds per notebook
+    OUT/ignored.txt                    the files of the last run that were not graded, and why
+
+and, in the nbgrader course given by --course (graders.harness.gradebook): the scores and
+comments in its gradebook, autograded/<student>/<assignment>/ and feedback/<student>/<assignment>/.
 """
 from __future__ import annotations
 
-import csv
-import json
-import re
-import shutil
 import sys
 import tempfile
-import zipfile
+import threading
+import time
 from pathlib import Path
 
-from graders.course.notebooks import notebook_names
+from graders.harness.intake import IntakeError, Submission, discover, graded_notebooks
+from graders.harness.reports import safe, write_grades_csv, write_report
+from graders.harness.results import ClassResults, ResultsError, submission_key
 
-
-# --- Finding the submissions -----------------------------------------------------------------
-
-def discover(submissions: Path, names: list[str]) -> dict[str, dict[str, tuple[Path | None, list[str]]]]:
-    """{student: {notebook: (path or None, flags)}} for every student found under `submissions`."""
-    root = submissions / "submitted" if (submissions / "submitted").is_dir() else submissions
-    students: dict[str, list[Path]] = {}
-    unpacked = Path(tempfile.mkdtemp(prefix="gpt2-submissions-"))
-    for entry in sorted(root.iterdir()):
-        if entry.is_dir():
-            students[entry.name] = sorted(entry.rglob("*.ipynb"))
-        elif entry.suffix == ".zip":
-            target = unpacked / entry.stem
-            with zipfile.ZipFile(entry) as archive:
-                for member in archive.namelist():
-                    if member.endswith(".ipynb") and ".." not in Path(member).parts and not member.startswith("/"):
-                        destination = target / Path(member).name
-                        destination.parent.mkdir(parents=True, exist_ok=True)
-                        destination.write_bytes(archive.read(member))
-            students[entry.stem] = sorted(target.glob("*.ipynb"))
-    found = {}
-    for student, files in students.items():
-        files = [f for f in files if ".ipynb_checkpoints" not in f.parts]
-        by_name = {f.stem: f for f in files}
-        found[student] = {}
-        for name in names:
-            if name in by_name:
-                found[student][name] = (by_name[name], [])
-                continue
-            renamed = _renamed(name, [f for f in files if f.stem not in names])
-            if renamed:
-                found[student][name] = (renamed, [f"submitted as {renamed.name} (renamed): graded as {name}.ipynb"])
-            else:
-                found[student][name] = (None, [f"{name}.ipynb is missing from the submission"])
-    return found
-
-
-def _renamed(name: str, candidates: list[Path]) -> Path | None:
-    """A notebook under another file name whose nbgrader cell ids are this notebook's."""
-    from graders.harness.cells import nbgrader_meta, source_notebook
-
-    wanted = {nbgrader_meta(c).get("grade_id") for c in source_notebook(name).cells} - {None}
-    for path in candidates:
-        try:
-            cells = json.loads(path.read_text()).get("cells", [])
-        except (OSError, ValueError):
-            continue
-        ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells} - {None}
-        if ids and len(ids & wanted) >= max(1, len(wanted) // 2):
-            return path
-    return None
+EVENTS = "gpt2-grading"   # Dask event topic: a worker names the notebook it starts or finishes
 
 
 # --- One task: runs on a Dask worker --------------------------------------------------------
 
-def grade_task(student: str, name: str, path: str | None, flags: list[str], limits) -> dict:
-    """Grade one notebook of one student; never raises (a grader crash is reported as such)."""
-    from graders.harness import grading
-    from graders.harness.cells import nbgrader_meta, source_notebook, test_cells
-    from graders.harness.execute import scratch_dir
-
-    try:
-        with scratch_dir() as workdir:
-            result, executed = grading.grade_notebook(
-                student, name, Path(path) if path else None, workdir, limits, flags)
-        return {"result": result.to_json(), "feedback": _feedback_html(result, executed)}
-    except Exception as err:  # the grader's own failure: reported, never silently zero
-        source = source_notebook(name)
-        cells = [{"grade_id": nbgrader_meta(c)["grade_id"], "points": 0.0,
-                  "max_points": float(nbgrader_meta(c).get("points", 0)), "status": "error",
-                  "message": f"the grader failed on this notebook: {type(err).__name__}: {err}"}
-                 for c in test_cells(source)]
-        return {"result": {"student": student, "notebook": name, "flags": flags, "cells": cells},
-                "feedback": None}
-
-
-def _feedback_html(result, executed) -> str | None:
-    """The executed notebook for the student: verdicts under each test, hidden tests removed."""
-    if executed is None:
-        return None
+def grade_task(submission: Submission, limits) -> dict:
+    """Grade one handed-in notebook: {"entry": its results.json entry (without the submission
+    key), "notebook": the annotated notebook (JSON), "feedback": its feedback page}. Never
+    raises: an unreadable notebook, or the grader's own failure, is reported as such."""
     import nbformat
-    from nbconvert import HTMLExporter
 
-    from graders.harness.cells import is_test_cell, nbgrader_meta, released_source
+    from graders.harness import grading
+    from graders.harness.execute import scratch_dir
+    from graders.harness.feedback import annotated, feedback_html
 
-    verdicts = {c.grade_id: c for c in result.cells}
-    for cell in executed.cells:
-        if is_test_cell(cell):
-            verdict = verdicts.get(nbgrader_meta(cell)["grade_id"])
-            cell["source"] = released_source(cell)
-            text = (f"{verdict.status.upper()}: {verdict.points:g} / {verdict.max_points:g} points\n"
-                    + (verdict.message + "\n" if verdict.message else "")) if verdict else ""
-            cell["outputs"] = [nbformat.v4.new_output("stream", name="stdout", text=text)]
-    header = nbformat.v4.new_markdown_cell(
-        f"# Feedback: {result.notebook} — {result.student}\n\n"
-        f"**Score: {result.score:g} / {sum(c.max_points for c in result.cells):g}**\n\n"
-        + "".join(f"- {flag}\n" for flag in result.flags))
-    executed.cells.insert(0, header)
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(executed)
-    return body
+    _announce("started", submission)
+    start = time.perf_counter()
+    name, notebook, page = submission.notebook, None, None
+    try:
+        nbformat.read(submission.path, as_version=4)
+    except Exception as err:  # one fact, instead of "graded as empty" and a note per cell
+        why = f"{submission.label} could not be read as a notebook ({type(err).__name__}: " \
+              f"{str(err).splitlines()[0] if str(err) else ''})"
+        cells, flags = _ungraded(name, "error", f"not graded: {why}"), [why]
+    else:
+        try:
+            with scratch_dir() as workdir:
+                result, executed = grading.grade_notebook(submission.student, name, submission.path,
+                                                          workdir, limits)
+            cells, flags = result.to_json()["cells"], result.flags
+            notebook = annotated(executed, name, cells, submission.notes + flags)
+            page = feedback_html(notebook, name, cells)
+        except Exception as err:  # the grader's own failure: reported, never silently zero
+            cells, flags = _ungraded(name, "error", f"the grader failed on this notebook: "
+                                                    f"{type(err).__name__}: {err}"), []
+    entry = {"student": submission.student, "notebook": name, "notes": submission.notes,
+             "flags": flags, "cells": cells, "seconds": round(time.perf_counter() - start, 1)}
+    _announce("finished", submission)
+    return {"entry": entry, "notebook": nbformat.writes(notebook) if notebook else None, "feedback": page}
+
+
+def _announce(what: str, submission: Submission) -> None:
+    """Tell the class's progress display that this worker started or finished a notebook."""
+    try:
+        from distributed import get_worker
+
+        get_worker().log_event(EVENTS, [what, f"{submission.student}/{submission.notebook}"])
+    except ValueError:  # not on a Dask worker
+        pass
+
+
+def _ungraded(name: str, status: str, message: str) -> list[dict]:
+    """Every test cell of a notebook at 0 points, for one reason."""
+    from graders.harness.cells import nbgrader_meta, points_of, source_notebook, test_cells
+
+    return [{"grade_id": nbgrader_meta(c)["grade_id"], "points": 0.0, "max_points": points_of(c),
+             "status": status, "message": message} for c in test_cells(source_notebook(name))]
 
 
 # --- The class ---------------------------------------------------------------------------
 
-def grade_class(submissions: Path, out: Path, names: list[str], workers: int,
-                scheduler: str | None, limits) -> list[dict]:
-    """Grade every submission found in `submissions` on the worker pool; write the outputs.
+def grade_class(submissions: Path, out: Path, names: list[str] | None = None, workers: int = 1,
+                scheduler: str | None = None, limits=None, course: Path | None = None) -> list[dict]:
+    """Grade what is new or changed in `submissions` into `out` (and the nbgrader course
+    `course`, when given); return every entry of `out`'s results.
 
-    `limits` is a graders.harness.execute.TimeLimits (seconds per ordinary and per training cell)."""
+    `names`: the notebooks to grade (default: those anybody handed in). `limits`: a
+    graders.harness.execute.TimeLimits (default: the course's)."""
+    from graders.harness.execute import TimeLimits
+    from graders.harness.gradebook import CourseGradebook
+
+    limits = limits or TimeLimits()
+    with tempfile.TemporaryDirectory(prefix="gpt2-submissions-") as unpacked:
+        intake = discover(submissions, names, Path(unpacked))
+        results = ClassResults(out)
+        gradebook = CourseGradebook(course, intake.names) if course else None
+        try:
+            _write_ignored(out, submissions, intake.ignored)
+            if gradebook:
+                gradebook.enrol(intake.submissions)
+            todo = _plan(intake, results, out, gradebook)
+            for student in results.students():
+                write_report(out, student, results)
+            write_grades_csv(out, results)
+            if todo:
+                _grade_on_cluster(todo, limits, workers, scheduler,
+                                  lambda submission, done: _save(submission, done, results, out, gradebook))
+        finally:
+            if gradebook:
+                gradebook.close()
+    return [results.entries[key] for key in sorted(results.entries)]
+
+
+def _plan(intake, results: ClassResults, out: Path, gradebook) -> list[Submission]:
+    """The notebooks to grade; missing ones are recorded now (unless an earlier batch graded
+    them), unchanged ones are kept. Prints what was found."""
+    todo, kept, missing = [], 0, 0
+    for student, notebooks in intake.submissions.items():
+        for name, submission in notebooks.items():
+            if submission.path is None:
+                missing += 1
+                if not results.graded_before(student, name):
+                    results.entries[(student, name)] = {
+                        "student": student, "notebook": name, "notes": submission.notes, "flags": [],
+                        "cells": _ungraded(name, "missing-notebook", f"{name}.ipynb was not submitted"),
+                        "seconds": None, "submission": None, "feedback": None}
+                continue
+            stored = results.unchanged(submission)
+            executed = bool(stored and stored.get("feedback"))
+            if stored and (not executed or (out / stored["feedback"]).is_file()) \
+                    and (gradebook is None or gradebook.holds(student, name, executed)):
+                kept += 1
+                stored["notes"] = submission.notes
+            else:
+                todo.append(submission)
+    results.save()
+    ignored = f"; {len(intake.ignored)} files not graded (see {out / 'ignored.txt'})" if intake.ignored else ""
+    print(f"{len(intake.submissions)} students, notebooks {', '.join(intake.names) or 'none'}: "
+          f"{len(todo)} to grade, {kept} unchanged since the last run (kept), {missing} not handed in{ignored}")
+    for line in intake.ignored:
+        print(f"  not graded: {line}")
+    return todo
+
+
+def _save(submission: Submission, done: dict, results: ClassResults, out: Path, gradebook) -> None:
+    """One graded notebook into every output, the moment it is done."""
+    entry = dict(done["entry"], submission=submission_key(submission), feedback=None)
+    if done["feedback"]:
+        entry["feedback"] = f"feedback/{safe(submission.student)}/{submission.notebook}.html"
+        (out / entry["feedback"]).parent.mkdir(parents=True, exist_ok=True)
+        (out / entry["feedback"]).write_text(done["feedback"])
+    if gradebook:
+        gradebook.record(submission, entry["cells"], done["notebook"], done["feedback"])
+    results.put(entry)
+    write_report(out, submission.student, results)
+    write_grades_csv(out, results)
+
+
+def _write_ignored(out: Path, submissions: Path, ignored: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ignored.txt").write_text(f"Files in {submissions} that the last run did not grade, and why:\n"
+                                     + "".join(f"{line}\n" for line in ignored or ["(none)"]))
+
+
+def _grade_on_cluster(todo: list[Submission], limits, workers: int, scheduler: str | None, save) -> None:
+    """Grade `todo` on the Dask cluster; `save(submission, done)` each as it finishes."""
     from distributed import Client, LocalCluster, as_completed
-    from tqdm import tqdm
 
-    found = discover(submissions, names)
-    tasks = [(student, name, str(path) if path else None, flags)
-             for student, notebooks in sorted(found.items())
-             for name, (path, flags) in notebooks.items()]
-    if scheduler:
-        client = Client(scheduler)
-    else:
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               memory_limit=0, dashboard_address=":0")
-        client = Client(cluster)
-    results = []
+    cluster = None if scheduler else LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, memory_limit=0, dashboard_address=":0")
+    client = Client(scheduler or cluster)
+    progress = Progress(len(todo))
     try:
-        futures = [client.submit(grade_task, s, n, p, f, limits, pure=False, key=f"grade-{s}-{n}")
-                   for s, n, p, f in tasks]
-        for future in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="notebook",
-                           file=sys.stdout):
-            results.append(future.result())
+        client.subscribe_topic(EVENTS, progress.announced)
+        futures = {client.submit(grade_task, s, limits, pure=False, key=f"grade-{s.student}-{s.notebook}"): s
+                   for s in todo}
+        for future in as_completed(futures):
+            submission = futures[future]
+            try:
+                done = future.result()
+            except Exception as err:  # the worker died under it: reported like a grader failure
+                done = {"entry": {"student": submission.student, "notebook": submission.notebook,
+                                  "notes": submission.notes, "flags": [], "seconds": None,
+                                  "cells": _ungraded(submission.notebook, "error",
+                                                     f"the grader failed on this notebook: "
+                                                     f"{type(err).__name__}: {err}")},
+                        "notebook": None, "feedback": None}
+            progress.finished(done["entry"])
+            save(submission, done)
     finally:
+        progress.close()
         client.close()
-        if not scheduler:
+        if cluster:
             cluster.close()
-    write_outputs(out, results, names)
-    return results
 
 
-def write_outputs(out: Path, results: list[dict], names: list[str]) -> None:
-    from graders.harness.cells import nbgrader_meta, source_notebook, test_cells
+class Progress:
+    """The progress bar: notebooks graded of those to grade, which ones are being graded now,
+    and the failed tests so far (with the last notebook that had one)."""
 
-    columns = [(name, nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0)))
-               for name in names for c in test_cells(source_notebook(name))]
-    by_student: dict[str, dict[str, dict]] = {}
-    for item in results:
-        by_student.setdefault(item["result"]["student"], {})[item["result"]["notebook"]] = item
-    for folder in ("reports", "feedback"):
-        shutil.rmtree(out / folder, ignore_errors=True)
-    (out / "reports").mkdir(parents=True, exist_ok=True)
-    maximum = sum(points for _, _, points in columns)
-    with open(out / "grades.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student"] + [f"{n}/{g}" for n, g, _ in columns] + ["total", "max"])
-        for student in sorted(by_student):
-            cells = {(item["result"]["notebook"], c["grade_id"]): c
-                     for item in by_student[student].values() for c in item["result"]["cells"]}
-            row = [cells.get((n, g), {"points": 0.0})["points"] for n, g, _ in columns]
-            writer.writerow([student] + [f"{p:g}" for p in row] + [f"{sum(row):g}", f"{maximum:g}"])
-            _write_report(out / "reports" / f"{_safe(student)}.txt", student, by_student[student], names)
-            for name, item in by_student[student].items():
-                if item["feedback"]:
-                    target = out / "feedback" / _safe(student) / f"{name}.html"
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text(item["feedback"])
-    ordered = sorted((item["result"] for item in results), key=lambda r: (r["student"], r["notebook"]))
-    (out / "results.json").write_text(json.dumps(ordered, indent=1, sort_keys=True))
+    def __init__(self, total: int):
+        from tqdm import tqdm
 
+        self.bar = tqdm(total=total, desc="grading", unit="notebook", file=sys.stdout)
+        self.running: list[str] = []
+        self.done: set[str] = set()
+        self.failed, self.last_failed = 0, ""
+        self.lock = threading.Lock()
 
-def _write_report(path: Path, student: str, notebooks: dict, names: list[str]) -> None:
-    lines = [f"Grading report for {student}", ""]
-    for name in names:
-        if name not in notebooks:
-            continue
-        result = notebooks[name]["result"]
-        got = sum(c["points"] for c in result["cells"])
-        total = sum(c["max_points"] for c in result["cells"])
-        lines.append(f"{name}: {got:g} / {total:g}")
-        lines += [f"  note: {flag}" for flag in result["flags"]]
-        for cell in result["cells"]:
-            if cell["points"] < cell["max_points"]:
-                message = cell["message"].replace("\n", "\n      ")
-                lines.append(f"  - {cell['grade_id']}: lost {cell['max_points'] - cell['points']:g} "
-                             f"({cell['status']}): {message}")
-        lines.append("")
-    path.write_text("\n".join(lines))
+    def announced(self, event) -> None:
+        """A worker's announcement (Dask event: (time, ["started" or "finished", "student/notebook"]))."""
+        what, notebook = event[1]
+        with self.lock:
+            if what == "finished":
+                self.done.add(notebook)
+                if notebook in self.running:
+                    self.running.remove(notebook)
+            elif notebook not in self.done and notebook not in self.running:
+                self.running.append(notebook)
+            self._show()
 
+    def finished(self, entry: dict) -> None:
+        """A notebook graded and saved."""
+        with self.lock:
+            what = f"{entry['student']}/{entry['notebook']}"
+            self.done.add(what)
+            if what in self.running:
+                self.running.remove(what)
+            lost = sum(c["points"] < c["max_points"] for c in entry["cells"])
+            if lost:
+                self.failed, self.last_failed = self.failed + lost, what
+            self.bar.update(1)
+            self._show()
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    def _show(self) -> None:
+        now = ", ".join(self.running[:3]) + (f" +{len(self.running) - 3}" if len(self.running) > 3 else "")
+        last = f" (last: {self.last_failed})" if self.failed else ""
+        failed = f"failed tests so far: {self.failed}{last}"
+        self.bar.set_postfix_str(f"now: {now or '-'} | {failed}")
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def main(argv=None) -> int:
@@ -219,13 +260,21 @@ def main(argv=None) -> int:
     import os
 
     from graders.harness.execute import TimeLimits
+    from graders.harness.gradebook import CourseError
 
     parser = argparse.ArgumentParser(prog="python -m graders.harness.classroom", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--submissions", type=Path, required=True, help="folder of submissions")
-    parser.add_argument("--out", type=Path, default=Path("grading"), help="output folder (default: grading/)")
+    parser.add_argument("--submissions", type=Path, required=True,
+                        help="folder of submissions (an nbgrader course folder works: its submitted/)")
+    parser.add_argument("--out", type=Path, default=Path("grading"),
+                        help="output folder (default: grading/); results already there are kept and merged")
+    parser.add_argument("--course", type=Path, default=None,
+                        help="nbgrader course whose gradebook receives the grades (default: "
+                             "nbgrader_config.py's, build/course); release it first with `make release`")
+    parser.add_argument("--plain", action="store_true",
+                        help="write the plain files only, no nbgrader gradebook")
     parser.add_argument("--notebooks", nargs="*", default=None,
-                        help="notebook names to grade (default: every graded notebook of the course)")
+                        help="notebook names to grade (default: every course notebook anybody handed in)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="local worker processes (default: number of CPU cores)")
     parser.add_argument("--scheduler", default=None,
@@ -236,18 +285,31 @@ def main(argv=None) -> int:
                         help="seconds a cell tagged `training` may run (notebook 07's budgeted "
                              f"training runs; default {TimeLimits.training})")
     args = parser.parse_args(argv)
-    names = args.notebooks or graded_notebooks()
+    unknown = sorted(set(args.notebooks or []) - set(graded_notebooks()))
+    if unknown:
+        parser.error(f"not graded notebooks of this course: {', '.join(unknown)} "
+                     f"(choose from {', '.join(graded_notebooks())})")
+    course = None if args.plain else args.course or _configured_course()
     limits = TimeLimits(args.cell_timeout, args.training_cell_timeout)
-    results = grade_class(args.submissions, args.out, names, args.workers, args.scheduler, limits)
-    print(f"graded {len({r['result']['student'] for r in results})} students; "
-          f"grades in {args.out / 'grades.csv'}, reports in {args.out / 'reports'}")
+    try:
+        entries = grade_class(args.submissions, args.out, args.notebooks or None, args.workers,
+                              args.scheduler, limits, course)
+    except (IntakeError, ResultsError, CourseError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every notebook graded so far is saved in {args.out}"
+              + (f" and {course}" if course else "") + "; run the same command again to resume.")
+        return 130
+    print(f"{len({e['student'] for e in entries})} students in {args.out / 'grades.csv'}, reports in "
+          f"{args.out / 'reports'}" + (f"; nbgrader gradebook: {course}" if course else ""))
     return 0
 
 
-def graded_notebooks() -> list[str]:
-    from graders.harness.cells import source_notebook, test_cells
+def _configured_course() -> Path:
+    from graders.course.notebooks import nbgrader_course
 
-    return [name for name in notebook_names() if test_cells(source_notebook(name))]
+    return Path(nbgrader_course()[0].root)
 
 
 if __name__ == "__main__":
