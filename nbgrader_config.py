@@ -36,12 +36,12 @@ c.GenerateFeedback.preprocessors = [
 c.Execute.kernel_name = "python3"
 
 # Per-cell time limits for nbgrader's own execution (`nbgrader validate`), the same policy as
-# the course's harness (graders.harness.execute.TimeLimits):
+# the course's harness (graders.harness.limits.TimeLimits):
 # 120 s for an ordinary cell (the slowest graded cells build a 12-layer GPT-2 and run it a few
 # times, about 10 s on one core; nbgrader's default of 30 s fails them on a slow laptop), 600 s
 # for the cells tagged `training` (notebook 07's budgeted training runs, 1-2 min on one core).
 # An infinite loop is interrupted after its cell's limit and costs only that cell.
-from graders.harness.execute import TimeLimits  # noqa: E402
+from graders.harness.limits import TimeLimits  # noqa: E402
 
 c.Execute.timeout = TimeLimits().ordinary
 c.Execute.timeout_func = TimeLimits().of

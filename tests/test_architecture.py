@@ -96,6 +96,19 @@ def test_a_test_cell_the_harness_cannot_read_is_refused_naming_the_cell(source, 
     assert why in str(failure.value)
 
 
+def test_the_course_is_not_built_with_an_unreadable_test_cell(monkeypatch, tmp_path):
+    from graders.course import notebooks
+    from graders.harness import manifest
+
+    broken = cells.source_notebook("03_attention")
+    test = next(c for c in broken.cells if cells.is_test_cell(c))
+    test.source = "nb03.check_attention(Attention, block=cfg.n_layers - 1)"
+    monkeypatch.setattr(manifest, "source_notebook", lambda name: broken)
+    with pytest.raises(UnreadableTestCell, match="03_attention, test cell causal_mask_test, line 1: the argument block= is computed"):
+        notebooks.generate(tmp_path, ["03_attention"])
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_literal_argument_is_read_with_the_exercises_defaults():
     (key, case), = checks_of("nb07.check_loss(lm_cross_entropy_loss, seed=5)")
     assert key == ("07_training", "lm_cross_entropy_loss")

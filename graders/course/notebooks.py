@@ -30,8 +30,20 @@ def venv_env() -> dict:
     return env
 
 
+def gradable(names: list[str]) -> None:
+    """Refuse to build the course when a source test cell cannot be read without running it
+    (graders.harness.manifest): such a cell would otherwise score 0 for everybody."""
+    from graders.harness.manifest import UnreadableTestCell, notebook_checks
+
+    problems = [str(checks) for name in names for checks in notebook_checks(name).values()
+                if isinstance(checks, UnreadableTestCell)]
+    if problems:
+        raise UnreadableTestCell("the course cannot be built:\n  " + "\n  ".join(problems))
+
+
 def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
     """Run nbgrader generate_assignment on each solution notebook; write the results to out_dir."""
+    gradable(names or notebook_names())
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     with tempfile.TemporaryDirectory() as course:
@@ -76,6 +88,7 @@ def release(course: Path, names: list[str] | None = None) -> list[Path]:
     from nbgrader.converters import GenerateAssignment
     from nbgrader.converters.base import NbGraderException
 
+    gradable(names or notebook_names())
     os.environ["PATH"] = venv_env()["PATH"]  # a new gradebook asks the `alembic` command its version
     coursedir, config = nbgrader_course(course)
     released = []

@@ -99,7 +99,7 @@ def grade_class(submissions: Path, out: Path, names: list[str] | None = None, wo
 
     `names`: the notebooks to grade (default: those anybody handed in). `limits`: a
     graders.harness.execute.TimeLimits (default: the course's)."""
-    from graders.harness.execute import TimeLimits
+    from graders.harness.limits import TimeLimits
     from graders.harness.gradebook import CourseGradebook
 
     limits = limits or TimeLimits()
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     import argparse
     import os
 
-    from graders.harness.execute import TimeLimits
+    from graders.harness.limits import TimeLimits
     from graders.harness.gradebook import CourseError
 
     parser = argparse.ArgumentParser(prog="python -m graders.harness.classroom", description=__doc__,

@@ -13,31 +13,17 @@ import os
 import secrets
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
 from graders.harness.cells import KERNEL_NAME, is_test_cell, nbgrader_meta
+from graders.harness.limits import TimeLimits
 from graders.harness.records import recording_prelude
 from graders.harness.sandbox import SANDBOX_UIDS, end_processes_of, sandbox_env, sandbox_plan
 
 MAX_RESTARTS = 6
 OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
-
-
-@dataclass(frozen=True)
-class TimeLimits:
-    """Seconds a cell may run before it is interrupted: one policy for nbgrader (see
-    nbgrader_config.py) and the course's harness. Cells tagged "training" (notebook 07's
-    budgeted runs, 1-2 min on one core) get minutes; every other cell needs seconds (the
-    slowest graded one about 10 s on one core), so an infinite loop there costs 2 min instead
-    of the 5 min the former single limit allowed."""
-    ordinary: int = 120
-    training: int = 600
-
-    def of(self, cell) -> int:
-        return self.training if "training" in cell.get("metadata", {}).get("tags", []) else self.ordinary
 
 
 def _kernel_dir(root: Path) -> Path:
@@ -83,6 +69,9 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
                 return _run_kernels(notebook, records, workdir, limits, env, config)
             finally:
                 end_processes_of(uid)
+        # Unix sockets in this private folder rather than TCP on localhost: no other user can
+        # connect, and the kernel has no plain-text TCP to warn about.
+        config = {"KernelManager": {"transport": "ipc", "ip": str(Path(private) / "kernel")}}
         return _run_kernels(notebook, records, workdir, limits, env, config)
 
 
