@@ -9,33 +9,38 @@ import pytest
 from graders.harness import classroom
 from graders.course import example_class
 from graders.harness import grading
+from graders.course.notebooks import notebook_names
 from graders.harness.cells import HIDDEN_BEGIN, HIDDEN_END
 
-# The grades each bundled student must get, per test cell (the specification of the example class).
-FULL = {"01_layernorm/layernorm_test": 5, "02_embeddings/embed_test": 3,
-        "02_embeddings/pos_embed_test": 3, "03_attention/causal_mask_test": 4,
-        "03_attention/attention_test": 6, "04_mlp/gelu_test": 2, "04_mlp/mlp_test": 4,
-        "05_transformer_block/block_test": 10, "06_gpt2/unembed_test": 4,
-        "06_gpt2/model_test": 10, "06_gpt2/loss_test": 3,
-        "08_sampling/greedy_test": 1, "08_sampling/temperature_test": 1,
-        "08_sampling/penalty_test": 2, "08_sampling/top_k_test": 2, "08_sampling/top_p_test": 3,
-        "08_sampling/sampler_test": 2, "08_sampling/pipeline_test": 3,
-        "08_sampling/generate_test": 3, "08_sampling/beam_test": 3,
-        "08_sampling/forward_cache_test": 4, "08_sampling/generate_cache_test": 2}
+# The grades each bundled student must get, per test cell (the specification of the example
+# class). The cells and their points come from the source notebooks, the one list of notebooks;
+# what the buggy student's classic mistakes cost is written here, and a notebook added without
+# its line makes this test fail.
+NAMES = [n for n in notebook_names() if grading.test_cells(grading.source_notebook(n))]
+FULL = {f"{name}/{cell.metadata.nbgrader.grade_id}": cell.metadata.nbgrader.points
+        for name in NAMES for cell in grading.test_cells(grading.source_notebook(name))}
+BUGGY_LOSES = {
+    "01_layernorm": ["layernorm_test"], "02_embeddings": ["pos_embed_test"],
+    "03_attention": ["attention_test"], "04_mlp": ["gelu_test", "mlp_test"],
+    "05_transformer_block": ["block_test"], "06_gpt2": ["model_test"],
+    # Gradients that pile up fail the reversal run and the graded Shakespeare run.
+    "07_training": ["train_test", "shakespeare_test"],
+    # Top-p one token short also costs sample_next_token, which calls it.
+    "08_sampling": ["top_p_test", "pipeline_test"],
+}
 NONE = {cell: 0 for cell in FULL}
 EXPECTED = {
     "perfect": FULL,
     "untouched": NONE,
     "partial": {cell: points if cell[:2] <= "03" else 0 for cell, points in FULL.items()},
-    # The 08 bug (top-p one token short) also costs sample_next_token, which calls it.
-    "buggy": {**FULL, "01_layernorm/layernorm_test": 0, "02_embeddings/pos_embed_test": 0,
-              "03_attention/attention_test": 0, "04_mlp/gelu_test": 0, "04_mlp/mlp_test": 0,
-              "05_transformer_block/block_test": 0, "06_gpt2/model_test": 0,
-              "08_sampling/top_p_test": 0, "08_sampling/pipeline_test": 0},
+    "buggy": {**FULL, **{f"{name}/{cell}": 0 for name in NAMES for cell in BUGGY_LOSES.get(name, [])}},
     "crasher": {**FULL, "03_attention/attention_test": 0},
 }
-NAMES = sorted({cell.split("/")[0] for cell in FULL})
 pytestmark = pytest.mark.xdist_group("classroom")
+
+
+def test_every_graded_notebook_says_what_its_classic_bug_costs():
+    assert sorted(BUGGY_LOSES) == NAMES
 
 
 def _rows(out):
@@ -112,6 +117,40 @@ def test_regrading_locally_and_on_a_dask_scheduler_gives_identical_results(tmp_p
                             (out / "reports" / "buggy.txt").read_text()))
     assert outputs[0] == outputs[1] == outputs[2]
     assert "perfect,5,5,5" in outputs[0][0] and "buggy,0,0,5" in outputs[0][0]
+
+
+def _generate_only_07():
+    """Notebook 07 with only `generate` answered: its training cells fail at once, so the
+    notebook grades in seconds, and its generate_test is judged by the 07 grader."""
+    notebook = example_class.submission("07_training", False)
+    answer = example_class._answers("07_training")["generate_answer"]
+    cell = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "generate_answer")
+    cell.source = answer
+    return notebook
+
+
+def test_one_worker_grades_07_and_08_alike_in_either_order(tmp_path):
+    """Both notebooks grade a `generate`; a long-lived worker that judged one must still judge
+    the other with its own grader (this once cost a perfect student 5 points)."""
+    perfect_08 = example_class.submission("08_sampling", True)
+    runs = []
+    for order in (("08_sampling", "07_training"), ("07_training", "08_sampling")):
+        submissions = tmp_path / "-then-".join(order)
+        for student, name in zip(("a", "b"), order):
+            (submissions / student).mkdir(parents=True)
+            nbformat.write(perfect_08 if name == "08_sampling" else _generate_only_07(),
+                           submissions / student / f"{name}.ipynb")
+        out = tmp_path / f"out-{len(runs)}"
+        classroom.grade_class(submissions, out, None, workers=1, scheduler=None,
+                              limits=grading.TimeLimits())
+        cells = {(e["notebook"], c["grade_id"]): (c["points"], c["status"], c["message"])
+                 for e in json.loads((out / "results.json").read_text()) for c in e["cells"]
+                 if c["status"] != "missing-notebook"}
+        runs.append(cells)
+    assert runs[0] == runs[1]
+    assert runs[0][("07_training", "generate_test")][:2] == (FULL["07_training/generate_test"], "passed")
+    assert all(runs[0][("08_sampling", cell.split("/")[1])][:2] == (points, "passed")
+               for cell, points in FULL.items() if cell.startswith("08_"))
 
 
 def _notebook_bytes(student, name="01_layernorm"):
