@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB_ARGS ?=
 
-.PHONY: setup lab test exercises bench grade release solutions check
+.PHONY: setup lab test exercises bench grade release formgrader solutions check
 .DEFAULT_GOAL := lab
 
 setup: $(STAMP)
@@ -19,8 +19,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+# The learners' lab: JupyterLab on exercises/ (LAB_DIR=... for another folder) with nbgrader's
+# Validate button, without its instructor tools (graders/course/learner_lab/ switches them off;
+# `make formgrader` has them).
+LAB_DIR ?= exercises
+LEARNER_LAB := $(CURDIR)/graders/course/learner_lab
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=exercises $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH=$(LEARNER_LAB)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH)) \
+	  $(BIN)/jupyter lab --notebook-dir=$(LAB_DIR) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
@@ -31,17 +37,29 @@ exercises: setup
 bench: setup
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-# Instructors: grade the bundled example class, or a real one with SUBMISSIONS=<dir>.
+# Instructors. `make release` makes build/course an nbgrader course (COURSE=... for another).
+# `make grade` grades the bundled example class into its own course, build/example_course;
+# `make grade SUBMISSIONS=<dir>` grades a class into grading/ (OUT=...) and the course's gradebook,
+# optionally only some notebooks: NOTEBOOKS="01_layernorm 03_attention".
+# `make formgrader` opens nbgrader's formgrader on the course (COURSE=build/example_course: the example).
+COURSE ?= build/course
+EXAMPLE_COURSE := build/example_course
+GRADE_ARGS = $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS))
+
 grade: setup
 ifeq ($(SUBMISSIONS),)
-	$(BIN)/python -m graders.course.example_class build/example_class
-	$(BIN)/python -m graders.harness.classroom --submissions build/example_class --out grading/example_class
+	$(BIN)/python -m graders.course.notebooks release $(EXAMPLE_COURSE)
+	$(BIN)/python -m graders.course.example_class $(EXAMPLE_COURSE)
+	$(BIN)/python -m graders.harness.classroom --submissions $(EXAMPLE_COURSE) --course $(EXAMPLE_COURSE) --out $(or $(OUT),grading/example_class) $(GRADE_ARGS)
 else
-	$(BIN)/python -m graders.harness.classroom --submissions $(SUBMISSIONS) --out grading
+	$(BIN)/python -m graders.harness.classroom --submissions $(SUBMISSIONS) --course $(COURSE) --out $(or $(OUT),grading) $(GRADE_ARGS)
 endif
 
 release: setup
-	$(BIN)/python -m graders.course.notebooks release build/course
+	$(BIN)/python -m graders.course.notebooks release $(COURSE)
+
+formgrader: setup
+	GPT2_COURSE_NBGRADER_ROOT=$(COURSE) $(BIN)/jupyter lab --ServerApp.default_url=/formgrader $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 solutions: setup
 	$(BIN)/python -m graders.course.notebooks run-solutions build/solutions

@@ -50,3 +50,25 @@ def test_exercises_are_generated_from_solutions(tmp_path):
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_notebooks_are_committed_without_outputs(path):
     assert json.loads(path.read_text()) == stripped(path), f"{path} has outputs: clear them"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_test_cells_do_not_stop_run_all(name):
+    """JupyterLab's Run All goes past a cell tagged raises-exception; nbgrader and the harness
+    still score it 0 when it fails (its error output stays). Set in solutions/, carried into
+    exercises/ by `make exercises`."""
+    for folder in (SOLUTIONS, EXERCISES):
+        cells = json.loads((folder / f"{name}.ipynb").read_text())["cells"]
+        untagged = [c["metadata"]["nbgrader"]["grade_id"] for c in cells
+                    if c["metadata"].get("nbgrader", {}).get("grade") and not c["metadata"]["nbgrader"].get("solution")
+                    and "raises-exception" not in c["metadata"].get("tags", [])]
+        assert not untagged, f"{folder.name}/{name}: tag these test cells raises-exception: {untagged}"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if _graded_cells(SOLUTIONS / f"{n}.ipynb")])
+def test_a_graded_notebook_ends_with_its_progress_line(name):
+    cells = json.loads((SOLUTIONS / f"{name}.ipynb").read_text())["cells"]
+    last = "".join(cells[-1]["source"])
+    assert cells[-1]["cell_type"] == "code" and f'progress("{name}")' in last, \
+        f"end {name} with a code cell calling progress({name!r}) (graders.judging.progress)"
+

@@ -15,6 +15,13 @@ from graders.judging.tolerance import close, tolerance
 class CheckFailed(AssertionError):
     """A check found a mistake; the message says what and where."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython (and so JupyterLab and nbgrader's Validate) shows for a failed check:
+        the diagnosis, and the learner's own frames when their code raised; no grader frames."""
+        from graders.judging.rendering import render
+
+        return render(self)
+
 
 def _describe_shape(dims: Sequence[str], shape: Sequence[int]) -> str:
     return "[" + ", ".join(f"{d}={n}" for d, n in zip(dims, shape)) + "]"

@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from graders.judging import progress
 from graders.judging.cases import WITHHELD_ENV, Case
 from graders.judging.compare import CheckFailed, ok
 from graders.judging.learner import Forbidden
@@ -91,8 +92,9 @@ class Exercise:
         with contextlib.redirect_stderr(sys.stdout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if not Recorder.active():
-                self.judge(case, self.produce(learner, case, self.kernel_inputs(case)))
-                ok(f"{self.name}: correct on {case.describe()}.")
+                with progress.busy(f"Checking {self.name}"):
+                    self.judge(case, self.produce(learner, case, self.kernel_inputs(case)))
+                ok(f"{self.name}: correct on {_described(case)}{progress.points_note(self.key, case)}")
                 return
             try:
                 Recorder.save(self.key, case, self.produce(learner, case, self.kernel_inputs(case)))
@@ -110,10 +112,22 @@ class Exercise:
             if learner is None and (len(args) != 1 or extra):
                 raise TypeError(f"check for {self.name} takes your code and keyword arguments among "
                                 f"{sorted(CASE_FIELDS)}; got {len(args)} positional and {sorted(extra)}")
-            self.check(learner(*args, **extra) if learner else args[0], case)
+            passed = False
+            try:
+                self.check(learner(*args, **extra) if learner else args[0], case)
+                passed = True
+            finally:  # what the notebook's progress line and demonstration cells go by
+                progress.record(self, case, args, passed)
 
         check.__doc__, check.exercise = doc, self
         return check
+
+
+def _described(case: Case) -> str:
+    """The case as a passing check names it ("the reference text"; batch 1 goes unsaid)."""
+    import re
+
+    return re.sub(r", batch 1(?!\d)", "", case.describe())
 
 
 def find(key: tuple[str, str]) -> Exercise:

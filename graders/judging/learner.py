@@ -76,8 +76,7 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
     except CheckFailed:
         raise
     except NotImplementedError:
-        raise CheckFailed(f"{what}: not implemented yet (the cell still raises "
-                          "NotImplementedError). Write your solution in the cell above.") from None
+        raise CheckFailed(f"{what}: not implemented yet: write it in the cell above.") from None
     except Exception as err:  # the learner's bug: report it in their terms, not torch's
         raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
                           f"  while running on {describe_args(args)}.") from err

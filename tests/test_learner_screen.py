@@ -1,0 +1,135 @@
+"""What a learner's kernel shows: failed checks as diagnoses (never the graders' traceback),
+passing checks with their points, demonstration cells that wait for unfinished exercises, a
+progress line, and notebooks of untouched stubs that run to the end.
+
+The notebooks run in the `python3` kernel, the one `make lab` gives learners, so that the
+traceback IPython renders (through `CheckFailed._render_traceback_`) is exactly what JupyterLab
+and nbgrader's Validate show.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from graders.course.example_class import BUGS, submission
+from graders.course.notebooks import EXERCISES, ROOT, notebook_names
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CRASH = ("01_layernorm", "layernorm_answer", "centred.pow(2).mean(dim=-1, keepdim=True)",
+         "centred.pow(2).mean(dim=3, keepdim=True)")
+
+
+def _run(notebook, tmp_path, allow_errors=True):
+    """Execute `notebook` as JupyterLab's Run All does (a cell tagged raises-exception does not
+    stop the run) in the python3 kernel."""
+    from nbclient import NotebookClient
+
+    NotebookClient(notebook, timeout=600, kernel_name="python3", allow_errors=allow_errors,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    return notebook
+
+
+def _errors(cell) -> list[list[str]]:
+    return [[ANSI.sub("", line) for line in "\n".join(o.traceback).splitlines()]
+            for o in cell.outputs if o.output_type == "error"]
+
+
+def _stdout(cell) -> str:
+    return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+
+
+def _test_cell(notebook, grade_id):
+    return next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+@pytest.fixture(scope="module")
+def layernorm_runs(tmp_path_factory):
+    """01 with the classic bug, with a crash in the learner's forward, and solved."""
+    folder = tmp_path_factory.mktemp("runs")
+    return {kind: _run(submission("01_layernorm", solved=True, edits=edits), folder)
+            for kind, edits in {"buggy": BUGS, "crash": [CRASH], "solved": []}.items()}
+
+
+def test_a_failed_check_shows_the_diagnosis_first_and_no_grader_line(layernorm_runs):
+    cell = _test_cell(layernorm_runs["buggy"], "layernorm_test")
+    [lines] = _errors(cell)
+    assert lines[0].startswith("\N{BALLOT X} LayerNorm output") and "Likely mistake: sample variance" in lines[0]
+    assert any(line.strip().startswith("Hint:") for line in lines[:5]), lines
+    assert not [line for line in lines if "graders/" in line or "File " in line or "Traceback" in line], lines
+    assert len(lines) <= 6 and all(len(line) <= 100 for line in lines), lines
+    assert cell.outputs[-1].ename == "CheckFailed"   # still an error: the cell scores 0
+
+
+def test_a_crash_in_the_learners_code_shows_their_own_frame_only(layernorm_runs):
+    [lines] = _errors(_test_cell(layernorm_runs["crash"], "layernorm_test"))
+    text = "\n".join(lines)
+    assert lines[0].startswith("\N{BALLOT X} LayerNorm raised IndexError"), text
+    assert "IndexError raised in your code:" in text
+    assert re.search(r"Cell In\[\d+\], line \d+, in forward", text), text
+    assert "variance = centred.pow(2).mean(dim=3, keepdim=True)" in text
+    assert "^^^" in text                              # the failing expression is pointed at
+    assert "graders/" not in text and "site-packages" not in text and "torch/" not in text, text
+
+
+def test_a_passing_check_names_its_points_and_the_last_cell_sums_up(layernorm_runs):
+    solved = layernorm_runs["solved"]
+    assert "\N{CHECK MARK} LayerNorm: correct on the reference text (5/5 points)" in \
+        _stdout(_test_cell(solved, "layernorm_test"))
+    assert "Progress in 01_layernorm: 5 of 5 points: every check passes." in _stdout(solved.cells[-1])
+    buggy_progress = _stdout(layernorm_runs["buggy"].cells[-1])
+    assert "0 of 5 points. Still to do: LayerNorm (5 points, its check fails)." in buggy_progress
+
+
+def test_the_rendering_keeps_the_learners_frames_and_drops_the_graders():
+    from graders.judging.compare import CheckFailed
+    from graders.judging.learner import run_learner
+    from graders.judging.rendering import render
+
+    namespace = {}
+    exec(compile("def forward(x):\n    return x.mean(dim=7)\n", "/tmp/learner_cell.py", "exec"), namespace)
+    import torch
+
+    with pytest.raises(CheckFailed) as caught:
+        run_learner("LayerNorm", namespace["forward"], torch.zeros(2, 3))
+    lines = render(caught.value, color=False)
+    assert lines[0].startswith("\N{BALLOT X} LayerNorm raised IndexError")
+    assert any("/tmp/learner_cell.py, line 2, in forward" in line for line in lines), lines
+    assert not [line for line in lines if "graders/" in line], lines
+
+
+def test_make_check_prints_the_diagnosis_as_the_notebook_does_without_a_tcp_warning(tmp_path):
+    path = tmp_path / "01_layernorm.ipynb"
+    nbformat.write(submission("01_layernorm", solved=True, edits=BUGS), path)
+    run = subprocess.run([sys.executable, "-m", "graders.harness.check", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert "FAIL layernorm_test (5 points)\n    \N{BALLOT X} LayerNorm output" in run.stdout, run.stdout
+    assert "Likely mistake: sample variance" in run.stdout and "0 of 5 points" in run.stdout
+    assert "graders/" not in run.stdout and "Traceback" not in run.stdout, run.stdout
+    assert "without encryption" not in run.stdout + run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("name", [n for n in notebook_names() if n != "00_tour"])
+def test_run_all_runs_an_untouched_notebook_to_the_end(name, tmp_path):
+    """Only test cells may fail (tagged raises-exception: Run All goes on); each says in one line
+    that its exercise is unsolved, each demonstration cell that needs an answer says which, and
+    the last cell sums up."""
+    notebook = _run(nbformat.read(EXERCISES / f"{name}.ipynb", as_version=4), tmp_path,
+                    allow_errors=False)
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        errors = _errors(cell)
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            assert len(errors) == 1 and len(errors[0]) == 1, (meta["grade_id"], errors)
+            assert errors[0][0].startswith("\N{BALLOT X} ") and "not implemented yet" in errors[0][0]
+        else:
+            assert not errors, (cell.source[:80], errors)
+        if "if ready(" in cell.source:
+            assert "Skipped: this cell needs your" in _stdout(cell), cell.source[:80]
+    assert _stdout(notebook.cells[-1]).startswith(f"Progress in {name}: 0 of ")
