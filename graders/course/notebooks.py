@@ -126,7 +126,9 @@ def run_solutions(out_dir: Path, names: list[str] | None = None) -> list[str]:
         notebook = nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
         status = "ok"
         try:
-            NotebookClient(notebook, timeout=1800, kernel_name="python3",
+            # Test cells are tagged raises-exception (Run All goes on past a learner's failing
+            # check); a solution's failing check is still a failure of the reference run.
+            NotebookClient(notebook, timeout=1800, kernel_name="python3", force_raise_errors=True,
                            resources={"metadata": {"path": str(SOLUTIONS)}}).execute()
         except Exception as err:  # keep going: the HTML shows where it failed
             status = f"FAILED ({type(err).__name__})"
