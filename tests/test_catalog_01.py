@@ -42,7 +42,17 @@ def einsum_sum(self, x):
     return centred / (var + self.cfg.layer_norm_eps) ** 0.5 * self.w + self.b
 
 
-CORRECT = [by_hand, var_correction_0, std_unbiased_false, einsum_sum]
+def row_loop(self, x):
+    out = torch.empty_like(x)
+    for b in range(x.shape[0]):
+        for p in range(x.shape[1]):
+            row = x[b, p]
+            centred = row - row.mean()
+            out[b, p] = centred / torch.sqrt((centred * centred).mean() + self.cfg.layer_norm_eps)
+    return out * self.w + self.b
+
+
+CORRECT = [by_hand, var_correction_0, std_unbiased_false, einsum_sum, row_loop]
 
 
 @pytest.mark.parametrize("forward", CORRECT, ids=lambda f: f.__name__)
@@ -87,6 +97,34 @@ def wrong_dimension(self, x):
     return x / (x.pow(2).mean(-2, keepdim=True) + self.cfg.layer_norm_eps).sqrt() * self.w + self.b
 
 
+def rms_style(self, x):
+    return x / (x.pow(2).mean(-1, keepdim=True) + self.cfg.layer_norm_eps).sqrt() * self.w + self.b
+
+
+def rms_style_einsum(self, x):
+    mean_square = torch.einsum("bpd,bpd->bp", x, x)[..., None] / x.shape[-1]
+    return x * torch.rsqrt(mean_square + self.cfg.layer_norm_eps) * self.w + self.b
+
+
+def rms_style_norm(self, x):
+    rms = (x.norm(dim=-1, keepdim=True) ** 2 / x.shape[-1] + self.cfg.layer_norm_eps) ** 0.5
+    return self.w * (x / rms) + self.b
+
+
+def uncentred_variance(self, x):
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / (x.pow(2).mean(-1, keepdim=True) + self.cfg.layer_norm_eps).sqrt() * self.w + self.b
+
+
+def sample_variance_loop(self, x):
+    out = torch.empty_like(x)
+    for b in range(x.shape[0]):
+        for p in range(x.shape[1]):
+            row = x[b, p]
+            out[b, p] = (row - row.mean()) / torch.sqrt(row.var() + self.cfg.layer_norm_eps)
+    return out * self.w + self.b
+
+
 def in_place(self, x):
     x -= x.mean(-1, keepdim=True)
     return x / (x.pow(2).mean(-1, keepdim=True) + self.cfg.layer_norm_eps).sqrt() * self.w + self.b
@@ -113,6 +151,11 @@ BUGGY = [
     (sample_variance, "Likely mistake: sample variance"),
     (eps_outside, "Likely mistake: eps added outside the square root"),
     (not_centred, "Likely mistake: the mean is not subtracted"),
+    (rms_style, "Likely mistake: RMS-style normalisation"),
+    (rms_style_einsum, "Likely mistake: RMS-style normalisation"),
+    (rms_style_norm, "Likely mistake: RMS-style normalisation"),
+    (uncentred_variance, "Likely mistake: the variance is taken of the uncentred x"),
+    (sample_variance_loop, "Likely mistake: sample variance"),
     (no_scale, "Likely mistake: the learned scale w is not applied"),
     (no_shift, "Likely mistake: the learned shift b is not added"),
     (divides_by_variance, "Likely mistake: dividing by the variance"),
@@ -129,7 +172,8 @@ BUGGY = [
 def test_buggy_variants_fail_with_their_diagnosis(forward, message):
     with pytest.raises(CheckFailed) as failure:
         nb01.check_layernorm(variant(forward), block=3)
-    assert message in str(failure.value), str(failure.value)
+    first_line = str(failure.value).splitlines()[0]
+    assert message in first_line, str(failure.value)
 
 
 def test_wrong_parameter_names_are_listed():

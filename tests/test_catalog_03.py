@@ -73,7 +73,23 @@ def mask_added_constant(self, attn_scores):
     return attn_scores - 1e5 * torch.ones(n, n).triu(1)
 
 
-MASK_CORRECT = [mask_future, mask_where_big_negative, mask_added, mask_in_place, mask_added_constant]
+def mask_loop(self, attn_scores):
+    out = attn_scores.clone()
+    n = attn_scores.shape[-1]
+    for query in range(n):
+        for key in range(query + 1, n):
+            out[..., query, key] = self.IGNORE
+    return out
+
+
+def mask_tril_ones(self, attn_scores):
+    q, k = attn_scores.shape[-2:]
+    allowed = torch.tril(torch.ones(q, k, device=attn_scores.device)) == 1
+    return attn_scores.masked_fill(~allowed, float("-inf"))
+
+
+MASK_CORRECT = [mask_future, mask_where_big_negative, mask_added, mask_in_place, mask_added_constant,
+                mask_loop, mask_tril_ones]
 
 
 @pytest.mark.parametrize("mask", MASK_CORRECT, ids=lambda f: f.__name__)
@@ -137,17 +153,36 @@ def mask_library(self, attn_scores):
     return nn.MultiheadAttention(4, 1)(attn_scores, attn_scores, attn_scores)[0]
 
 
+def mask_from_values_triu_bool(self, attn_scores):         # found in published code
+    mask = torch.triu(attn_scores, 1).bool()
+    return attn_scores.masked_fill(mask, self.IGNORE)
+
+
+def mask_from_values_nonzero(self, attn_scores):
+    return torch.where(attn_scores.triu(diagonal=1) != 0, torch.full_like(attn_scores, -1e5), attn_scores)
+
+
+def mask_fixed_size_loop(self, attn_scores):
+    out = attn_scores.clone()
+    for query in range(35):
+        for key in range(query + 1, 35):
+            out[..., query, key] = self.IGNORE
+    return out
+
+
 MASK_BUGS = [
     (mask_hides_diagonal, "hides the diagonal too"),
     (mask_hides_past, "hides the past instead of the future"),
     (mask_to_zero, "set to 0, not to -inf"),
     (mask_result_dropped, "nothing was masked"),
     (mask_not_negative_enough, "not made negative enough"),
-    (mask_misses_next_token, "Future entries left unmasked: (query 0, key 1)"),
+    (mask_misses_next_token, "the mask starts one diagonal too high"),
     (mask_then_softmax, "returned probabilities"),
     (mask_scales_again, "scaled again inside apply_causal_mask"),
-    (mask_fixed_size, "raised RuntimeError"),
+    (mask_fixed_size, "the mask has a fixed size, 35"),
     (mask_library, "your code uses `nn.MultiheadAttention`"),
+    (mask_from_values_triu_bool, "the mask is built from the scores' values"),
+    (mask_from_values_nonzero, "the mask is built from the scores' values"),
 ]
 
 
@@ -156,7 +191,45 @@ def test_mask_mistakes_are_named(mask, message):
     case = {"text": None, "seed": 5, "seq": 12} if mask is mask_fixed_size else {}
     with pytest.raises(CheckFailed) as failure:
         nb03.check_apply_causal_mask(variant(mask=mask), **case)
-    assert message in str(failure.value), str(failure.value)
+    assert message in str(failure.value).splitlines()[0], str(failure.value)
+
+
+def test_a_fixed_size_mask_written_as_a_loop_is_caught():
+    """A loop up to 35 passes on 35 tokens but not on shorter ones (which crash, or keep -inf
+    in place of real scores): the hidden cases use other lengths."""
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_apply_causal_mask(variant(mask=mask_fixed_size_loop))
+    assert "assumes a fixed number of positions" in str(failure.value).splitlines()[0], str(failure.value)
+
+
+def _misspelled(method_name, forward_calls):
+    """An Attention whose mask method is named `method_name`, its forward calling `forward_calls`."""
+    def forward(self, x):
+        q = einops.einsum(x, self.W_Q, "b p d, n d h -> b p n h") + self.b_Q
+        k = einops.einsum(x, self.W_K, "b p d, n d h -> b p n h") + self.b_K
+        v = einops.einsum(x, self.W_V, "b p d, n d h -> b p n h") + self.b_V
+        scores = einops.einsum(q, k, "b q n h, b k n h -> b n q k") / math.sqrt(self.cfg.d_head)
+        pattern = getattr(self, forward_calls)(scores).softmax(-1)
+        z = einops.einsum(pattern, v, "b n q k, b k n h -> b q n h")
+        return einops.einsum(z, self.W_O, "b q n h, n h d -> b q d") + self.b_O
+
+    def __init__(self, cfg):
+        Base.__init__(self, cfg)
+    return type("Attention", (Base,), {"__init__": __init__, "forward": forward, method_name: mask_future})
+
+
+@pytest.mark.parametrize("name", ["apply_causal_nask", "apply_casual_mask"])
+def test_a_misspelled_mask_method_is_named(name):
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_apply_causal_mask(_misspelled(name, name))
+    first = str(failure.value).splitlines()[0]
+    assert "has no method `apply_causal_mask`" in first and f"misspelled `{name}`" in first, first
+    # The forward calls its own (misspelled) method consistently: it is right, and passes.
+    nb03.check_attention(_misspelled(name, name))
+    # Defined misspelled, called by the right name: the forward's crash names the misspelling.
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_attention(_misspelled(name, "apply_causal_mask"))
+    assert f"misspelled `{name}`" in str(failure.value).splitlines()[0], str(failure.value)
 
 
 @pytest.mark.parametrize("ignore", [-1e5, float("-inf")])
@@ -240,7 +313,7 @@ def test_correct_attention_passes(cls):
 # --- Attention forward: mistakes -----------------------------------------------------------------
 
 def _forward(scale=None, mask=True, softmax_dim=-1, drop=(), z_reshape="ok", heads=None, in_place=False,
-             library=False):
+             library=False, softmax_first=False, scale_power=0.5):
     def forward(self, x):
         if library:
             return F.scaled_dot_product_attention(x, x, x)
@@ -251,10 +324,13 @@ def _forward(scale=None, mask=True, softmax_dim=-1, drop=(), z_reshape="ok", hea
         q = einops.einsum(x, self.W_Q, "b p d, n d h -> b p n h") + b["b_Q"]
         k = einops.einsum(x, self.W_K, "b p d, n d h -> b p n h") + b["b_K"]
         v = einops.einsum(x, self.W_V, "b p d, n d h -> b p n h") + b["b_V"]
-        scores = einops.einsum(q, k, "b q n h, b k n h -> b n q k") / math.sqrt(scale or self.cfg.d_head)
-        if mask:
-            scores = self.apply_causal_mask(scores)
-        pattern = scores.softmax(dim=softmax_dim)
+        scores = einops.einsum(q, k, "b q n h, b k n h -> b n q k") / (scale or self.cfg.d_head) ** scale_power
+        if softmax_first:
+            pattern = self.apply_causal_mask(scores.softmax(dim=softmax_dim))
+        else:
+            if mask:
+                scores = self.apply_causal_mask(scores)
+            pattern = scores.softmax(dim=softmax_dim)
         if z_reshape == "no-transpose":
             z = einops.einsum(pattern, v, "b n q k, b k n h -> b n q h")
             z = z.reshape(x.shape[0], x.shape[1], -1)
@@ -267,9 +343,59 @@ def _forward(scale=None, mask=True, softmax_dim=-1, drop=(), z_reshape="ok", hea
     return forward
 
 
+def forward_matmul_d_head(self, x):
+    """Scores divided by d_head, not its square root (matmul style)."""
+    q = (x[:, None] @ self.W_Q + self.b_Q[:, None])                          # [b, n, p, h]
+    k = (x[:, None] @ self.W_K + self.b_K[:, None])
+    v = (x[:, None] @ self.W_V + self.b_V[:, None])
+    scores = q @ k.transpose(-1, -2) / self.cfg.d_head
+    z = self.apply_causal_mask(scores).softmax(-1) @ v                      # [b, n, p, h]
+    return einops.einsum(z, self.W_O, "b n p h, n h d -> b p d") + self.b_O
+
+
+def forward_matmul_softmax_first(self, x):
+    """The mask applied to the probabilities (matmul style)."""
+    q = (x[:, None] @ self.W_Q + self.b_Q[:, None])
+    k = (x[:, None] @ self.W_K + self.b_K[:, None])
+    v = (x[:, None] @ self.W_V + self.b_V[:, None])
+    probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.cfg.d_head), dim=-1)
+    z = self.apply_causal_mask(probs) @ v
+    return einops.einsum(z, self.W_O, "b n p h, n h d -> b p d") + self.b_O
+
+
+def forward_zero_after_softmax(self, x):
+    """The future zeroed after the softmax with a lower-triangular product (no renormalisation)."""
+    q = torch.einsum("bpd,ndh->bnph", x, self.W_Q) + self.b_Q[:, None]
+    k = torch.einsum("bpd,ndh->bnph", x, self.W_K) + self.b_K[:, None]
+    v = torch.einsum("bpd,ndh->bnph", x, self.W_V) + self.b_V[:, None]
+    probs = (torch.einsum("bnqh,bnkh->bnqk", q, k) / math.sqrt(self.cfg.d_head)).softmax(-1)
+    probs = probs * torch.tril(torch.ones(x.shape[1], x.shape[1]))
+    return torch.einsum("bnqk,bnkh,nhd->bqd", probs, v, self.W_O) + self.b_O
+
+
+def forward_d_head_per_head_loop(self, x):
+    out = self.b_O.expand(*x.shape[:2], -1)
+    for h in range(self.cfg.n_heads):
+        q = x @ self.W_Q[h] + self.b_Q[h]
+        k = x @ self.W_K[h] + self.b_K[h]
+        v = x @ self.W_V[h] + self.b_V[h]
+        scores = (q @ k.transpose(-1, -2))[:, None] / self.cfg.d_head
+        out = out + self.apply_causal_mask(scores)[:, 0].softmax(-1) @ v @ self.W_O[h]
+    return out
+
+
 ATTN_BUGS = [
     ("sqrt_d_model", variant(_forward(scale=768)), {}, "scaling the scores by 1/sqrt(d_model)"),
     ("no_scale", variant(_forward(scale=1)), {}, "the scores are not scaled"),
+    ("d_head_not_sqrt_einops", variant(_forward(scale_power=1.0)), {}, "divided by d_head instead of its square root"),
+    ("d_head_not_sqrt_matmul", variant(forward_matmul_d_head), {}, "divided by d_head instead of its square root"),
+    ("d_head_not_sqrt_loop", variant(forward_d_head_per_head_loop), {}, "divided by d_head instead of its square root"),
+    ("mask_after_softmax", variant(_forward(softmax_first=True)), {}, "the causal mask is applied after the softmax"),
+    ("mask_after_softmax_finite", variant(_forward(softmax_first=True), ignore=-1e5), {},
+     "the causal mask is applied after the softmax"),
+    ("mask_after_softmax_matmul", variant(forward_matmul_softmax_first), {},
+     "the causal mask is applied after the softmax"),
+    ("zero_after_softmax", variant(forward_zero_after_softmax), {}, "the future is zeroed after the softmax"),
     ("diagonal_hidden", variant(mask=mask_hides_diagonal), {}, "the mask hides the diagonal too"),
     ("diagonal_hidden_finite", variant(mask=mask_hides_diagonal, ignore=-1e5), {},
      "the mask hides the diagonal too"),
@@ -280,7 +406,7 @@ ATTN_BUGS = [
     ("no_b_V", variant(_forward(drop=("b_V",))), {}, "b_V is not added"),
     ("no_b_O", variant(_forward(drop=("b_O",))), {}, "b_O is not added"),
     ("heads_mixed", variant(_forward(z_reshape="no-transpose")), {}, "heads mixed up"),
-    ("last_head_dropped", variant(_forward(heads=11)), {}, "Heads whose own contribution"),
+    ("last_head_dropped", variant(_forward(heads=11)), {}, "heads whose own contribution (z[:, :, h] @ W_O[h]) is wrong: 11"),
     ("in_place", variant(_forward(in_place=True)), {}, "changed its input tensor in place"),
     ("library", variant(_forward(library=True)), {}, "scaled_dot_product_attention"),
     ("batch_1_other_seed_no_scale", variant(_forward(scale=1)), {"text": None, "seed": 4, "batch": 2},
@@ -292,7 +418,7 @@ ATTN_BUGS = [
 def test_attention_mistakes_are_named(name, cls, case, message):
     with pytest.raises(CheckFailed) as failure:
         nb03.check_attention(cls, **case)
-    assert message in str(failure.value), str(failure.value)
+    assert message in str(failure.value).splitlines()[0], str(failure.value)
 
 
 def test_localisation_points_before_the_mask():

@@ -100,6 +100,22 @@ def no_mlp(self, x):
     return x + self.attn(self.ln1(x))
 
 
+def sublayers_in_a_loop_post_norm(self, x):
+    for norm, sublayer in ((self.ln1, self.attn), (self.ln2, self.mlp)):
+        x = norm(x + sublayer(x))
+    return x
+
+
+def mlp_given_the_layernorm(self, x):
+    mid = x + self.attn(self.ln1(x))
+    return mid + self.mlp(self.ln2)          # the module, not ln2(mid)
+
+
+def attn_given_tokens_shape(self, x):
+    mid = x + self.attn(self.ln1(x)[0])     # drops the batch dimension
+    return mid + self.mlp(self.ln2(mid))
+
+
 class SharedLN(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -118,6 +134,11 @@ BUGGY = [
     (variant(in_place), "", "changed its input tensor in place"),
     (variant(no_mlp), "could not see hook_resid_mid", "the MLP branch is missing"),
     (variant(textbook, SharedLN), "", "ln1 and ln2 are one LayerNorm object"),
+    (variant(sublayers_in_a_loop_post_norm), "the first activation in forward order", "post-norm"),
+    (variant(mlp_given_the_layernorm), "the call self.mlp(...) failed; it was given LayerNorm",
+     "self.mlp(...) takes the residual stream"),
+    (variant(attn_given_tokens_shape), "the call self.attn(...) failed; it was given a float32 tensor of shape [35, 768]",
+     "self.attn(...) takes the residual stream"),
 ]
 
 
@@ -126,8 +147,8 @@ def test_buggy_variants_are_named(cls, where, diagnosis):
     with pytest.raises(CheckFailed) as failure:
         nb05.check_transformer_block(cls)
     message = str(failure.value)
-    assert where in message, message
-    assert diagnosis in message, message
+    assert where in message.splitlines()[0], message
+    assert diagnosis in message.splitlines()[0], message
 
 
 def test_library_block_is_refused():

@@ -22,9 +22,10 @@ SHARED_SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "
 
 
 def fails(check, learner, expected: str, **kwargs):
+    """`check` fails on `learner`, naming the mistake (`expected`) on its message's FIRST line."""
     with pytest.raises(CheckFailed) as failure:
         check(learner, **kwargs)
-    assert expected in str(failure.value), str(failure.value)
+    assert expected in str(failure.value).splitlines()[0], str(failure.value)
 
 
 # --- the loss ---------------------------------------------------------------------------------
@@ -48,8 +49,21 @@ def loss_one_hot(logits, tokens):
     return -(logits[:, :-1].log_softmax(-1) * one_hot).sum(-1).mean()
 
 
-@pytest.mark.parametrize("fn", [loss_gather, loss_cross_entropy, loss_logsumexp, loss_one_hot],
-                         ids=lambda f: f.__name__)
+def loss_einsum(logits, tokens):
+    one_hot = F.one_hot(tokens[:, 1:], logits.shape[-1]).to(logits.dtype)
+    return -torch.einsum("bpv,bpv->", logits[:, :-1].log_softmax(-1), one_hot) / one_hot[..., 0].numel()
+
+
+def loss_loop(logits, tokens):
+    total = 0
+    for b in range(tokens.shape[0]):
+        for p in range(tokens.shape[1] - 1):
+            total = total - logits[b, p].log_softmax(-1)[tokens[b, p + 1]]
+    return total / (tokens.shape[0] * (tokens.shape[1] - 1))
+
+
+@pytest.mark.parametrize("fn", [loss_gather, loss_cross_entropy, loss_logsumexp, loss_one_hot, loss_einsum,
+                                loss_loop], ids=lambda f: f.__name__)
 def test_loss_correct_variants(fn):
     nb07.check_loss(fn)
     nb07.check_loss(fn, batch=1, seq=30, seed=5)
@@ -87,6 +101,27 @@ def item(logits, tokens):
     return torch.tensor(loss_gather(logits, tokens).item())
 
 
+def per_sequence(logits, tokens):
+    return -logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0].mean(-1)
+
+
+def unshifted_loop(logits, tokens):
+    total = 0
+    for b in range(tokens.shape[0]):
+        for p in range(tokens.shape[1]):
+            total = total - logits[b, p].log_softmax(-1)[tokens[b, p]]
+    return total / tokens.numel()
+
+
+def summed_einsum(logits, tokens):
+    one_hot = F.one_hot(tokens[:, 1:], logits.shape[-1]).to(logits.dtype)
+    return -torch.einsum("bpv,bpv->", logits[:, :-1].log_softmax(-1), one_hot)
+
+
+def log_softmax_over_positions(logits, tokens):
+    return -logits.log_softmax(1)[:, :-1].gather(-1, tokens[:, 1:, None]).mean()
+
+
 LOSS_BUGS = [
     (unshifted, "the loss is not shifted"),
     (wrong_way, "shifted the wrong way"),
@@ -94,8 +129,12 @@ LOSS_BUGS = [
     (summed, "summed instead of averaged"),
     (no_minus, "the minus sign is missing"),
     (probabilities, "probabilities are averaged"),
-    (per_position, "one loss per position"),
+    (per_position, "Likely mistake: one loss per position"),
+    (per_sequence, "Likely mistake: one loss per sequence"),
     (item, "has no gradient"),
+    (unshifted_loop, "Likely mistake: the loss is not shifted"),
+    (summed_einsum, "Likely mistake: the losses are summed instead of averaged"),
+    (log_softmax_over_positions, "Likely mistake: log_softmax is taken over the wrong dimension"),
 ]
 
 
@@ -175,6 +214,36 @@ def gen_shape(n, generator):
     return gen_flip(n, generator)[:, :15]
 
 
+def gen_flip_batch(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=generator)
+    return torch.cat([half, half.flip(0)], dim=-1)
+
+
+def gen_flip_both(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=generator)
+    return torch.cat([half, torch.flip(half, dims=(0, 1))], dim=1)
+
+
+def gen_cat_batch(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=generator)
+    return torch.cat([half, half.flip(-1)], dim=0)
+
+
+def gen_half_only(n, generator):
+    return torch.randint(0, 100, (n, 8), generator=generator)
+
+
+def gen_one_half_repeated(n, generator):
+    half = torch.randint(0, 100, (1, 8), generator=generator).expand(n, -1)
+    return torch.cat([half, half.flip(-1)], dim=-1)
+
+
+def gen_loop_wrong_index(n, generator):
+    half = torch.randint(0, 100, (n, 8), generator=generator)
+    return torch.stack([half[:, i] if i < 8 else half[:, 16 - i] if i > 8 else half[:, 0]
+                        for i in range(16)], dim=1)
+
+
 def gen_global_seed(n, generator):
     torch.manual_seed(generator.initial_seed())
     half = torch.randint(0, 100, (n, 8))
@@ -184,13 +253,19 @@ def gen_global_seed(n, generator):
 GEN_BUGS = [
     (gen_off_by_one, "the mirror is off by one position"),
     (gen_copy, "copy of the first, not its mirror"),
-    (gen_global_rng, "seeded the same gave different sequences"),
-    (gen_reseeds, "different seeds gave the same sequences"),
+    (gen_global_rng, "draws from torch's global random generator"),
+    (gen_reseeds, "ignores the generator's seed"),
     (gen_99, "never appear"),
     (gen_101, "must lie in [0, 99]"),
     (gen_float, "must be torch.long"),
     (gen_shape, "dimension 1 (position) is 15, should be 16"),
     (gen_global_seed, "global random generator"),
+    (gen_flip_batch, "Likely mistake: the halves are flipped along the wrong dimension"),
+    (gen_flip_both, "Likely mistake: the halves are flipped along both dimensions"),
+    (gen_cat_batch, "Likely mistake: the halves are joined along the batch dimension"),
+    (gen_half_only, "Likely mistake: only the first half is returned"),
+    (gen_one_half_repeated, "Likely mistake: one random half is drawn and repeated over the batch"),
+    (gen_loop_wrong_index, "Likely mistake: the mirror is off by one position"),
 ]
 
 
@@ -220,7 +295,14 @@ def eval_inference_mode(model, tokens):
         return float(loss_logsumexp(model(tokens), tokens))
 
 
-@pytest.mark.parametrize("fn", [eval_batched, eval_whole, eval_inference_mode], ids=lambda f: f.__name__)
+@torch.no_grad()
+def eval_per_sequence_loop(model, tokens):
+    losses = [loss_gather(model(seq[None]), seq[None]) for seq in tokens]
+    return float(torch.stack(losses).mean())
+
+
+@pytest.mark.parametrize("fn", [eval_batched, eval_whole, eval_inference_mode, eval_per_sequence_loop],
+                         ids=lambda f: f.__name__)
 def test_evaluate_correct_variants(fn):
     nb07.check_evaluate(fn)
     nb07.check_evaluate(fn, seed=4)
@@ -254,6 +336,22 @@ def eval_unshifted(model, tokens):
         return unshifted(model(tokens), tokens).item()
 
 
+@torch.no_grad()
+def eval_unweighted_chunks(model, tokens, batch_size=256):
+    means = [loss_gather(model(chunk), chunk).item() for chunk in tokens.split(batch_size)]
+    return sum(means) / len(means)
+
+
+@torch.no_grad()
+def eval_unweighted_chunks_of_64(model, tokens):
+    return torch.stack([loss_cross_entropy(model(c), c) for c in torch.split(tokens, 64)]).mean()
+
+
+@torch.no_grad()
+def eval_summed(model, tokens):
+    return F.cross_entropy(model(tokens)[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum")
+
+
 def eval_returns_list(model, tokens):
     with torch.no_grad():
         return [per_position(model(tokens), tokens)]
@@ -268,7 +366,10 @@ EVAL_BUGS = [
     (eval_on_training_batch, "it ignores its `tokens` argument"),
     (eval_first_chunk_only, "only the first batch"),
     (eval_trains, "changed the model's weights"),
-    (eval_unshifted, "does not match the reference"),
+    (eval_unshifted, "Likely mistake: evaluate's loss: the loss is not shifted"),
+    (eval_unweighted_chunks, "Likely mistake: the chunk means are averaged without weighting by chunk size"),
+    (eval_unweighted_chunks_of_64, "Likely mistake: the chunk means are averaged without weighting by chunk size"),
+    (eval_summed, "Likely mistake: evaluate's loss: the losses are summed instead of averaged"),
     (eval_returns_list, "return the mean loss as a float"),
     (eval_per_position, "return one number"),
 ]
@@ -282,15 +383,18 @@ def test_evaluate_mistakes(fn, expected):
 # --- train (the reversal task) --------------------------------------------------------------------
 
 def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, eval_on_train=False,
-               optimizer_each_step=False, use_lr=True, zero_grad_first=False):
-    """A training loop with the mistakes switched on by the arguments."""
+               optimizer_each_step=False, use_lr=True, zero_grad_first=False, clip=False,
+               optimizer_every_eval=False, other_parameters=False, zero_between=False,
+               model_zero_grad=False):
+    """A training loop with the mistakes (or harmless variations) switched on by the arguments."""
     def train(model, make_batch, n_steps, lr, eval_tokens, eval_every=50, weight_decay=0.01,
               progress=True):
         lr_used = lr if use_lr else 1e-6
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr_used, weight_decay=weight_decay)
+        params = model.parameters() if not other_parameters else torch.nn.Linear(4, 4).parameters()
+        optimizer = torch.optim.AdamW(params, lr=lr_used, weight_decay=weight_decay)
         train_losses, eval_losses = [], []
         for i in tqdm(range(n_steps), disable=not progress):
-            if optimizer_each_step:
+            if optimizer_each_step or (optimizer_every_eval and i % eval_every == 0):
                 optimizer = torch.optim.AdamW(model.parameters(), lr=lr_used)
             if zero_grad_first:
                 optimizer.zero_grad(set_to_none=False)
@@ -298,9 +402,15 @@ def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, ev
             loss = loss_fn(model(tokens), tokens)
             if backward:
                 loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if zero_between:
+                optimizer.zero_grad()
             if step:
                 optimizer.step()
-            if zero_grad and not zero_grad_first:
+            if model_zero_grad:
+                model.zero_grad()
+            elif zero_grad and not zero_grad_first and not zero_between:
                 optimizer.zero_grad()
             train_losses.append(loss.item())
             if (i + 1) % eval_every == 0:
@@ -338,6 +448,7 @@ TRAIN_CORRECT = {
     "solution": (make_train(), None),
     "cross_entropy_zero_grad_first": (make_train(loss_fn=loss_cross_entropy, zero_grad_first=True), None),
     "logsumexp_loss": (make_train(loss_fn=loss_logsumexp), None),
+    "clipped_gradients_model_zero_grad": (make_train(clip=True, model_zero_grad=True), None),
 }
 
 
@@ -351,12 +462,20 @@ TRAIN_BUGS = {
     "no_causal_mask": (make_train(), NoMask, "information is leaking from the future"),
     "mask_off_by_one": (make_train(), MaskOffByOne, "check your causal mask"),
     "loss_not_shifted": (make_train(loss_fn=unshifted), None, "the training loss is not shifted"),
-    "zero_grad_missing": (make_train(zero_grad=False), None, "zero_grad() is missing"),
-    "no_optimizer_step": (make_train(step=False), None, "optimizer.step() is never called"),
-    "no_backward": (make_train(backward=False), None, "loss.backward() is missing"),
+    "zero_grad_missing": (make_train(zero_grad=False), None, "Likely mistake: optimizer.zero_grad() is missing"),
+    "no_optimizer_step": (make_train(step=False), None, "Likely mistake: optimizer.step() is never called"),
+    "no_backward": (make_train(backward=False), None, "Likely mistake: loss.backward() is missing"),
+    "zero_grad_between_backward_and_step": (make_train(zero_between=True), None,
+                                            "or zero_grad() runs between backward() and step()"),
     "eval_on_training_data": (make_train(eval_on_train=True), None,
-                              "evaluation uses training batches"),
-    "lr_ignored": (make_train(use_lr=False), None, "the learning rate argument is not used"),
+                              "Likely mistake: evaluation uses training batches"),
+    "lr_ignored": (make_train(use_lr=False), None, "Likely mistake: the lr argument is not used"),
+    "optimizer_every_step": (make_train(optimizer_each_step=True), None,
+                             "Likely mistake: the optimizer is re-created every step"),
+    "optimizer_every_eval": (make_train(optimizer_every_eval=True), None,
+                             "Likely mistake: the optimizer is re-created during training"),
+    "optimizer_on_other_parameters": (make_train(other_parameters=True), None,
+                                      "Likely mistake: the optimizer was built on other parameters"),
 }
 
 
@@ -393,9 +512,12 @@ def test_shakespeare_short_run_passes(shakespeare):
 
 
 SHAKESPEARE_SHORT_RUN_BUGS = {
-    "no_optimizer_step": (make_train(step=False), "optimizer.step() is never called"),
-    "lr_ignored": (make_train(use_lr=False), "the learning rate argument is not used"),
-    "eval_on_training_data": (make_train(eval_on_train=True), "never make_batch"),
+    "no_optimizer_step": (make_train(step=False), "Likely mistake: optimizer.step() is never called"),
+    "lr_ignored": (make_train(use_lr=False), "Likely mistake: the lr argument is not used"),
+    "eval_on_training_data": (make_train(eval_on_train=True), "Likely mistake: evaluation uses training batches"),
+    "optimizer_every_step": (make_train(optimizer_each_step=True),
+                             "Likely mistake: the optimizer is re-created every step"),
+    "zero_grad_missing": (make_train(zero_grad=False), "Likely mistake: optimizer.zero_grad() is missing"),
 }
 
 
@@ -438,19 +560,36 @@ def gen_list(model, tokens, n_new_tokens, generator, temperature=1.0):
     return torch.tensor([ids])
 
 
-@pytest.mark.parametrize("fn", [gen_loop_sample, gen_log_softmax, gen_list], ids=lambda f: f.__name__)
+@torch.no_grad()
+def gen_gumbel_einsum(model, tokens, n_new_tokens, generator, temperature=1.0):
+    """Correct: Gumbel-max sampling, the logits picked with an einsum over a one-hot position."""
+    for _ in range(n_new_tokens):
+        context = tokens[:, -model.cfg.n_ctx:]
+        last = F.one_hot(torch.tensor(context.shape[1] - 1), context.shape[1]).float()
+        logits = torch.einsum("bpv,p->bv", model(context), last) / temperature
+        u = torch.rand(logits.shape, generator=generator)
+        tokens = torch.cat([tokens, (logits - (-u.log()).log()).argmax(-1, keepdim=True)], dim=-1)
+    return tokens
+
+
+@pytest.mark.parametrize("fn", [gen_loop_sample, gen_log_softmax, gen_list, gen_gumbel_einsum],
+                         ids=lambda f: f.__name__)
 def test_generate_correct_variants(fn):
     nb07.check_generate(fn)
     nb07.check_generate(fn, text="To be, or not to be", seed=2)
 
 
-def _sampler(position=-1, crop=True, temperature_times=False, greedy=False, use_generator=True):
+def _sampler(position=-1, crop=True, temperature_times=False, greedy=False, use_generator=True,
+             use_temperature=True, fixed_seed=False):
     @torch.no_grad()
     def generate(model, tokens, n_new_tokens, generator, temperature=1.0):
+        if fixed_seed:
+            generator = torch.Generator().manual_seed(1234)
         for _ in range(n_new_tokens):
             context = tokens[:, -model.cfg.n_ctx:] if crop else tokens
             logits = model(context)[:, position]
-            logits = logits * temperature if temperature_times else logits / temperature
+            if use_temperature:
+                logits = logits * temperature if temperature_times else logits / temperature
             if greedy:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -461,17 +600,32 @@ def _sampler(position=-1, crop=True, temperature_times=False, greedy=False, use_
     return generate
 
 
+
+
 def gen_new_only(model, tokens, n_new_tokens, generator, temperature=1.0):
     return _sampler()(model, tokens, n_new_tokens, generator, temperature)[:, tokens.shape[1]:]
 
 
+def gen_new_only_list(model, tokens, n_new_tokens, generator, temperature=1.0):
+    new = []
+    for _ in range(n_new_tokens):
+        context = torch.cat([tokens] + new, dim=-1)[:, -model.cfg.n_ctx:]
+        probs = (model(context)[:, -1] / temperature).softmax(-1)
+        new.append(torch.multinomial(probs, 1, generator=generator))
+    return torch.cat(new, dim=-1)
+
+
 GENERATE_BUGS = [
-    (_sampler(position=0), "the wrong position"),
-    (_sampler(crop=False), "crop the context"),
-    (_sampler(temperature_times=True), "multiplying by the temperature"),
-    (_sampler(greedy=True), "different generator seeds gave the same continuation"),
-    (_sampler(use_generator=False), "the same generator seed gave different samples"),
-    (gen_new_only, "dimension 1 (position) is 12"),
+    (_sampler(position=0), "Likely mistake: the next token must come from the logits of the LAST position"),
+    (_sampler(crop=False), "Likely mistake: it runs for"),
+    (_sampler(temperature_times=True), "Likely mistake: the logits are multiplied by the temperature"),
+    (_sampler(use_temperature=False), "Likely mistake: the temperature argument is not used"),
+    (_sampler(greedy=True), "generate always takes the most likely token (argmax)"),
+    (_sampler(greedy=True, position=0), "generate takes the most likely token of the FIRST position's logits"),
+    (_sampler(use_generator=False), "generate draws from torch's global random generator"),
+    (_sampler(fixed_seed=True), "generate ignores the generator's seed"),
+    (gen_new_only, "Likely mistake: only the new tokens are returned"),
+    (gen_new_only_list, "Likely mistake: only the new tokens are returned"),
 ]
 
 

@@ -12,10 +12,13 @@ INF = float("inf")
 
 
 def fails_with(check, fn, *expected, **case):
+    """`check` fails on `fn`, its message's FIRST line naming the mistake (`expected[0]`)."""
     with pytest.raises(CheckFailed) as failure:
         check(fn, **case)
-    for text in expected:
-        assert text in str(failure.value), str(failure.value)
+    message = str(failure.value)
+    assert expected[0] in message.splitlines()[0], message
+    for text in expected[1:]:
+        assert text in message, message
 
 
 HIDDEN = {"seed": 5, "batch": 3}
@@ -28,17 +31,26 @@ def passes(check, fn):
 
 # --- greedy -------------------------------------------------------------------------------------
 
+def _greedy_loop(logits):
+    return torch.tensor([max(range(len(row)), key=lambda t: row[t]) for row in logits.tolist()])
+
+
 @pytest.mark.parametrize("fn", [lambda l: l.argmax(-1), lambda l: l.max(dim=-1).indices,
-                                lambda l: l.topk(1, dim=-1).indices[:, 0]])
+                                lambda l: l.topk(1, dim=-1).indices[:, 0], _greedy_loop])
 def test_greedy_correct_variants_pass(fn):
     passes(nb08.check_greedy, fn)
 
 
 @pytest.mark.parametrize("fn, message", [
     (lambda l: l.argmin(-1), "argmin instead of argmax"),
-    (lambda l: l.argmax(0)[: l.shape[0]] if l.shape[0] > 1 else l.argmax(0), "shape"),
-    (lambda l: l.max(-1).values, "dtype"),
-    (lambda l: l[:, :-1].argmax(-1) + 1, "expected the most likely token"),
+    (lambda l: l.argmax(0)[: l.shape[0]] if l.shape[0] > 1 else l.argmax(0),
+     "Likely mistake: argmax over the batch dimension"),
+    (lambda l: l.argmax(0), "Likely mistake: argmax over the batch dimension (dim=0)"),
+    (lambda l: torch.max(l, 0).indices, "Likely mistake: argmax over the batch dimension (dim=0)"),
+    (lambda l: l.argmax(-1, keepdim=True), "Likely mistake: keepdim=True"),
+    (lambda l: l.topk(1).indices, "Likely mistake: keepdim=True (or topk's [batch, 1] indices)"),
+    (lambda l: l.argmax(), "Likely mistake: argmax without dim"),
+    (lambda l: l.max(-1).values, "return token ids (torch.long): the index of the largest logit"),
 ])
 def test_greedy_mistakes_fail(fn, message):
     fails_with(nb08.check_greedy, fn, message)
@@ -79,7 +91,16 @@ def _penalty_one_hot(ids, logits, a):
     return logits - a * F.one_hot(ids, logits.shape[-1]).sum(1).float()
 
 
-@pytest.mark.parametrize("fn", [nb08.apply_frequency_penalty, _penalty_bincount, _penalty_one_hot])
+def _penalty_loop(ids, logits, a):
+    out = logits.clone()
+    for row in range(ids.shape[0]):
+        for token in ids[row].tolist():
+            out[row, token] -= a
+    return out
+
+
+@pytest.mark.parametrize("fn", [nb08.apply_frequency_penalty, _penalty_bincount, _penalty_one_hot,
+                                _penalty_loop])
 def test_penalty_correct_variants_pass(fn):
     passes(nb08.check_frequency_penalty, fn)
 
@@ -90,6 +111,14 @@ def _presence(ids, logits, a):
 
 def _whole_batch(ids, logits, a):
     return logits - a * torch.bincount(ids.flatten(), minlength=logits.shape[-1])
+
+
+def _presence_loop(ids, logits, a):
+    out = logits.clone()
+    for row in range(ids.shape[0]):
+        for token in set(ids[row].tolist()):
+            out[row, token] -= a
+    return out
 
 
 def _penalty_in_place(ids, logits, a):
@@ -103,7 +132,11 @@ def _penalty_in_place(ids, logits, a):
     (lambda ids, l, a: l + a * F.one_hot(ids, l.shape[-1]).sum(1), "Likely mistake: the penalty is added"),
     (lambda ids, l, a: l / (1 + a * F.one_hot(ids, l.shape[-1]).sum(1)), "Likely mistake: the logits are divided"),
     (_penalty_in_place, "in place"),
-    (lambda ids, l, a: l - a * F.one_hot(ids[:, -1], l.shape[-1]), "does not match"),
+    (lambda ids, l, a: l - a * F.one_hot(ids[:, -1], l.shape[-1]),
+     "Likely mistake: only the last token of each row is penalised"),
+    (_presence_loop, "Likely mistake: each token seen is penalised once"),
+    (lambda ids, l, a: l - a * (torch.bincount(ids.flatten(), minlength=l.shape[-1]) > 0),
+     "a presence penalty over the whole batch"),
 ])
 def test_penalty_mistakes_fail(fn, message):
     fails_with(nb08.check_frequency_penalty, fn, message)
@@ -120,7 +153,23 @@ def _top_k_large_negative(logits, k):
     return logits.masked_fill(logits < logits.topk(k).values[:, [-1]], -1e9)
 
 
-@pytest.mark.parametrize("fn", [nb08.apply_top_k, _top_k_where, _top_k_large_negative])
+def _top_k_loop(logits, k):
+    out = logits.clone()
+    for row in range(logits.shape[0]):
+        kth = sorted(logits[row].tolist(), reverse=True)[k - 1]
+        for token in range(logits.shape[1]):
+            if logits[row, token] < kth:
+                out[row, token] = -INF
+    return out
+
+
+def _top_k_kthvalue(logits, k):
+    kth = logits.kthvalue(logits.shape[-1] - k + 1, dim=-1, keepdim=True).values
+    return logits.masked_fill(logits < kth, -INF)
+
+
+@pytest.mark.parametrize("fn", [nb08.apply_top_k, _top_k_where, _top_k_large_negative, _top_k_loop,
+                                _top_k_kthvalue])
 def test_top_k_correct_variants_pass(fn):
     passes(nb08.check_top_k, fn)
 
@@ -135,8 +184,40 @@ def _top_k_probabilities(logits, k):
     return probs.masked_fill(logits < logits.topk(k).values[:, [-1]], 0.0)
 
 
+def _top_k_no_keepdim(logits, k):                      # [batch] threshold: broadcasting fails
+    return logits.masked_fill(logits < logits.topk(k).values[:, -1], -INF)
+
+
+def _top_k_midpoint(logits, k):                        # right for k < d_vocab, crashes at k = d_vocab
+    values = logits.sort(-1, descending=True).values
+    return logits.masked_fill(logits < (values[:, k - 1] + values[:, k])[:, None] / 2, -INF)
+
+
+def _top_k_sorted_mask_unscattered(logits, k):
+    sorted_logits, _ = logits.sort(-1, descending=True)
+    return logits.masked_fill(sorted_logits < sorted_logits[:, k - 1:k], -INF)
+
+
+def _top_k_returns_sorted(logits, k):
+    sorted_logits = torch.sort(logits, dim=-1, descending=True).values
+    return sorted_logits.masked_fill(sorted_logits < sorted_logits[:, k - 1:k], -INF)
+
+
+def _top_k_drops_ties_loop(logits, k):
+    out = torch.full_like(logits, -INF)
+    for row in range(logits.shape[0]):
+        for token in logits[row].argsort(descending=True)[:k].tolist():
+            out[row, token] = logits[row, token]
+    return out
+
+
 @pytest.mark.parametrize("fn, message", [
     (_top_k_scatter, "Likely mistake: ties at the k-th largest value are broken"),
+    (_top_k_drops_ties_loop, "Likely mistake: ties at the k-th largest value are broken"),
+    (_top_k_no_keepdim, "Likely mistake: the k-th largest value lost its last dimension"),
+    (_top_k_midpoint, "Likely mistake: k equals the vocabulary size (50) here"),
+    (_top_k_sorted_mask_unscattered, "Likely mistake: the mask was computed in sorted order"),
+    (_top_k_returns_sorted, "Likely mistake: the logits are returned in sorted order"),
     (lambda l, k: l.masked_fill(l <= l.topk(k).values[:, [-1]], -INF), "one token too few"),
     (lambda l, k: l.masked_fill(l < l.topk(min(k + 1, l.shape[-1])).values[:, [-1]], -INF),
      "Likely mistake: one token too many"),
@@ -184,13 +265,59 @@ def _top_p(logits, p, keep_rule, force_first=True):
     return logits.masked_fill(~keep.scatter(-1, order, keep), -INF)
 
 
+def _top_p_unscattered(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    keep = probs.cumsum(-1) - probs < p
+    keep[:, 0] = True
+    return logits.masked_fill(~keep, -INF)          # sorted-order mask on unsorted logits
+
+
+def _top_p_returns_sorted(logits, p):
+    sorted_logits, _ = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    keep = probs.cumsum(-1) - probs < p
+    keep[:, 0] = True
+    return sorted_logits.masked_fill(~keep, -INF)
+
+
+def _top_p_threshold_each(logits, p):
+    probs = logits.softmax(-1)
+    keep = probs >= p
+    keep |= probs == probs.max(-1, keepdim=True).values
+    return logits.masked_fill(~keep, -INF)
+
+
+def _top_p_threshold_loop(logits, p):
+    out = logits.clone()
+    for row in range(logits.shape[0]):
+        probs = logits[row].softmax(-1)
+        for token in range(logits.shape[1]):
+            if probs[token] <= 1 - p and token != int(probs.argmax()):
+                out[row, token] = -INF
+    return out
+
+
+def _top_p_vocabulary_order(logits, p):
+    probs = logits.softmax(-1)
+    keep = probs.cumsum(-1) - probs < p
+    keep |= probs == probs.max(-1, keepdim=True).values
+    return torch.where(keep, logits, torch.full_like(logits, -INF))
+
+
 @pytest.mark.parametrize("fn, message", [
     (lambda l, p: _top_p(l, p, lambda c, q, p: c < p), "Likely mistake: one token too few"),
-    (lambda l, p: _top_p(l, p, lambda c, q, p: (c - q - q.roll(1, -1) < p)), "one token too many"),
+    (_top_p_unscattered, "Likely mistake: the mask was computed in sorted order"),
+    (_top_p_returns_sorted, "Likely mistake: the logits are returned in sorted order"),
+    (_top_p_threshold_each, "Likely mistake: each token's own probability is compared with top_p"),
+    (_top_p_threshold_loop, "Likely mistake: each token's own probability is compared with"),
+    (_top_p_vocabulary_order, "Likely mistake: the cumulative probabilities are summed"),
+    (lambda l, p: _top_p(l, p, lambda c, q, p: (c - q - q.roll(1, -1) < p)), "Likely mistake: one token too many"),
     (lambda l, p: _top_p(l, p, lambda c, q, p: c - q < p, force_first=False)
-     if p > 1e-3 else l.masked_fill(torch.ones_like(l, dtype=torch.bool), -INF), "every token removed"),
+     if p > 1e-3 else l.masked_fill(torch.ones_like(l, dtype=torch.bool), -INF),
+     "Likely mistake: the most likely token is not forced to stay"),
     (lambda l, p: _top_p(l, p, lambda c, q, p: c <= p, force_first=False).nan_to_num(neginf=-INF)
-     if p > 1e-3 else _top_p(l, p, lambda c, q, p: c - q < p), "one token too few"),
+     if p > 1e-3 else _top_p(l, p, lambda c, q, p: c - q < p), "Likely mistake: one token too few"),
     (lambda l, p: l.masked_fill(~nb08._ascending_keep(l, p), -INF),
      "Likely mistake: the least likely tokens are kept"),
 ])
@@ -216,30 +343,53 @@ def test_sampler_correct_variants_pass(fn):
     passes(nb08.check_sampler, fn)
 
 
+def _sampler_global_seed(logits, generator):
+    torch.manual_seed(generator.initial_seed())
+    return torch.multinomial(logits.softmax(-1), 1)[:, 0]
+
+
+def _sampler_loop_argmax(logits, generator):
+    return torch.tensor([int(row.argmax()) for row in logits])
+
+
 @pytest.mark.parametrize("fn, message", [
-    (lambda l, g: l.argmax(-1), "different seeds gave the same tokens"),
-    (lambda l, g: torch.multinomial(l.softmax(-1), 1)[:, 0], "seeded the same gave different tokens"),
+    (lambda l, g: l.argmax(-1), "sample_basic always takes the most likely token (argmax)"),
+    (_sampler_loop_argmax, "sample_basic always takes the most likely token (argmax)"),
+    (lambda l, g: torch.multinomial(l.softmax(-1), 1)[:, 0],
+     "sample_basic draws from torch's global random generator, not from the generator it is given"),
+    (_sampler_global_seed, "used or reseeded torch's global random generator"),
+    (lambda l, g: torch.multinomial(l.softmax(0), 1, generator=g)[:, 0],
+     "Likely mistake: softmax over the batch dimension"),
+    (lambda l, g: torch.multinomial(F.softmax(l, dim=0), 1, generator=g).squeeze(-1),
+     "Likely mistake: softmax over the batch dimension"),
+    (lambda l, g: torch.multinomial(l.softmax(-1), 1, generator=g),
+     "Likely mistake: the [batch, 1] result of torch.multinomial"),
     (lambda l, g: torch.multinomial((l > -INF).float(), 1, generator=g)[:, 0],
      "Likely mistake: sampling uniformly"),
     (lambda l, g: torch.multinomial(l.softmax(-1).softmax(-1) * (l > -INF), 1, generator=g)[:, 0],
      "Likely mistake: the softmax is taken twice"),
     (lambda l, g: torch.multinomial((2 * l).softmax(-1), 1, generator=g)[:, 0],
      "Likely mistake: the logits are doubled"),
-    (lambda l, g: torch.multinomial(torch.ones_like(l), 1, generator=g)[:, 0], "probability 0"),
+    (lambda l, g: torch.multinomial(torch.ones_like(l), 1, generator=g)[:, 0],
+     ("probability 0", "Likely mistake: the logits are ignored")),
     (lambda l, g: torch.multinomial(l.softmax(-1), 1, generator=torch.Generator().manual_seed(0))[:, 0],
-     "different seeds gave the same tokens"),
+     ("sample_basic ignores the generator's seed", "a generator of its own with a fixed seed")),
 ])
 def test_sampler_mistakes_fail(fn, message):
-    fails_with(nb08.check_sampler, fn, message)
+    fails_with(nb08.check_sampler, fn, *([message] if isinstance(message, str) else message))
 
 
 # --- sample_next_token ------------------------------------------------------------------------
 
 def _pipeline(order="ptkq", zero="greedy", temper="divide"):
-    """sample_next_token with its steps in `order`: p(enalty), t(emperature), k, q (top-p)."""
+    """sample_next_token with its steps in `order`: p(enalty), t(emperature), k, q (top-p).
+    `zero`: "greedy" (argmax of the penalised logits), "raw" (argmax of the raw logits, the
+    penalty forgotten), "divide" (no special case: divides by 0)."""
     def sample(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0, freq_penalty=0.0):
         if temperature == 0.0 and zero == "greedy":
             return nb08.apply_frequency_penalty(input_ids, logits, freq_penalty).argmax(-1)
+        if temperature == 0.0 and zero == "raw":
+            return logits.argmax(-1)
         steps = {"p": lambda l: nb08.apply_frequency_penalty(input_ids, l, freq_penalty),
                  "t": lambda l: l / temperature if temper == "divide" else l * temperature,
                  "k": lambda l: nb08.apply_top_k(l, top_k) if top_k else l,
@@ -255,7 +405,27 @@ def _pipeline_gumbel(input_ids, logits, generator, temperature=1.0, top_k=0, top
     return _gumbel_max(logits, generator)
 
 
-@pytest.mark.parametrize("fn", [nb08.sample_next_token, _pipeline(), _pipeline_gumbel])
+def _pipeline_greedy_first_loop(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0,
+                                freq_penalty=0.0):
+    """Correct, written with a per-row loop for the penalty and greedy_search at temperature 0."""
+    logits = logits.clone()
+    for row in range(input_ids.shape[0]):
+        for token in input_ids[row].tolist():
+            logits[row, token] -= freq_penalty
+    if temperature == 0:
+        return nb08.greedy_search(logits)
+    return nb08.sample_next_token(input_ids, logits, generator, temperature, top_k, top_p, 0.0)
+
+
+def _pipeline_zero_before_penalty(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0,
+                                  freq_penalty=0.0):
+    if temperature == 0:                 # greedy on the raw logits: the penalty is forgotten
+        return nb08.greedy_search(logits)
+    return nb08.sample_next_token(input_ids, logits, generator, temperature, top_k, top_p, freq_penalty)
+
+
+@pytest.mark.parametrize("fn", [nb08.sample_next_token, _pipeline(), _pipeline_gumbel,
+                                _pipeline_greedy_first_loop])
 def test_pipeline_correct_variants_pass(fn):
     passes(nb08.check_sample_next_token, fn)
 
@@ -264,9 +434,13 @@ def test_pipeline_correct_variants_pass(fn):
     (_pipeline("pkqt"), "Likely mistake: the temperature is applied after top-k/top-p"),
     (_pipeline("tpkq"), "Likely mistake: the frequency penalty is applied after the temperature"),
     (_pipeline("tkq"), "Likely mistake: the frequency penalty is ignored"),
-    (_pipeline("pkq"), "temperature"),
-    (_pipeline(zero="divide"), "temperature 0 means greedy"),
-    (_pipeline(temper="multiply"), "multiplies the logits instead of dividing"),
+    (_pipeline("pkq"), "Likely mistake: the temperature is ignored"),
+    (_pipeline("ptq"), "Likely mistake: top_k is ignored"),
+    (_pipeline("ptk"), "Likely mistake: top_p is ignored"),
+    (_pipeline(zero="divide"), "temperature 0 means greedy decoding"),
+    (_pipeline(temper="multiply"), "Likely mistake: the temperature multiplies the logits instead of dividing"),
+    (_pipeline(zero="raw"), "Likely mistake: at temperature 0 the frequency penalty is ignored"),
+    (_pipeline_zero_before_penalty, "Likely mistake: at temperature 0 the frequency penalty is ignored"),
 ])
 def test_pipeline_mistakes_fail(fn, message):
     fails_with(nb08.check_sample_next_token, fn, message)
@@ -274,19 +448,31 @@ def test_pipeline_mistakes_fail(fn, message):
 
 # --- generate ----------------------------------------------------------------------------------
 
-def _generate(crop=True, position=-1, pass_sampling=True, stop="after"):
+def _generate(crop=True, position=-1, pass_sampling=True, stop="per-row", pad=None, new_only=False):
+    """`generate` with a mistake switched on. `stop`: "per-row" (right), "any" (stops when one
+    row ends), "all-same-step" (the old rule: every row must sample end-of-text at once),
+    "never", "before" (drops the end-of-text token), "unpadded" (finished rows keep sampling)."""
     def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
         tokens = input_ids
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
         for _ in range(max_new_tokens):
             context = tokens[:, -model.cfg.n_ctx:] if crop else tokens
             logits = model(context)[:, position]
             new = nb08.sample_next_token(tokens, logits, generator, **(sampling if pass_sampling else {}))
-            if stop == "before" and eos_token_id is not None and bool((new == eos_token_id).all()):
+            if eos_token_id is None or stop == "never":
+                tokens = torch.cat([tokens, new[:, None]], dim=-1)
+                continue
+            if stop == "before" and bool((new == eos_token_id).all()):
                 break
+            if stop in ("per-row", "any"):
+                new = new.masked_fill(finished, eos_token_id if pad is None else pad)
+            finished = finished | (new == eos_token_id)
             tokens = torch.cat([tokens, new[:, None]], dim=-1)
-            if stop == "after" and eos_token_id is not None and bool((new == eos_token_id).all()):
+            done = {"per-row": finished.all(), "unpadded": finished.all(), "any": finished.any(),
+                    "all-same-step": (new == eos_token_id).all(), "before": (new == eos_token_id).all()}[stop]
+            if bool(done):
                 break
-        return tokens
+        return tokens[:, input_ids.shape[1]:] if new_only else tokens
     return generate
 
 
@@ -300,28 +486,85 @@ def _generate_cropping_first(model, input_ids, max_new_tokens, generator, eos_to
     return tokens
 
 
-@pytest.mark.parametrize("fn", [nb08.generate, _generate()])
+def _generate_row_by_row(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
+    """Correct: each row generated alone until it ends, then the rows padded with end-of-text."""
+    rows = []
+    for row in input_ids:
+        tokens = row[None]
+        for _ in range(max_new_tokens):
+            logits = model(tokens[:, -model.cfg.n_ctx:])[:, -1]
+            new = nb08.sample_next_token(tokens, logits, generator, **sampling)
+            tokens = torch.cat([tokens, new[:, None]], dim=-1)
+            if eos_token_id is not None and int(new) == eos_token_id:
+                break
+        rows.append(tokens[0])
+    width = max(len(r) for r in rows)
+    pad = eos_token_id if eos_token_id is not None else 0
+    return torch.stack([torch.cat([r, torch.full((width - len(r),), pad)]) for r in rows])
+
+
+def _generate_sampler_crash(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
+    tokens = input_ids
+    for _ in range(max_new_tokens):
+        logits = model(tokens[:, -model.cfg.n_ctx:])          # every position: the sampler crashes
+        new = nb08.sample_next_token(tokens, logits, generator, **sampling)
+        tokens = torch.cat([tokens, new[:, None]], dim=-1)
+    return tokens
+
+
+@pytest.mark.parametrize("fn", [nb08.generate, _generate(), _generate_row_by_row])
 def test_generate_correct_variants_pass(fn):
     passes(nb08.check_generate, fn)
 
 
 @pytest.mark.parametrize("fn, message", [
-    (_generate(crop=False), "did you crop the context"),
-    (_generate_cropping_first, "not cropped to the LAST n_ctx tokens"),
-    (_generate(position=0), "the logits of the LAST position"),
-    (_generate(pass_sampling=False), "temperature=0.0) differs from greedy"),
-    (_generate(stop="never"), "must stop right after the end-of-text"),
-    (_generate(stop="before"), "(and include it)"),
+    (_generate(crop=False), "Likely mistake: it runs for 10 new tokens (prompt + new = n_ctx) and crashes beyond"),
+    (_generate_cropping_first, "Likely mistake: the context is cropped to the FIRST n_ctx tokens"),
+    (_generate(position=0), "Likely mistake: the next token must come from the logits of the LAST position"),
+    (_generate(pass_sampling=False), "Likely mistake: the sampling settings do not reach sample_next_token"),
+    (_generate(new_only=True), "Likely mistake: only the new tokens are returned"),
+    (_generate(stop="never"), "Likely mistake: generation never stops at end-of-text"),
+    (_generate(stop="before"), "Likely mistake: the end-of-text token itself is dropped"),
+    (_generate(stop="any"), "Likely mistake: generation stopped as soon as one row reached end-of-text"),
+    (_generate(stop="all-same-step"), "Likely mistake: generation went on to max_new_tokens"),
+    (_generate(stop="unpadded"), "Likely mistake: row 1 kept generating after its end-of-text token"),
+    (_generate(pad=0), "Likely mistake: finished rows are padded with 0"),
 ])
 def test_generate_mistakes_fail(fn, message):
     fails_with(nb08.check_generate, fn, message)
+
+
+def test_generate_rows_ending_at_different_steps_hidden_case():
+    """The hidden case has three rows, ending after 4, 2 and 3 new tokens."""
+    fails_with(nb08.check_generate, _generate(stop="any"), "after 4, 2, 3 new tokens", seed=18, batch=3)
+    nb08.check_generate(nb08.generate, seed=18, batch=3)
+
+
+def test_a_crash_in_the_sampler_is_not_blamed_on_cropping():
+    with pytest.raises(CheckFailed) as failure:
+        nb08.check_generate(_generate_sampler_crash)
+    message = str(failure.value)
+    assert message.startswith("generate crashed on a prompt of shape [2, 6], max_new_tokens=20"), message
+    assert "crop" not in message, message
+    # The learner's own exception stays attached, so that their frames are shown with the message.
+    assert isinstance(failure.value.__cause__, RuntimeError), repr(failure.value.__cause__)
 
 
 def test_generate_ignoring_top_k_is_caught():
     def ignores_top_k(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
         sampling.pop("top_k", None)
         return nb08.generate(model, input_ids, max_new_tokens, generator, eos_token_id, **sampling)
-    fails_with(nb08.check_generate, ignores_top_k, "is not among the 5 most likely")
+    fails_with(nb08.check_generate, ignores_top_k, "is not among the 5 most likely",
+               "Likely mistake: the sampling settings (top_k")
+
+
+def test_reference_generate_pads_finished_rows_with_end_of_text():
+    chain = nb08.markov_model(71, 10)
+    chain.table[:, 7] = -5.0
+    for a, b in ((2, 5), (5, 8), (8, 3), (3, 7)):
+        chain.table[a, b] = 10.0
+    out = nb08.generate(chain, torch.tensor([[1, 2], [1, 8]]), 40, None, eos_token_id=7, temperature=0.0)
+    assert out.tolist() == [[1, 2, 5, 8, 3, 7], [1, 8, 3, 7, 7, 7]]
 
 
 # --- beam search -------------------------------------------------------------------------------
@@ -364,25 +607,47 @@ def _beam(score_update="sum", rank_by_last=False, reverse=False, probabilities=F
     return search
 
 
+def _beam_best_child(model, input_ids, num_beams, max_new_tokens):
+    """Each beam extended by its own best token only (a single beam, from a single prompt)."""
+    beams, scores = input_ids, torch.zeros(1)
+    for _ in range(max_new_tokens):
+        best, token = model(beams)[:, -1].log_softmax(-1).max(-1)
+        beams, scores = torch.cat([beams, token[:, None]], -1), scores + best
+    return beams, scores
+
+
+def _beam_best_child_after_first_loop(model, input_ids, num_beams, max_new_tokens):
+    """The first step keeps the num_beams best tokens; then each beam keeps only its best child."""
+    first = model(input_ids)[0, -1].log_softmax(-1)
+    top = first.topk(min(num_beams, first.numel()))
+    beams = [(input_ids[0].tolist() + [t], float(s)) for s, t in zip(top.values, top.indices.tolist())]
+    for _ in range(max_new_tokens - 1):
+        extended = []
+        for tokens, score in beams:
+            log_probs = model(torch.tensor([tokens]))[0, -1].log_softmax(-1)
+            extended.append((tokens + [int(log_probs.argmax())], score + float(log_probs.max())))
+        beams = sorted(extended, key=lambda b: -b[1])
+    return torch.tensor([t for t, _ in beams]), torch.tensor([s for _, s in beams])
+
+
 @pytest.mark.parametrize("fn, message", [
     (_beam(score_update="last"), "Likely mistake: the scores are not accumulated"),
-    (_beam(probabilities=True), "log-probabilities, not probabilities"),
+    (_beam(probabilities=True), "Likely mistake: the scores add probabilities"),
     (_beam(reverse=True), "the right beams, but return them best first"),
+    (_beam(rank_by_last=True), "Likely mistake: the candidates are ranked by the new token's log-probability alone"),
+    (_beam_best_child, "Likely mistake: only the best continuation is kept"),
+    (_beam_best_child_after_first_loop, "Likely mistake: each beam keeps only its best child"),
     (lambda m, i, n, k: (nb08.beam_search(m, i, n, k)[0], nb08.beam_search(m, i, n, k)[1] / (i.shape[1] + k)),
      "Likely mistake: the score is divided by the length"),
     (lambda m, i, n, k: (nb08.beam_search(m, i, n, k)[0],
                          nb08.beam_search(m, i, n, k)[1] + m(i).log_softmax(-1)[0, 0, i[0, 1]]),
-     "over the new tokens only"),
+     "Likely mistake: the prompt's own log-probability is added to the score"),
     (lambda m, i, n, k: nb08.beam_search(m, i, n, k)[0], "must return a pair"),
     (lambda m, i, n, k: (nb08.beam_search(m, i, n, k)[0][:, i.shape[1]:], nb08.beam_search(m, i, n, k)[1]),
-     "tokens: shape"),
+     "Likely mistake: only the new tokens are returned"),
 ])
 def test_beam_search_mistakes_fail(fn, message):
     fails_with(nb08.check_beam_search, fn, message)
-
-
-def test_beam_search_ranking_by_the_last_step_only_fails():
-    fails_with(nb08.check_beam_search, _beam(rank_by_last=True), "differ from")
 
 
 # --- the KV cache ------------------------------------------------------------------------------
@@ -423,7 +688,43 @@ def test_forward_with_cache_mistakes_are_named(mistake):
 
 def test_forward_with_cache_that_forgets_the_cache_fails():
     fails_with(nb08.check_forward_with_cache, lambda m, t, c: nb08.forward_with_cache(m, t, None),
-               "does not match", "positions 0-5 are the first call")
+               "Likely mistake: the cache passed in is never used", "positions 0-5 are the first call")
+
+
+def _forward_cache_no_mask_matmul(model, new_tokens, cache):
+    """The dict cache of `_forward_dict_cache`, but no mask among the new tokens."""
+    cache = cache or {"k": [None] * len(model.blocks), "v": [None] * len(model.blocks)}
+    past = 0 if cache["k"][0] is None else cache["k"][0].shape[2]
+    x = model.embed(new_tokens) + model.pos_embed.W_pos[past:past + new_tokens.shape[1]]
+    for i, block in enumerate(model.blocks):
+        a, h = block.attn, block.ln1(x)
+        q = torch.einsum("bpd,ndh->bnph", h, a.W_Q) + a.b_Q[:, None]
+        k = torch.einsum("bpd,ndh->bnph", h, a.W_K) + a.b_K[:, None]
+        v = torch.einsum("bpd,ndh->bnph", h, a.W_V) + a.b_V[:, None]
+        if cache["k"][i] is not None:
+            k, v = torch.cat([cache["k"][i], k], 2), torch.cat([cache["v"][i], v], 2)
+        cache["k"][i], cache["v"][i] = k, v
+        z = (q @ k.transpose(-1, -2) / math.sqrt(a.W_Q.shape[-1])).softmax(-1) @ v
+        x = x + torch.einsum("bnph,nhd->bpd", z, a.W_O) + a.b_O
+        x = x + block.mlp(block.ln2(x))
+    return model.unembed(model.ln_final(x)), cache
+
+
+def _forward_cache_wrong_layout(model, new_tokens, cache):
+    """Keys cached as [batch, n_heads, past, d_head], appended along the wrong dimension."""
+    logits, new_cache = nb08.forward_with_cache(model, new_tokens, None if cache is None else
+                                                [(k.transpose(1, 2), v) for k, v in cache])
+    return logits, new_cache
+
+
+def test_forward_with_cache_without_a_mask_among_new_tokens_is_named():
+    fails_with(nb08.check_forward_with_cache, _forward_cache_no_mask_matmul,
+               "Likely mistake: the new tokens are not masked among themselves")
+
+
+def test_forward_with_cache_crash_names_the_call_and_the_cache():
+    fails_with(nb08.check_forward_with_cache, _forward_cache_wrong_layout,
+               "forward_with_cache crashed on call 2: 1 new token(s) of shape [1, 1], a cache of 6 positions")
 
 
 def _generate_cache_dict(model, input_ids, max_new_tokens):
@@ -447,6 +748,20 @@ def test_generate_with_cache_mistakes_are_named(mistake):
                lambda m, t, n: nb08.generate_with_cache(m, t, n, mistake=mistake),
                "differs from greedy generation without a cache",
                "Likely mistake: " + nb08.CACHE_MISTAKES[mistake][:40])
+
+
+def _generate_cache_whole_again(model, input_ids, max_new_tokens):
+    logits, cache = nb08.forward_with_cache(model, input_ids)
+    tokens = input_ids
+    for _ in range(max_new_tokens):
+        tokens = torch.cat([tokens, logits[:, -1:].argmax(-1)], -1)
+        logits, cache = nb08.forward_with_cache(model, tokens, cache)     # the whole sequence again
+    return tokens
+
+
+def test_generate_with_cache_feeding_the_whole_sequence_again_is_named():
+    fails_with(nb08.check_generate_with_cache, _generate_cache_whole_again,
+               "Likely mistake: each step feeds the whole sequence again together with the cache")
 
 
 def test_generate_with_cache_from_the_wrong_position_fails():

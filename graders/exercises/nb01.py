@@ -8,7 +8,8 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, check_shape
+from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.judging.learner import Forbidden, run_learner
 
 DIMS = ("batch", "position", "d_model")
@@ -37,8 +38,14 @@ def layernorm_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
             centred / (x.var(-1, keepdim=True, unbiased=True) + eps).sqrt() * w + b,
         "eps added outside the square root: it belongs inside, sqrt(var + eps)":
             centred / (pop_var.sqrt() + eps) * w + b,
+        "RMS-style normalisation: the mean is never subtracted (x / sqrt(mean(x**2) + eps) is "
+        "RMSNorm); LayerNorm centres first, x - mean, then divides by sqrt(var + eps)":
+            x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w + b,
         "the mean is not subtracted before dividing (centre first)":
             x / (pop_var + eps).sqrt() * w + b,
+        "the variance is taken of the uncentred x (mean(x**2) instead of mean((x - mean)**2)): "
+        "square the centred values":
+            centred / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w + b,
         "the learned scale w is not applied": centred / (pop_var + eps).sqrt() + b,
         "the learned shift b is not added": centred / (pop_var + eps).sqrt() * w,
         "dividing by the variance instead of the standard deviation":
@@ -103,7 +110,7 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
                 hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
 
 
-layernorm = Exercise("01_layernorm", "LayerNorm", produce_layernorm, judge_layernorm,
+layernorm = Exercise("01_layernorm", "LayerNorm", produce_layernorm, diagnosis_first(judge_layernorm),
                      inputs=inputs_layernorm, forbidden=(FORBIDDEN,))
 check_layernorm = layernorm.checker(
     "Grade the learner's `LayerNorm` class (visible check: block 0 on the reference text).")

@@ -11,7 +11,8 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, compare, require_tensor
+from graders.judging.compare import CheckFailed, require_tensor
+from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.judging.learner import Forbidden, run_learner
 
 DIMS = ("batch", "position", "d_model")
@@ -114,7 +115,7 @@ def judge_embed(case: Case, outputs: dict) -> None:
             mistakes=embed_mistakes(W_E, tokens), hint="W_E[tokens] has shape [batch, position, d_model].")
 
 
-embed = Exercise("02_embeddings", "Embed", produce_embed, judge_embed,
+embed = Exercise("02_embeddings", "Embed", produce_embed, diagnosis_first(judge_embed),
                   forbidden=(FORBIDDEN_EMBED,))
 check_embed = embed.checker(
     "Grade the learner's `Embed` class (visible check: the reference text).")
@@ -188,7 +189,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
             hint="row p of the output is W_pos[p], the same for every sequence in the batch.")
 
 
-pos_embed = Exercise("02_embeddings", "PosEmbed", produce_pos_embed, judge_pos_embed,
+pos_embed = Exercise("02_embeddings", "PosEmbed", produce_pos_embed, diagnosis_first(judge_pos_embed),
                       forbidden=(FORBIDDEN_POS,))
 check_pos_embed = pos_embed.checker(
     "Grade the learner's `PosEmbed` class (visible check: the reference text).")

@@ -5,6 +5,7 @@ the masked scores are judged through their softmax (hook_pattern), so -inf and a
 constant both pass; the forward pass is fed blocks.{i}.ln1.hook_out and compared with
 blocks.{i}.hook_attn_out.
 """
+import difflib
 import math
 
 import einops
@@ -21,7 +22,8 @@ from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.judging.cases import activations as _load_activations
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, check_shape
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, mismatched_sizes
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.tolerance import close
 from graders.reference.weights import load_strict
@@ -73,7 +75,7 @@ def future_mask(n: int) -> torch.Tensor:
 
 
 def attention_variant(x, w, *, scale=None, mask="future", softmax_dim=-1, drop=(), z_order="right",
-                      ignore=float("-inf")):
+                      ignore=float("-inf"), softmax_first=False):
     """Attention on x [batch, posn, d_model] with reference weights `w`, optionally with a mistake."""
     n_heads, d_model, d_head = w["W_Q"].shape
     b = {name: (torch.zeros_like(w[name]) if name in drop else w[name])
@@ -87,7 +89,10 @@ def attention_variant(x, w, *, scale=None, mask="future", softmax_dim=-1, drop=(
             "future+diagonal": torch.triu(torch.ones(n, n, dtype=torch.bool)),
             "past": torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1),
             "none": torch.zeros(n, n, dtype=torch.bool)}[mask]
-    pattern = scores.masked_fill(hide, ignore).softmax(dim=softmax_dim)
+    if softmax_first:   # the mask applied to the probabilities, after the softmax
+        pattern = scores.softmax(dim=softmax_dim).masked_fill(hide, ignore)
+    else:
+        pattern = scores.masked_fill(hide, ignore).softmax(dim=softmax_dim)
     if z_order == "heads-first":   # z as [batch, n_heads, posn, d_head] reshaped without a transpose
         z = einops.einsum(pattern, v, "b n q k, b k n h -> b n q h").reshape(x.shape[0], n, n_heads * d_head)
         return z @ w["W_O"].reshape(n_heads * d_head, d_model) + b["b_O"]
@@ -99,10 +104,12 @@ def attention_variant(x, w, *, scale=None, mask="future", softmax_dim=-1, drop=(
 
 
 def attention_mistakes(x, w) -> dict:
-    d_model = w["W_Q"].shape[1]
+    d_model, d_head = w["W_Q"].shape[1], w["W_Q"].shape[2]
     return {
         "scaling the scores by 1/sqrt(d_model); divide by sqrt(d_head) (the size of each dot product)":
             attention_variant(x, w, scale=d_model),
+        "the scores are divided by d_head instead of its square root: divide q.k by sqrt(d_head)":
+            attention_variant(x, w, scale=d_head ** 2),
         "the scores are not scaled: divide q.k by sqrt(d_head)": attention_variant(x, w, scale=1),
         "the mask hides the diagonal too (a token must be able to attend to itself: torch.triu(..., "
         "diagonal=1))": attention_variant(x, w, mask="future+diagonal", ignore=-1e5),
@@ -112,6 +119,12 @@ def attention_mistakes(x, w) -> dict:
         "query_pos, key_pos])": attention_variant(x, w, softmax_dim=-2),
         "the causal mask is not applied (call self.apply_causal_mask on the scores before the softmax)":
             attention_variant(x, w, mask="none"),
+        "the causal mask is applied after the softmax: mask the SCORES, then take the softmax, so "
+        "that each row of the pattern sums to 1 over the allowed keys":
+            attention_variant(x, w, softmax_first=True, ignore=-1e5),
+        "the future is zeroed after the softmax, so the rows of the pattern no longer sum to 1: "
+        "mask the scores with -inf (self.IGNORE) before the softmax":
+            attention_variant(x, w, softmax_first=True, ignore=0.0),
         "b_Q is not added to the queries": attention_variant(x, w, drop=("b_Q",)),
         "b_V is not added to the values": attention_variant(x, w, drop=("b_V",)),
         "b_O is not added to the output": attention_variant(x, w, drop=("b_O",)),
@@ -125,11 +138,59 @@ def attention_mistakes(x, w) -> dict:
 
 # --- apply_causal_mask ------------------------------------------------------------------------
 
-def _call_mask(attn, scores: torch.Tensor) -> torch.Tensor:
+def missing_mask_method(attn) -> str | None:
+    """The message for a class without `apply_causal_mask` (often misspelled), or None."""
+    cls = type(attn)
+    if callable(getattr(cls, "apply_causal_mask", None)):
+        return None
+    own = [name for klass in cls.__mro__ if klass not in nn.Module.__mro__
+           for name, value in vars(klass).items() if callable(value) and not name.startswith("__")]
+    near = difflib.get_close_matches("apply_causal_mask", own, n=1, cutoff=0.6)
+    if near:
+        return (f"{cls.__name__} has no method `apply_causal_mask`. Likely mistake: it is misspelled "
+                f"`{near[0]}`: rename the method to `apply_causal_mask` (and call it by that name "
+                "in forward), the name the notebook and the checks use.")
+    return (f"{cls.__name__} has no method `apply_causal_mask`: define it inside the class (indented "
+            "under `class Attention`), with the signature apply_causal_mask(self, attn_scores).")
+
+
+def _mask_crash_cause(failure: CheckFailed, scores: torch.Tensor) -> str:
+    sizes = mismatched_sizes(failure)
+    if sizes:
+        foreign = [n for n in sizes if n not in scores.shape]
+        if foreign:
+            return (f"the mask has a fixed size, {foreign[0]}, instead of the size of the scores it "
+                    f"is given ({scores.shape[-1]}): build it from attn_scores.shape[-1] (or "
+                    "attn_scores.size(-2), attn_scores.size(-1)).")
+    if "out of bounds" in str(failure) or "out of range" in str(failure):
+        return (f"the mask assumes a fixed number of positions: a loop or an index goes past the "
+                f"size of the scores it is given ({scores.shape[-1]}): take the size from "
+                "attn_scores.shape[-1].")
+    return ""
+
+
+def _call_mask(attn, scores: torch.Tensor, on: str = "") -> torch.Tensor:
     # The unbound function, so the source check sees the learner's method; a clone, so that an
     # in-place masked_fill_ (harmless here) cannot touch the grader's tensor.
-    return run_learner("apply_causal_mask", type(attn).apply_causal_mask, attn, scores.clone(),
-                       forbidden=FORBIDDEN_MASK)
+    missing = missing_mask_method(attn)
+    if missing:
+        raise CheckFailed(missing)
+    try:
+        return run_learner("apply_causal_mask", type(attn).apply_causal_mask, attn, scores.clone(),
+                           forbidden=FORBIDDEN_MASK)
+    except CheckFailed as failure:
+        if not is_crash(failure):
+            raise
+        raise crash("apply_causal_mask", failure, on or f"scores of shape {list(scores.shape)}",
+                    _mask_crash_cause(failure, scores)) from failure.__cause__
+
+
+def zero_future_scores(seed: int) -> torch.Tensor:
+    """Random scores [2, 3, 6, 6] whose future entries are exactly 0.0 in every other column:
+    a mask built from the scores' values (torch.triu(scores, 1).bool()) misses exactly those."""
+    scores = rand_float(seed + 7, 2, 3, 6, 6)
+    zero = future_mask(6) & (torch.arange(6) % 2 == 0)[None, :]
+    return scores.masked_fill(zero, 0.0)
 
 
 def inputs_mask(case: Case) -> dict:
@@ -139,8 +200,10 @@ def inputs_mask(case: Case) -> dict:
 def produce_mask(Attention, case: Case, inputs: dict) -> dict:
     attn = loaded("Attention", Attention, _prefix(case))
     return {
-        "random_out": _call_mask(attn, rand_float(case.seed, 2, 3, 5, 5)),
+        "random_out": _call_mask(attn, rand_float(case.seed, 2, 3, 5, 5), "random scores of shape [2, 3, 5, 5]"),
         "out": _call_mask(attn, inputs["scores"]),
+        "zero_future_out": _call_mask(attn, zero_future_scores(case.seed),
+                                      "scores [2, 3, 6, 6] with some future entries exactly 0.0"),
     }
 
 
@@ -176,11 +239,21 @@ def _judge_mask_pattern(actual: torch.Tensor, scores: torch.Tensor, what: str) -
                          "so a softmax still gives them weight: use self.IGNORE (or a large negative "
                          "number like -1e5).")
         else:
-            lines.append(f"  The future scores were changed but not made negative enough (largest "
+            lines.append(f"  Likely mistake: the future scores were changed but not made negative enough (largest "
                          f"{kept_future.max().item():.3g}): set them to self.IGNORE (-inf) or a "
                          f"constant <= {MASKED_AT_MOST:g}.")
     missed = future & ~hidden_qk
     extra = hidden_qk & ~future
+    zero_future = future & (scores == 0).all(dim=0).all(dim=0)
+    if bool(missed.any()) and bool(zero_future.any()) and torch.equal(missed, zero_future):
+        lines.insert(1, "  Likely mistake: the mask is built from the scores' values (e.g. "
+                        "torch.triu(attn_scores, 1).bool(), or attn_scores.triu(1) != 0), so a future "
+                        "score that is exactly 0.0 is not masked. Build it from the positions only: "
+                        "torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1).")
+    elif bool(missed.any()) and not bool(extra.any()) and torch.equal(
+            missed, future & ~torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=2)):
+        lines.insert(1, "  Likely mistake: the mask starts one diagonal too high (diagonal=2): the next "
+                        "key, key = query + 1, is in the future too. Use torch.triu(..., diagonal=1).")
     if bool(missed.any()):
         lines.append(f"  Future entries left unmasked: {_positions(missed)}.")
     if bool(extra.any()):
@@ -223,9 +296,14 @@ def judge_mask(case: Case, outputs: dict) -> None:
             actual.softmax(-1), pattern, SCORE_DIMS)
     _judge_mask_pattern(outputs["random_out"].detach().double(), rand_float(case.seed, 2, 3, 5, 5),
                         "apply_causal_mask on random scores [2, 3, 5, 5]")
+    zero = outputs["zero_future_out"]
+    check_shape("apply_causal_mask output on scores [2, 3, 6, 6] with some future entries exactly 0.0",
+                zero, (2, 3, 6, 6), SCORE_DIMS)
+    _judge_mask_pattern(zero.detach().double(), zero_future_scores(case.seed),
+                        "apply_causal_mask on scores [2, 3, 6, 6] whose future entries are partly exactly 0.0")
 
 
-causal_mask = Exercise("03_attention", "apply_causal_mask", produce_mask, judge_mask,
+causal_mask = Exercise("03_attention", "apply_causal_mask", produce_mask, diagnosis_first(judge_mask),
                         inputs=inputs_mask, forbidden=(FORBIDDEN_MASK,))
 check_apply_causal_mask = causal_mask.checker(
     "Grade the learner's `Attention.apply_causal_mask` (visible check: block 0, reference text).")
@@ -251,18 +329,25 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
     x = inputs["x"].clone()   # the learner's own copy
     x_before = x.clone()
     seen = []
-    method = attn.apply_causal_mask
+    method = getattr(attn, "apply_causal_mask", None)
 
     def recording(attn_scores, *args, **kwargs):
         if isinstance(attn_scores, torch.Tensor):
             seen.append(attn_scores.detach().clone())
         return method(attn_scores, *args, **kwargs)
 
-    attn.apply_causal_mask = recording      # instance attribute: records the scores forward passes it
+    if method is not None:
+        attn.apply_causal_mask = recording  # instance attribute: records the scores forward passes it
     try:
         out = run_learner("Attention", attn, x, forbidden=FORBIDDEN)
+    except CheckFailed as failure:
+        missing = missing_mask_method(attn)
+        if missing and "apply_causal_mask" in str(failure):
+            raise CheckFailed(missing + " (Your forward calls self.apply_causal_mask.)") from failure.__cause__
+        raise
     finally:
-        del attn.apply_causal_mask
+        if method is not None:
+            del attn.apply_causal_mask
     outputs = {
         "random_out": run_learner("Attention", attn, rand_float(case.seed, 2, 4, Config().d_model),
                                   forbidden=FORBIDDEN),
@@ -319,6 +404,9 @@ def _localise(case: Case, outputs: dict) -> list[str]:
                         "scaled by 1/sqrt(d_model) instead of 1/sqrt(d_head)":
                             scores * math.sqrt(cfg.d_head / cfg.d_model),
                         "not scaled by 1/sqrt(d_head)": scores * math.sqrt(cfg.d_head),
+                        "divided by d_head instead of sqrt(d_head)": scores / math.sqrt(cfg.d_head),
+                        "these are already probabilities: the softmax was taken before the mask":
+                            scores.softmax(-1),
                         "b_Q missing from the queries": _scores_without(x, w, "b_Q"),
                     })
             lines.append("  The scores your forward passed to apply_causal_mask are right, so the "
@@ -337,8 +425,9 @@ def _localise(case: Case, outputs: dict) -> list[str]:
             lines.append("  With W_O and b_O kept to one head at a time, every head's contribution is "
                          "right: look at what you add after summing the heads (b_O).")
         elif len(wrong) < n_heads:
-            lines.append(f"  Heads whose own contribution (z[:, :, h] @ W_O[h]) is wrong: "
-                         f"{', '.join(map(str, wrong))} (the others are right).")
+            lines.append(f"  Likely mistake: heads whose own contribution (z[:, :, h] @ W_O[h]) is wrong: "
+                         f"{', '.join(map(str, wrong))} (the others are right); look for a head "
+                         "dropped, or indexed wrongly, when the heads are split or summed.")
         else:
             lines.append("  Every head's own contribution (z[:, :, h] @ W_O[h]) is wrong.")
     return lines
@@ -364,6 +453,14 @@ def judge_attention(case: Case, outputs: dict) -> None:
     expected = acts[f"blocks.{case.block}.hook_attn_out"]
     out = outputs["out"]
     check_shape(f"Attention output ({prefix})", out, expected.shape, DIMS)
+    seen = outputs["scores_seen"]
+    if seen.shape == x.shape[:1] + (w["W_Q"].shape[0], x.shape[1], x.shape[1]) and not (
+            out.is_floating_point() and close(out, expected)) and close(seen, reference_scores(case).softmax(-1)):
+        raise CheckFailed(
+            f"Attention output ({prefix}) is wrong. Likely mistake: the causal mask is applied after "
+            "the softmax: your forward passes probabilities (rows summing to 1) to "
+            "self.apply_causal_mask. Mask the SCORES first, then take the softmax, so that each "
+            "query's weights sum to 1 over the keys it may see.")
     if out.is_floating_point() and not bool(torch.isfinite(out).all()):
         bad = (~torch.isfinite(out)).any(dim=0).any(dim=-1).nonzero().flatten().tolist()
         lines = [f"Attention output ({prefix}) has NaN or infinite values at positions "
@@ -420,7 +517,7 @@ def _tol(expected: torch.Tensor) -> torch.Tensor:
     return tolerance(expected)
 
 
-attention = Exercise("03_attention", "Attention", produce_attention, judge_attention,
+attention = Exercise("03_attention", "Attention", produce_attention, diagnosis_first(judge_attention),
                       inputs=inputs_attention, forbidden=(FORBIDDEN,))
 check_attention = attention.checker(
     "Grade the learner's `Attention` forward pass (visible check: block 0, reference text).")

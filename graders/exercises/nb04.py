@@ -16,7 +16,8 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, check_shape
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
 from graders.judging.learner import Forbidden, run_learner
 
 GELU_FORBIDDEN = Forbidden(
@@ -95,7 +96,7 @@ def judge_gelu(case: Case, outputs: dict) -> None:
             mistakes=activation_mistakes(acts[f"{b}.hook_pre"]), hint=hint)
 
 
-gelu = Exercise("04_mlp", "gelu_new", produce_gelu, judge_gelu,
+gelu = Exercise("04_mlp", "gelu_new", produce_gelu, diagnosis_first(judge_gelu),
                  inputs=inputs_gelu, forbidden=(GELU_FORBIDDEN,))
 check_gelu_new = gelu.checker(
     "Grade the learner's `gelu_new` function (visible check: block 0 on the reference text).")
@@ -122,6 +123,14 @@ def mlp_mistakes(x: torch.Tensor, w: dict) -> dict:
             (reference_gelu_new(x @ W_in) + b_in) @ W_out + b_out,
         "the MLP adds its input back (the residual connection belongs to the block, not the "
         "MLP): return only the MLP's output": right + b_out + x,
+        "the activation is applied after the output projection: gelu_new goes between the two "
+        "layers, gelu_new(x @ W_in + b_in) @ W_out + b_out":
+            reference_gelu_new(pre @ W_out + b_out),
+        "the activation is applied after the output projection, before b_out: gelu_new goes "
+        "between the two layers, gelu_new(x @ W_in + b_in) @ W_out + b_out":
+            reference_gelu_new(pre @ W_out) + b_out,
+        "the activation is applied twice, after each layer: only the hidden layer goes through "
+        "gelu_new": reference_gelu_new(reference_gelu_new(pre) @ W_out + b_out),
     })
     return mistakes
 
@@ -143,17 +152,19 @@ def produce_mlp(MLP, case: Case, inputs: dict) -> dict:
             "unseen_out": run_learner("MLP", module, unseen_variant(x, case.seed), forbidden=MLP_FORBIDDEN),
             "input_modified": torch.tensor(not torch.equal(x, x_before)),
         }
-    except CheckFailed as crash:
-        if any(words in str(crash) for words in SHAPE_CRASHES):
-            raise CheckFailed(f"{crash}\n  Hint: {SHAPE_HINT}") from None
+    except CheckFailed as failure:
+        if is_crash(failure) and any(words in str(failure) for words in SHAPE_CRASHES):
+            raise crash("MLP", failure, "an input of shape [batch, position, d_model]",
+                        SHAPE_HINT) from failure.__cause__
         raise
 
 
 SHAPE_CRASHES = ("cannot be multiplied", "must match the size", "does not broadcast",
                  "size mismatch", "Shape mismatch", "inconsistent size")
-SHAPE_HINT = ("the matrices are stored input-first: W_in is [d_model, d_mlp] and W_out is "
-              "[d_mlp, d_model], so x @ W_in and post @ W_out work without a transpose "
-              "(x is [batch, position, d_model], the hidden layer [batch, position, d_mlp]).")
+SHAPE_HINT = ("a weight matrix is used transposed (or the two are swapped). They are stored "
+              "input-first: W_in is [d_model, d_mlp] and W_out is [d_mlp, d_model], so x @ W_in "
+              "and post @ W_out work without a transpose (x is [batch, position, d_model], the "
+              "hidden layer [batch, position, d_mlp]).")
 
 
 def judge_mlp(case: Case, outputs: dict) -> None:
@@ -179,7 +190,7 @@ def judge_mlp(case: Case, outputs: dict) -> None:
                 hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
 
 
-mlp = Exercise("04_mlp", "MLP", produce_mlp, judge_mlp,
+mlp = Exercise("04_mlp", "MLP", produce_mlp, diagnosis_first(judge_mlp),
                 inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
 check_mlp = mlp.checker(
     "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")

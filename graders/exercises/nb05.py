@@ -20,7 +20,8 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, check_shape
+from graders.exercises.diagnosis import compare, describe, diagnosis_first, is_crash
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.tolerance import close
 from graders.reference.weights import load_strict
@@ -46,18 +47,37 @@ class Recorder:
         self.named = {n: m for n, m in named.items() if isinstance(m, nn.Module)}
         self.calls: dict[int, list] = {}
         self.handles = []
+        self.open: list[tuple[int, object]] = []   # calls entered and not yet returned: (module, input)
 
     def __enter__(self):
         for module in {id(m): m for m in self.named.values()}.values():
             self.calls[id(module)] = []
+            self.handles.append(module.register_forward_pre_hook(self._enter(id(module))))
             self.handles.append(module.register_forward_hook(self._hook(id(module))))
         return self
+
+    def _enter(self, key):
+        def entered(module, inputs):
+            self.open.append((key, inputs[0] if inputs else None))
+        return entered
 
     def _hook(self, key):
         def record(module, inputs, output):
             first = inputs[0] if inputs else None
             self.calls[key].append((_keep(first), _keep(output)))
+            for i in range(len(self.open) - 1, -1, -1):
+                if self.open[i][0] == key:
+                    del self.open[i]
+                    break
         return record
+
+    def crashed_in(self) -> tuple[str, object] | None:
+        """(name, first input) of the innermost watched submodule a crash happened in."""
+        if not self.open:
+            return None
+        key, given = self.open[-1]
+        name = next(n for n, m in self.named.items() if id(m) == key)
+        return name, given
 
     def __exit__(self, *exc):
         for handle in self.handles:
@@ -77,6 +97,35 @@ class Recorder:
     def count(self, name: str) -> int:
         module = self.named.get(name)
         return len(self.calls.get(id(module), [])) if module is not None else 0
+
+
+TAKES_TOKENS = "the token ids, an integer tensor [batch, position]"
+TAKES_RESIDUAL = "the residual stream, a float tensor [batch, position, d_model]"
+
+
+def submodule_crash(what: str, failure: CheckFailed, rec: "Recorder", takes: dict[str, str],
+                    d_model: int) -> CheckFailed:
+    """A crash inside one of the watched submodules, reported as the call that failed and what
+    it was given (the likely mistake when that is not what the submodule takes)."""
+    where = rec.crashed_in()
+    if where is None or not is_crash(failure):
+        return failure
+    name, given = where
+    wanted = takes.get("blocks" if name.startswith("blocks.") else name, "")
+    call = f"self.{name}(...)" if not name.startswith("blocks.") else f"self.blocks[{name.split('.')[1]}](...)"
+    head = f"{what}: the call {call} failed; it was given {describe(given)}"
+    wrong = ""
+    if isinstance(given, torch.Tensor) and wanted == TAKES_TOKENS and (given.is_floating_point() or given.ndim != 2):
+        wrong = (f" Likely mistake: {name} takes {wanted}, as embed does; it was passed "
+                 + ("the embedding or residual stream" if given.ndim == 3 else "something else")
+                 + f" instead: call self.{name}(tokens).")
+    elif isinstance(given, torch.Tensor) and wanted == TAKES_RESIDUAL and (
+            not given.is_floating_point() or given.ndim != 3 or given.shape[-1] != d_model):
+        wrong = f" Likely mistake: {call} takes {wanted}."
+    elif not isinstance(given, torch.Tensor) and wanted:
+        wrong = f" Likely mistake: {call} takes {wanted}, passed as its first positional argument."
+    lines = str(failure).splitlines()
+    return CheckFailed(f"{head}.{wrong}\n  " + "\n  ".join(line.strip() for line in lines))
 
 
 def _keep(value):
@@ -109,7 +158,11 @@ def block_trace(block: nn.Module, resid_pre: torch.Tensor, forward: Callable | N
     named = {name: _module(block, name) for name in SUBMODULES}
     run = forward or block
     with Recorder(named) as rec:
-        out = runner(run, resid_pre) if runner else run(resid_pre)
+        try:
+            out = runner(run, resid_pre) if runner else run(resid_pre)
+        except CheckFailed as failure:
+            raise submodule_crash("TransformerBlock", failure, rec,
+                                  {n: TAKES_RESIDUAL for n in SUBMODULES}, resid_pre.shape[-1]) from failure.__cause__
     trace = {}
     for name, hook, which in (("ln1", "ln1.hook_out", 1), ("attn", "hook_attn_out", 1),
                               ("ln2", "hook_resid_mid", 0), ("ln2", "ln2.hook_out", 1),
@@ -249,8 +302,8 @@ def judge_block(case: Case, outputs: dict) -> None:
         _judge_unseen_inputs(case, outputs)
         return
     if bool(outputs["shared_ln"]):
-        raise CheckFailed(f"TransformerBlock output (blocks.{i}) does not match the reference.\n"
-                          "  Likely mistake: ln1 and ln2 are one LayerNorm object (e.g. "
+        raise CheckFailed(f"TransformerBlock output (blocks.{i}) does not match the reference. "
+                          "Likely mistake: ln1 and ln2 are one LayerNorm object (e.g. "
                           "`self.ln2 = self.ln1`): create two separate LayerNorms, each gets its own weights.")
     counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
     traces = mistake_traces(i, acts[f"blocks.{i}.hook_resid_pre"])
@@ -272,7 +325,7 @@ def _judge_unseen_inputs(case: Case, outputs: dict) -> None:
                 hint="resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)).")
 
 
-block = Exercise("05_transformer_block", "TransformerBlock", produce_block, judge_block,
+block = Exercise("05_transformer_block", "TransformerBlock", produce_block, diagnosis_first(judge_block),
                   inputs=inputs_block, forbidden=(FORBIDDEN,))
 check_transformer_block = block.checker(
     "Grade the learner's `TransformerBlock` class (visible check: block 0 on the reference text).")

@@ -19,10 +19,12 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part, weights
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, check_shape
+from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.judging.tolerance import close
-from graders.exercises.nb05 import Recorder, first_divergence
+from graders.exercises.nb05 import (TAKES_RESIDUAL, TAKES_TOKENS, Recorder, first_divergence,
+                                    submodule_crash)
 from graders.reference.weights import WeightLoadError, load_strict
 
 DIMS = ("batch", "position", "d_model")
@@ -77,6 +79,11 @@ def judge_unembed(case: Case, outputs: dict) -> None:
     random_in, b_U = rand_float(case.seed, 2, 4, cfg.d_model), _random_bias(case.seed)
     if bool(outputs["input_modified"]):
         raise CheckFailed("Unembed changed its input tensor in place. Compute a new tensor instead.")
+    biased = outputs["biased_out"]
+    if isinstance(biased, torch.Tensor) and tuple(biased.shape) == (2, cfg.d_vocab):
+        raise CheckFailed("Unembed output on a random [2, 4, d_model] input: shape [2, d_vocab]. "
+                          "Likely mistake: only the last position is unembedded (x[:, -1]); return "
+                          "the logits of every position, [batch, position, d_vocab].")
     compare("Unembed output on a random [2, 4, d_model] input with a nonzero bias b_U",
             outputs["biased_out"], random_in @ w["W_U"] + b_U, LOGIT_DIMS,
             mistakes=unembed_mistakes(random_in, w["W_U"], b_U),
@@ -87,7 +94,7 @@ def judge_unembed(case: Case, outputs: dict) -> None:
             hint="logits = x @ W_U + b_U, with W_U of shape [d_model, d_vocab].")
 
 
-unembed = Exercise("06_gpt2", "Unembed", produce_unembed, judge_unembed,
+unembed = Exercise("06_gpt2", "Unembed", produce_unembed, diagnosis_first(judge_unembed),
                     inputs=inputs_unembed, forbidden=(UNEMBED_FORBIDDEN,))
 check_unembed = unembed.checker(
     "Grade the learner's `Unembed` (visible check: the reference text).")
@@ -123,7 +130,12 @@ def model_trace(model: nn.Module, tokens: torch.Tensor, forward=None, runner=Non
     named = _submodules(model)
     run = forward or model
     with Recorder(named) as rec:
-        logits = runner(run, tokens) if runner else run(tokens)
+        try:
+            logits = runner(run, tokens) if runner else run(tokens)
+        except CheckFailed as failure:
+            takes = {"embed": TAKES_TOKENS, "pos_embed": TAKES_TOKENS, "blocks": TAKES_RESIDUAL,
+                     "ln_final": TAKES_RESIDUAL, "unembed": TAKES_RESIDUAL}
+            raise submodule_crash("DemoTransformer", failure, rec, takes, Config().d_model) from failure.__cause__
     trace = {}
     for name, hook, which in [("embed", "hook_embed", 1), ("pos_embed", "hook_pos_embed", 1)] + [
             (f"blocks.{i}", f"blocks.{i}.{h}", which) for i in range(Config().n_layers)
@@ -247,7 +259,7 @@ def judge_model(case: Case, outputs: dict) -> None:
         return
     if int(outputs["distinct_blocks"]) < cfg.n_layers:
         raise CheckFailed(
-            f"DemoTransformer logits do not match the reference.\n  Likely mistake: self.blocks holds "
+            f"DemoTransformer logits do not match the reference. Likely mistake: self.blocks holds "
             f"{int(outputs['distinct_blocks'])} distinct block object(s) for {cfg.n_layers} layers (e.g. "
             "`[TransformerBlock(cfg)] * n_layers` repeats ONE block): build a new block for each layer, "
             "`nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])`.")
@@ -272,7 +284,7 @@ def _submodules_names(n_layers: int):
     return ["embed", "pos_embed"] + [f"blocks.{i}" for i in range(n_layers)] + ["ln_final", "unembed"]
 
 
-model = Exercise("06_gpt2", "DemoTransformer", produce_model, judge_model,
+model = Exercise("06_gpt2", "DemoTransformer", produce_model, diagnosis_first(judge_model),
                   forbidden=(MODEL_FORBIDDEN,))
 check_demo_transformer = model.checker(
     "Grade the learner's `DemoTransformer` on the reference logits (visible check: the reference text).")
@@ -315,25 +327,40 @@ def produce_loss(next_token_loss, case: Case, inputs: dict) -> dict:
     return {"loss": out, "unseen_loss": unseen, "input_modified": torch.tensor(not torch.equal(logits, before))}
 
 
+def _judge_one_loss(what: str, loss, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+    from graders.judging.tolerance import tolerance
+
+    if isinstance(loss, torch.Tensor) and tuple(loss.shape) in (
+            (tokens.shape[0], tokens.shape[1] - 1), (tokens.shape[0], tokens.shape[1] - 1, 1)):
+        raise CheckFailed(f"{what}: shape {list(loss.shape)}. Likely mistake: one loss per "
+                          "position is returned; the loss is their mean, one number (shape []).")
+    if isinstance(loss, torch.Tensor) and loss.ndim > 0 and loss.numel() == 1:
+        loss = loss.reshape(())
+    expected = reference_loss(logits, tokens)
+    mistakes = loss_mistakes(logits, tokens)
+    if isinstance(loss, torch.Tensor) and loss.shape == () and loss.is_floating_point():
+        # Judged on the scale of the right loss: a wrong value near 0 (raw logits average out)
+        # is rounded like the learner's own computation, far more coarsely than its own size.
+        distance = {d: float((loss.double() - w.double()).abs()) for d, w in mistakes.items()}
+        nearest = min(distance, key=distance.get)
+        if distance[nearest] <= float(tolerance(expected)) and not bool(
+                (loss.double() - expected.double()).abs() <= tolerance(expected)):
+            raise CheckFailed(f"{what} does not match the reference (got {loss.item():.6g}, "
+                              f"expected {expected.item():.6g}). Likely mistake: {nearest}")
+    compare(what, loss, expected, (), mistakes=mistakes,
+            hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
+
+
 def judge_loss(case: Case, outputs: dict) -> None:
     if bool(outputs["input_modified"]):
         raise CheckFailed("next_token_loss changed the logits tensor in place. Compute new tensors instead.")
     logits, tokens = activations(case)["logits"], case.tokens()
-    loss = outputs["loss"]
-    if isinstance(loss, torch.Tensor) and loss.ndim > 0 and loss.numel() == 1:
-        loss = loss.reshape(())
-    compare("next_token_loss", loss, reference_loss(logits, tokens), (),
-            mistakes=loss_mistakes(logits, tokens),
-            hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
-    unseen, loss = unseen_variant(logits, case.seed), outputs["unseen_loss"]
-    if isinstance(loss, torch.Tensor) and loss.ndim > 0 and loss.numel() == 1:
-        loss = loss.reshape(())
-    compare("next_token_loss on rescaled, noisy logits that no file holds", loss,
-            reference_loss(unseen, tokens), (), mistakes=loss_mistakes(unseen, tokens),
-            hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
+    _judge_one_loss("next_token_loss", outputs["loss"], logits, tokens)
+    _judge_one_loss("next_token_loss on rescaled, noisy logits that no file holds",
+                    outputs["unseen_loss"], unseen_variant(logits, case.seed), tokens)
 
 
-loss = Exercise("06_gpt2", "next_token_loss", produce_loss, judge_loss,
+loss = Exercise("06_gpt2", "next_token_loss", produce_loss, diagnosis_first(judge_loss),
                  inputs=inputs_loss)
 check_loss = loss.checker(
     "Grade `next_token_loss(logits, tokens) -> scalar` on the reference model's logits.")

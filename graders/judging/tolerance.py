@@ -52,3 +52,8 @@ PROBABILITY_SUM_SLACK = 1e-4
 DECISION_MARGIN = 1e-3
 # A correct sampler fails a chi-square test with probability P_VALUE_FLOOR per seeded run.
 P_VALUE_FLOOR = 1e-6
+# Whether a training step used the gradient backward had just computed (notebook 07's loop
+# probe): a cleared gradient, clipped or not, is parallel to the new one up to fp32 rounding
+# (cosine 1 - 1e-7); one that still holds earlier steps' gradients (no zero_grad) points
+# elsewhere, far below this cosine after a few steps.
+GRADIENT_CLEARED_COSINE = 0.999

@@ -10,6 +10,7 @@ import torch
 from graders.exercises.sampling.reference import beam_search
 from graders.exercises.small_models import MarkovModel, markov_model
 from graders.judging.cases import Case
+from graders.exercises.diagnosis import diagnosis_first
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -66,6 +67,35 @@ def sequence_log_prob(model: MarkovModel, tokens: torch.Tensor, n_prompt: int) -
     return log_probs[tokens[:, n_prompt - 1:-1], tokens[:, n_prompt:]].sum(-1)
 
 
+def beam_variant(model: MarkovModel, prompt: torch.Tensor, num_beams: int, n_new: int,
+                 rule: str) -> torch.Tensor:
+    """The beams a known wrong search keeps (for diagnosis): "best_child" extends each beam by its
+    own best token after the first step; "last_step" ranks candidates by the new token's
+    log-probability alone."""
+    log_probs = model.table.double().log_softmax(-1)
+    beams, scores = prompt, torch.zeros(1, dtype=torch.float64)
+    for _ in range(n_new):
+        step = log_probs[beams[:, -1]]                                     # [beams, d_vocab]
+        if rule == "best_child" and beams.shape[0] > 1:
+            best, token = step.max(-1)
+            beams, scores = torch.cat([beams, token[:, None]], dim=-1), scores + best
+            continue
+        ranking = step if rule == "last_step" else scores[:, None] + step
+        flat = ranking.flatten().topk(min(num_beams, ranking.numel())).indices
+        scores = (scores[:, None] + step).flatten()[flat]
+        beams = torch.cat([beams[flat // BEAM_VOCAB], (flat % BEAM_VOCAB)[:, None]], dim=-1)
+    return beams
+
+
+BEAM_MISTAKES = {
+    "best_child": "each beam is extended only by its own best token (the best child of each beam): "
+                  "keep the num_beams best candidates overall (topk on the flattened "
+                  "[num_beams, d_vocab] scores); a beam may have several children or none",
+    "last_step": "the candidates are ranked by the new token's log-probability alone: rank them by "
+                 "the beam's score PLUS it, the total log-probability of the whole continuation",
+}
+
+
 def produce_beam(fn, case: Case, inputs: dict) -> dict:
     model, prompt, settings = _beam_cases(case)
     outputs = {}
@@ -86,6 +116,17 @@ def judge_beam(case: Case, outputs: dict) -> None:
     for key, (beams, new) in settings.items():
         where = f"beam_search(model, prompt, num_beams={beams}, max_new_tokens={new})"
         tokens, scores = outputs[f"{key}_tokens"], outputs[f"{key}_log_probs"]
+        if tokens.ndim == 2 and tokens.shape[1] == n_prompt + new and tokens.shape[0] < beams:
+            raise CheckFailed(
+                f"{where} tokens: {tokens.shape[0]} beams, expected {beams}. Likely mistake: "
+                + ("only the best continuation is kept" if tokens.shape[0] == 1 else
+                   "each beam keeps only its best child") + ", so the number of beams never grows: "
+                "extend every beam by every token and keep the num_beams best candidates overall; "
+                "a beam may have several children.")
+        if tokens.ndim == 2 and tokens.shape == (beams, new):
+            raise CheckFailed(f"{where} tokens: shape {list(tokens.shape)}, expected "
+                              f"{[beams, n_prompt + new]}. Likely mistake: only the new tokens are "
+                              "returned; every beam starts with the prompt.")
         check_shape(f"{where} tokens", tokens, (beams, n_prompt + new), ("beam", "position"))
         check_shape(f"{where} log_probs", scores, (beams,), ("beam",))
         if not torch.equal(tokens[:, :n_prompt], prompt.expand(beams, -1)):
@@ -97,6 +138,18 @@ def judge_beam(case: Case, outputs: dict) -> None:
             if close(scores, last.float()):
                 why = ("Likely mistake: the scores are not accumulated: a beam's score is the SUM "
                        "of the log-probabilities of all its new tokens, not the last one's.")
+            elif close(scores, (true_scores + model.table.double().log_softmax(-1)[
+                    prompt[0, :-1], prompt[0, 1:]].sum()).float()):
+                why = ("Likely mistake: the prompt's own log-probability is added to the score: "
+                       "score the new tokens only.")
+            elif close(scores, model.table.double().softmax(-1)[
+                    tokens[:, n_prompt - 1:-1], tokens[:, n_prompt:]].sum(-1).float()):
+                why = ("Likely mistake: the scores add probabilities (softmax); add "
+                       "log-probabilities (log_softmax): a sequence's log-probability is the sum of "
+                       "its tokens' log-probabilities.")
+            elif close(scores, true_scores.exp().float()):
+                why = ("Likely mistake: probabilities are reported instead of log-probabilities "
+                       "(return the total log-probability, the sum of log_softmax values).")
             elif any(close(scores, (true_scores / n).float()) for n in (new, n_prompt + new)):
                 why = ("Likely mistake: the score is divided by the length. Return the plain total "
                        "log-probability of the new tokens, the same measure for every beam.")
@@ -115,6 +168,11 @@ def judge_beam(case: Case, outputs: dict) -> None:
             raise CheckFailed(f"{where}: the right beams, but return them best first "
                               "(log-probabilities in decreasing order).")
         versus = "exhaustive search" if key == "exact" else "the reference beam search"
+        for rule, description in BEAM_MISTAKES.items():
+            if set(map(tuple, tokens.tolist())) == set(map(tuple, beam_variant(
+                    model, prompt, beams, new, rule).tolist())):
+                raise CheckFailed(f"{where}: the beams differ from {versus}. Likely mistake: "
+                                  f"{description}.")
         raise CheckFailed(
             f"{where}: the beams differ from {versus} (first difference in beam "
             f"{int((tokens != expected_tokens).any(-1).nonzero()[0])}). Expected best "
@@ -123,7 +181,7 @@ def judge_beam(case: Case, outputs: dict) -> None:
             "total log-probability, and keep the num_beams best candidates overall.")
 
 
-beam_exercise = Exercise("08_sampling", "beam_search", produce_beam, judge_beam,
+beam_exercise = Exercise("08_sampling", "beam_search", produce_beam, diagnosis_first(judge_beam),
                          defaults={"text": None})
 check_beam_search = beam_exercise.checker(
     "Grade `beam_search(model, input_ids, num_beams, max_new_tokens)` on a tiny Markov model.")

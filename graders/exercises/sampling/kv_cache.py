@@ -7,7 +7,8 @@ import torch
 from graders.exercises.sampling.reference import forward_with_cache, generate, generate_with_cache
 from graders.exercises.small_models import cache_config, seeded_model
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, compare, require_tensor
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, judge_generated
+from graders.judging.compare import CheckFailed, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -19,6 +20,15 @@ CACHE_MISTAKES = {
                  "cached ones and returned for the next call",
     "mask": "the causal mask ignores the cached positions: new query i sits at position "
             "past_len + i and may attend to every key up to that position",
+    "no_mask": "the new tokens are not masked among themselves: when several new tokens come at "
+               "once, new query i may attend to the cached keys and new keys 0..i only (mask key "
+               "j > past_len + i)",
+    "only_new": "the cache returned holds only the new keys and values: return the cached ones "
+                "with the new ones appended (torch.cat([past_k, k], dim=1)), so that the next call "
+                "sees every earlier position",
+    "ignored": "the cache passed in is never used: each call attends only to its own tokens, and "
+               "embeds them at positions 0, 1, ...; read the cached keys and values, and continue "
+               "the positions after them",
 }
 
 
@@ -39,9 +49,23 @@ def _chunked_logits(forward, model, tokens, **kwargs) -> torch.Tensor:
 def produce_forward_cache(fn, case: Case, inputs: dict) -> dict:
     model = seeded_model(cache_config(), case.seed).eval()
     tokens = _cache_tokens(case)
+    calls = [0]
 
     def learner_forward(m, chunk, cache):
-        result = run_learner("forward_with_cache", fn, m, chunk, cache)
+        try:
+            result = run_learner("forward_with_cache", fn, m, chunk, cache)
+        except CheckFailed as failure:
+            if not is_crash(failure):
+                raise
+            past = sum(CACHE_CHUNKS[:calls[0]])
+            raise crash("forward_with_cache", failure,
+                        f"call {calls[0] + 1}: {chunk.shape[1]} new token(s) of shape {list(chunk.shape)}, "
+                        + ("no cache (cache=None)" if cache is None else f"a cache of {past} positions"),
+                        "" if cache is None else "the first call (no cache) worked, so the crash is "
+                        "in the code that reads or extends the cache: the new keys and values are "
+                        "appended to the cached ones along the positions, the mask is [new, "
+                        "past_len + new], and the positions continue at past_len") from failure.__cause__
+        calls[0] += 1
         if not (isinstance(result, tuple) and len(result) == 2):
             raise CheckFailed("forward_with_cache must return a pair (logits, cache).")
         require_tensor("forward_with_cache logits", result[0])
@@ -66,7 +90,7 @@ def judge_forward_cache(case: Case, outputs: dict) -> None:
 
 
 forward_cache_exercise = Exercise("08_sampling", "forward_with_cache", produce_forward_cache,
-                                  judge_forward_cache, defaults={"text": None})
+                                  diagnosis_first(judge_forward_cache), defaults={"text": None})
 check_forward_with_cache = forward_cache_exercise.checker(
     "Grade `forward_with_cache(model, new_tokens, cache) -> (logits, cache)`.")
 
@@ -78,12 +102,30 @@ def _cache_prompt(case: Case) -> torch.Tensor:
     return _cache_tokens(case)[:, :5]
 
 
+WHOLE_AGAIN = ("each step feeds the whole sequence again together with the cache: after the first "
+               "call (the prompt), feed only the newest token, shape [batch, 1]; the cache already "
+               "holds the keys and values of everything before it")
+
+
 def produce_generate_cache(fn, case: Case, inputs: dict) -> dict:
     model = seeded_model(cache_config(), case.seed).eval()
     prompt = _cache_prompt(case)
-    out = run_learner("generate_with_cache", fn, model, prompt.clone(), CACHE_STEPS)
+    fed = []
+    handle = model.embed.register_forward_pre_hook(
+        lambda module, args: fed.append(args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else -1))
+    try:
+        out = run_learner("generate_with_cache", fn, model, prompt.clone(), CACHE_STEPS)
+    except CheckFailed as failure:
+        if not is_crash(failure):
+            raise
+        on = (f"a prompt of shape {list(prompt.shape)}, max_new_tokens={CACHE_STEPS}, at call "
+              f"{len(fed)} of the model's embedding (token counts fed: {fed[:6]})")
+        raise crash("generate_with_cache", failure, on,
+                    WHOLE_AGAIN if len(fed) > 1 and fed[1] > 1 else "") from failure.__cause__
+    finally:
+        handle.remove()
     require_tensor("generate_with_cache(...)", out)
-    return {"tokens": out}
+    return {"tokens": out, "fed": torch.tensor(fed[:CACHE_STEPS + 1], dtype=torch.long)}
 
 
 def judge_generate_cache(case: Case, outputs: dict) -> None:
@@ -91,7 +133,7 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
     prompt = _cache_prompt(case)
     out = outputs["tokens"]
     where = f"generate_with_cache(model, prompt of shape {list(prompt.shape)}, {CACHE_STEPS})"
-    check_shape(where, out, (prompt.shape[0], prompt.shape[1] + CACHE_STEPS), ("batch", "position"))
+    judge_generated(where, out, prompt, CACHE_STEPS)
     with torch.no_grad():
         expected = generate(model, prompt, CACHE_STEPS, None, temperature=0.0)
     if torch.equal(out, expected):
@@ -100,6 +142,10 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
     lines = [f"{where}: differs from greedy generation without a cache at new token {first} "
              f"(expected {expected[0, prompt.shape[1]:][:first + 3].tolist()} ..., got "
              f"{out[0, prompt.shape[1]:][:first + 3].tolist()} ...)."]
+    fed = outputs["fed"].tolist()
+    if len(fed) > 1 and fed[1] > 1:
+        raise CheckFailed("\n".join(lines + [f"  Likely mistake: {WHOLE_AGAIN} (it fed {fed[:4]} tokens "
+                                              "in its first calls)."]))
     with torch.no_grad():
         for mistake, description in CACHE_MISTAKES.items():
             if torch.equal(out, generate_with_cache(model, prompt, CACHE_STEPS, mistake)):
@@ -109,7 +155,7 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
 
 
 generate_cache_exercise = Exercise("08_sampling", "generate_with_cache", produce_generate_cache,
-                                   judge_generate_cache, defaults={"text": None})
+                                   diagnosis_first(judge_generate_cache), defaults={"text": None})
 check_generate_with_cache = generate_cache_exercise.checker(
     """Grade `generate_with_cache(model, input_ids, max_new_tokens)`: 50 greedy tokens, identical
     to generation without a cache.""")

@@ -72,14 +72,17 @@ def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, use
              **sampling):
     """Sample up to `max_new_tokens`, cropping the context to the model's n_ctx.
 
-    With `use_cache` (the notebook's demos, for speed) each step feeds only the newest token
-    through `forward_with_cache`; the context cannot be cropped then, so it must fit n_ctx.
+    With `eos_token_id`, each row stops on its own: once a row has sampled end-of-text (kept),
+    its later tokens are end-of-text too (padding), and the loop stops when every row has
+    finished. With `use_cache` (the notebook's demos, for speed) each step feeds only the newest
+    token through `forward_with_cache`; the context cannot be cropped then, so it must fit n_ctx.
     """
     if use_cache and input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
         raise ValueError(f"with use_cache the prompt ({input_ids.shape[1]} tokens) plus "
                          f"max_new_tokens ({max_new_tokens}) must fit the context "
                          f"({model.cfg.n_ctx}); ask for fewer tokens or use_cache=False")
     tokens, cache = input_ids, None
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
     for _ in range(max_new_tokens):
         if use_cache:
             logits, cache = forward_with_cache(model, tokens if cache is None else tokens[:, -1:], cache)
@@ -87,8 +90,11 @@ def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, use
         else:
             logits = model(tokens[:, -model.cfg.n_ctx:])[:, -1]
         new = sample_next_token(tokens, logits, generator, **sampling)
+        if eos_token_id is not None:
+            new = new.masked_fill(finished, eos_token_id)     # finished rows: padded with end-of-text
+            finished = finished | (new == eos_token_id)
         tokens = torch.cat([tokens, new[:, None]], dim=-1)
-        if eos_token_id is not None and bool((new == eos_token_id).all()):
+        if eos_token_id is not None and bool(finished.all()):
             break
     return tokens
 
@@ -106,8 +112,9 @@ def beam_search(model, input_ids, num_beams, max_new_tokens):
     return beams, scores
 
 
-def attention_with_cache(attn, x, past, position_bug=False):
-    """Attention over the cached keys/values plus the new positions: (out, (keys, values))."""
+def attention_with_cache(attn, x, past, position_bug=False, mistake: str = ""):
+    """Attention over the cached keys/values plus the new positions: (out, (keys, values)).
+    (`position_bug` / `mistake` as in `forward_with_cache`, for diagnosis.)"""
     q = torch.einsum("bpd,ndh->bpnh", x, attn.W_Q) + attn.b_Q
     k = torch.einsum("bpd,ndh->bpnh", x, attn.W_K) + attn.b_K
     v = torch.einsum("bpd,ndh->bpnh", x, attn.W_V) + attn.b_V
@@ -115,11 +122,14 @@ def attention_with_cache(attn, x, past, position_bug=False):
         k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
     scores = torch.einsum("bqnh,bknh->bnqk", q, k) / math.sqrt(attn.W_Q.shape[-1])
     n_new, n_all = q.shape[1], k.shape[1]
-    offset = 0 if position_bug else n_all - n_new
+    offset = 0 if position_bug or mistake == "mask" else n_all - n_new
     future = torch.arange(n_all)[None, :] > torch.arange(n_new)[:, None] + offset
+    if mistake == "no_mask":
+        future = torch.zeros_like(future)
     pattern = scores.masked_fill(future, NEG_INF).softmax(dim=-1)
     z = torch.einsum("bnqk,bknh->bqnh", pattern, v)
-    return torch.einsum("bqnh,nhd->bqd", z, attn.W_O) + attn.b_O, (k, v)
+    kept = (k[:, -n_new:], v[:, -n_new:]) if mistake == "only_new" else (k, v)
+    return torch.einsum("bqnh,nhd->bqd", z, attn.W_O) + attn.b_O, kept
 
 
 def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
@@ -127,16 +137,19 @@ def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
 
     `mistake` computes what a known wrong cache does (for diagnosis): "offset" embeds the new
     tokens at positions 0.. instead of after the cached ones, "no_append" never adds to the
-    cache, "mask" builds the causal mask as if the new positions started at 0.
+    cache, "mask" builds the causal mask as if the new positions started at 0, "no_mask" masks
+    nothing (the new tokens see each other's future), "only_new" returns only the new keys and
+    values as the cache, "ignored" never reads the cache (each call starts afresh).
     """
+    if mistake == "ignored":
+        cache = None
     past_len = 0 if cache is None else cache[0][0].shape[1]
     start = 0 if mistake == "offset" else past_len
     residual = model.embed(new_tokens) + model.pos_embed.W_pos[start:start + new_tokens.shape[1]]
     new_cache = []
     for i, block in enumerate(model.blocks):
         past = None if cache is None else cache[i]
-        attn_out, kv = attention_with_cache(block.attn, block.ln1(residual), past,
-                                            position_bug=mistake == "mask")
+        attn_out, kv = attention_with_cache(block.attn, block.ln1(residual), past, mistake=mistake)
         residual = residual + attn_out
         residual = residual + block.mlp(block.ln2(residual))
         new_cache.append(past if mistake == "no_append" and past is not None else kv)

@@ -12,10 +12,11 @@ from graders.exercises.sampling.reference import (NEG_INF, apply_frequency_penal
                                                   greedy_search, next_token_logits)
 from graders.exercises.sampling.transforms import as_probs, logit_batch, token_list
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, judge_generator_use, require_tensor
+from graders.exercises.diagnosis import crash, diagnosis_first, is_crash, judge_randomness
+from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
-from graders.judging.tolerance import P_VALUE_FLOOR
+from graders.judging.tolerance import DECISION_MARGIN, P_VALUE_FLOOR
 
 
 # --- Judging samples by their distribution -------------------------------------------------------
@@ -102,9 +103,16 @@ def produce_sampler(fn, case: Case, inputs: dict) -> dict:
 
 def sampler_mistakes(logits: torch.Tensor) -> dict:
     possible = logits > NEG_INF
+    # The softmax over the batch: the grader's batch is each row repeated DRAWS times, so each
+    # column is normalised over DRAWS copies of every row.
+    column = logits.double().exp() / (DRAWS * logits.double().exp().sum(0, keepdim=True))
     return {
+        "softmax over the batch dimension (dim=0): each row's probabilities come from softmax "
+        "over the vocabulary, dim=-1": column / column.sum(-1, keepdim=True),
         "sampling uniformly among the possible tokens: draw proportionally to softmax(logits)":
             possible.double() / possible.sum(-1, keepdim=True),
+        "the logits are ignored: every token, filtered ones too, is drawn equally often; draw "
+        "proportionally to softmax(logits)": torch.full_like(logits.double(), 1 / logits.shape[-1]),
         "the softmax is taken twice (the sampler must apply it once, to the logits)":
             logits.double().softmax(-1).softmax(-1) * possible,
         "the logits are doubled (a temperature of 0.5 is applied)": (2 * logits.double()).softmax(-1),
@@ -116,14 +124,20 @@ def judge_sampler(case: Case, outputs: dict) -> None:
     n = logits.shape[0] * DRAWS
     where = f"sample_basic(logits of shape [{n}, {logits.shape[1]}], generator)"
     for key, rows in (("a", n), ("one", 1)):
+        if tuple(outputs[key].shape) == (rows, 1):
+            raise CheckFailed(f"{where}: shape {list(outputs[key].shape)}, expected [batch={rows}]. "
+                              "Likely mistake: the [batch, 1] result of torch.multinomial is "
+                              "returned as it is: take [:, 0] (or squeeze(-1)).")
         check_shape(where, outputs[key], (rows,), ("batch",))
-    judge_generator_use("sample_basic", outputs, "tokens",
-                        "torch.multinomial(probs, 1, generator=generator)")
+    judge_randomness("sample_basic", outputs, "tokens",
+                     "torch.multinomial(probs, 1, generator=generator)",
+                     {"always takes the most likely token (argmax)":
+                      _repeat_rows(logits, DRAWS).argmax(-1)})
     judge_draws(where, outputs["a"].reshape(logits.shape[0], DRAWS), as_probs(logits),
                 sampler_mistakes(logits))
 
 
-sampler_exercise = Exercise("08_sampling", "sample_basic", produce_sampler, judge_sampler,
+sampler_exercise = Exercise("08_sampling", "sample_basic", produce_sampler, diagnosis_first(judge_sampler),
                             defaults={"text": None})
 check_sampler = sampler_exercise.checker(
     "Grade `sample_basic(logits, generator)` from many seeded draws.")
@@ -134,7 +148,8 @@ check_sampler = sampler_exercise.checker(
 PIPELINE_VOCAB = 12
 PIPELINES = {"all": dict(temperature=0.7, top_k=6, top_p=0.8, freq_penalty=0.8),
              "penalty": dict(temperature=1.3, freq_penalty=1.5),
-             "top_p": dict(temperature=2.0, top_p=0.6)}
+             "top_p": dict(temperature=2.0, top_p=0.6),
+             "top_k": dict(temperature=1.5, top_k=3)}
 
 
 def _pipeline_inputs(case: Case):
@@ -157,6 +172,10 @@ def pipeline_mistakes(input_ids, logits, settings) -> dict:
             next_token_logits(input_ids, apply_temperature(logits, t), 1.0, k, p, a),
         "the frequency penalty is ignored": next_token_logits(input_ids, logits, t, k, p, 0.0),
         "the temperature is ignored": next_token_logits(input_ids, logits, 1.0, k, p, a),
+        "top_k is ignored (apply_top_k when top_k > 0)": next_token_logits(input_ids, logits, t, 0, p, a),
+        "top_p is ignored (apply_top_p when top_p < 1)": next_token_logits(input_ids, logits, t, k, 1.0, a),
+        "the temperature multiplies the logits instead of dividing them":
+            next_token_logits(input_ids, logits, 1 / t, k, p, a),
     }
     return {d: as_probs(w) for d, w in wrong.items()}
 
@@ -168,17 +187,42 @@ def produce_pipeline(fn, case: Case, inputs: dict) -> dict:
     for key, settings in PIPELINES.items():
         outputs[key] = run_learner(what, fn, _repeat_rows(input_ids, DRAWS), _repeat_rows(logits, DRAWS),
                                    torch.Generator().manual_seed(case.seed), **settings)
-    try:
-        outputs["greedy"] = run_learner(what, fn, input_ids.clone(), logits.clone(),
-                                        torch.Generator().manual_seed(case.seed), temperature=0.0)
-    except CheckFailed as err:
-        raise CheckFailed(f"{err}\n  (with temperature=0.0: temperature 0 means greedy decoding; "
-                          "dividing the logits by 0 gives inf and NaN)") from None
+    penalty_ids = _penalty_probe(input_ids, logits)
+    for key, ids, settings in (("greedy", input_ids, dict(temperature=0.0)),
+                               ("greedy_penalty", penalty_ids, dict(temperature=0.0, freq_penalty=PROBE_PENALTY))):
+        try:
+            outputs[key] = run_learner(what, fn, ids.clone(), logits.clone(),
+                                       torch.Generator().manual_seed(case.seed), **settings)
+        except CheckFailed as failure:
+            if not is_crash(failure):
+                raise
+            raise crash(what, failure, ", ".join(f"{k}={v}" for k, v in settings.items()),
+                        "temperature 0 means greedy decoding: return the argmax of the penalised "
+                        "logits (dividing the logits by 0 gives inf and NaN)") from failure.__cause__
     outputs["cold"] = run_learner(what, fn, input_ids.clone(), logits.clone(),
                                   torch.Generator().manual_seed(case.seed), temperature=1e-4)
     for key, value in outputs.items():
         require_tensor(f"sample_next_token ({key})", value)
     return outputs
+
+
+PROBE_PENALTY = 1.0
+
+
+def _penalty_probe(input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """input_ids in which each row repeats its most likely token enough times that, with
+    freq_penalty PROBE_PENALTY, the penalised argmax is another token (by a clear margin)."""
+    ids = input_ids.clone()
+    top2 = logits.topk(2, -1).values
+    repeats = ((top2[:, 0] - top2[:, 1]) / PROBE_PENALTY).ceil().long() + 2
+    for row in range(ids.shape[0]):
+        for n in range(int(repeats[row]), ids.shape[1] + 1):
+            ids[row, :n] = logits[row].argmax()
+            penalised = apply_frequency_penalty(ids[row:row + 1], logits[row:row + 1], PROBE_PENALTY)
+            best = penalised.topk(2, -1).values[0]
+            if float(best[0] - best[1]) > DECISION_MARGIN:     # no near-tie decides the probe
+                break
+    return ids
 
 
 def judge_pipeline(case: Case, outputs: dict) -> None:
@@ -190,11 +234,22 @@ def judge_pipeline(case: Case, outputs: dict) -> None:
         check_shape(where, outputs[key], (batch,), ("batch",))
         if not torch.equal(outputs[key], expected):
             raise CheckFailed(f"{where} returned {outputs[key].tolist()}, expected the most likely "
-                              f"tokens {expected.tolist()}: " + (
-                                  "temperature 0 means greedy decoding (use greedy_search: "
-                                  "dividing by 0 gives inf/nan)." if temperature == 0 else
-                                  "a temperature near 0 makes sampling greedy. Likely mistake: "
-                                  "the temperature multiplies the logits instead of dividing them."))
+                              f"tokens {expected.tolist()}. " + (
+                                  "Temperature 0 means greedy decoding: return the argmax of the "
+                                  "(penalised) logits; dividing by 0 gives inf/nan." if temperature == 0 else
+                                  "Likely mistake: the temperature multiplies the logits instead of "
+                                  "dividing them (a temperature near 0 must make sampling greedy)."))
+    ids = _penalty_probe(input_ids, logits)
+    where = f"sample_next_token(..., temperature=0.0, freq_penalty={PROBE_PENALTY})"
+    penalised = greedy_search(apply_frequency_penalty(ids, logits, PROBE_PENALTY))
+    check_shape(where, outputs["greedy_penalty"], (batch,), ("batch",))
+    if not torch.equal(outputs["greedy_penalty"], penalised):
+        why = (" Likely mistake: at temperature 0 the frequency penalty is ignored (greedy on the raw "
+               "logits): penalise first, then take the argmax of the penalised logits."
+               if torch.equal(outputs["greedy_penalty"], greedy_search(logits)) else "")
+        raise CheckFailed(f"{where} on tokens that repeat each row's most likely token returned "
+                          f"{outputs['greedy_penalty'].tolist()}, expected {penalised.tolist()} (the "
+                          f"most likely tokens after the penalty).{why}")
     for key, settings in PIPELINES.items():
         where = f"sample_next_token(..., {', '.join(f'{k}={v}' for k, v in settings.items())})"
         check_shape(where, outputs[key], (batch * DRAWS,), ("batch",))
@@ -203,7 +258,7 @@ def judge_pipeline(case: Case, outputs: dict) -> None:
                     pipeline_mistakes(input_ids, logits, settings))
 
 
-pipeline_exercise = Exercise("08_sampling", "sample_next_token", produce_pipeline, judge_pipeline,
+pipeline_exercise = Exercise("08_sampling", "sample_next_token", produce_pipeline, diagnosis_first(judge_pipeline),
                              defaults={"text": None})
 check_sample_next_token = pipeline_exercise.checker(
     """Grade `sample_next_token(input_ids, logits, generator, temperature, top_k, top_p,

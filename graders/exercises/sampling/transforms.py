@@ -13,7 +13,9 @@ from graders.exercises.sampling.reference import (NEG_INF, apply_frequency_penal
                                                   apply_temperature, apply_top_k, apply_top_p,
                                                   greedy_search, token_counts)
 from graders.judging.cases import Case, rand_float
-from graders.judging.compare import CheckFailed, check_shape, compare, require_tensor
+from graders.exercises.diagnosis import (compare, crash, diagnosis_first, is_crash,
+                                         mismatched_sizes)
+from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import DECISION_MARGIN, PROBABILITY_SUM_SLACK, close
@@ -39,8 +41,10 @@ def token_list(ids: torch.Tensor) -> str:
     return ", ".join(map(str, shown)) + (" ..." if len(ids) > 10 else "")
 
 
-def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint: str = "") -> None:
-    """The tokens kept must be exactly the reference's; their probabilities must match."""
+def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint: str = "",
+                 rule=None) -> None:
+    """The tokens kept must be exactly the reference's; their probabilities must match.
+    `rule(row, kept_row)`, when given, says in words which rule the learner's kept tokens follow."""
     check_shape(what, actual, expected.shape, DIMS)
     if not actual.is_floating_point():
         raise CheckFailed(f"{what}: dtype {actual.dtype}; return floating-point logits.")
@@ -50,8 +54,15 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
                           "should be set to -inf with masked_fill, not computed arithmetically.")
     if (actual == NEG_INF).all(-1).any():
         row = int((actual == NEG_INF).all(-1).nonzero()[0])
+        alive = ~(actual == NEG_INF).all(-1)
+        for description, wrong in mistakes.items():
+            if bool(alive.any()) and torch.equal((actual > NEG_INF)[alive], (wrong > NEG_INF)[alive]):
+                raise CheckFailed(f"{what}: row {row} has every token removed (all -inf). Likely "
+                                  f"mistake: {description} (and the most likely token must always "
+                                  "stay)")
         raise CheckFailed(f"{what}: row {row} has every token removed (all -inf), so nothing can "
-                          "be sampled. A filter must always keep at least the most likely token.")
+                          "be sampled. Likely mistake: the most likely token is not forced to stay; "
+                          "a filter must always keep at least the most likely token.")
     kept, kept_expected = as_probs(actual) > 0, as_probs(expected) > 0
 
     def same(x, kept_x, y, kept_y):
@@ -81,6 +92,9 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
             if torch.equal(kept, as_probs(wrong) > 0):
                 lines.append(f"  Likely mistake: {description}")
                 break
+        else:
+            if rule is not None:
+                lines.append("  " + rule(row, kept[row]))
         if hint:
             lines.append(f"  Hint: {hint}")
         raise CheckFailed("\n".join(lines))
@@ -88,12 +102,23 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
             as_probs(actual).float(), as_probs(expected), DIMS, hint=hint)
 
 
-def _run_transform(what: str, fn, cases: list[tuple[str, tuple]]) -> dict:
-    """Run `fn(*args)` on each case, recording its output and whether it changed its inputs."""
+def _run_transform(what: str, fn, cases: list[tuple[str, tuple]], signature=None,
+                   crash_cause=None) -> dict:
+    """Run `fn(*args)` on each case, recording its output and whether it changed its inputs.
+    A crash is reported with the input that triggered it (`signature(*args)`) and, when
+    `crash_cause(failure, *args)` knows it, the likely cause."""
     outputs = {}
     for key, args in cases:
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        outputs[key] = run_learner(what, fn, *copies)
+        try:
+            outputs[key] = run_learner(what, fn, *copies)
+        except CheckFailed as failure:
+            if not is_crash(failure) or signature is None:
+                raise
+            shapes = ", ".join(f"{['input_ids', 'logits'][i] if len(args) == 3 else 'logits'} of shape "
+                               f"{list(a.shape)}" for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+            raise crash(what, failure, f"{what}({signature(*args)}) with {shapes}",
+                        crash_cause(failure, *args) if crash_cause else "") from failure.__cause__
         require_tensor(f"{what} on case {key}", outputs[key])
         outputs[f"{key}_modified"] = torch.tensor(any(
             isinstance(a, torch.Tensor) and not torch.equal(a, c) for a, c in zip(args, copies)))
@@ -107,21 +132,24 @@ def _no_in_place(what: str, outputs: dict, cases) -> None:
                               "masked_fill_ or -=). Return a new tensor; callers reuse their logits.")
 
 
-def transform_exercise(name: str, cases, reference, mistakes, signature, hint: str) -> Exercise:
+def transform_exercise(name: str, cases, reference, mistakes, signature, hint: str,
+                       crash_cause=None, rule=None) -> Exercise:
     """An exercise for a logit transform `name(*args)`: the learner's function runs on each of
     `cases(case)` ((key, args) pairs), and each output is judged against `reference(*args)`
-    with `mistakes(*args)` named; `signature(*args)` describes the call in messages."""
+    with `mistakes(*args)` named; `signature(*args)` describes the call in messages,
+    `crash_cause(failure, *args)` the likely cause of a crash, `rule(*args)` (a function of
+    (row, kept row)) which rule the tokens a learner kept follow."""
     def produce(fn, case: Case, inputs: dict) -> dict:
-        return _run_transform(name, fn, cases(case))
+        return _run_transform(name, fn, cases(case), signature, crash_cause)
 
     def judge(case: Case, outputs: dict) -> None:
         chosen = cases(case)
         _no_in_place(name, outputs, chosen)
         for key, args in chosen:
             judge_logits(f"{name}({signature(*args)})", outputs[key], reference(*args),
-                         mistakes(*args), hint=hint)
+                         mistakes(*args), hint=hint, rule=rule(*args) if rule else None)
 
-    return Exercise("08_sampling", name, produce, judge, defaults={"text": None})
+    return Exercise("08_sampling", name, produce, diagnosis_first(judge), defaults={"text": None})
 
 
 def logit_batch(seed: int, batch: int, scale: float = 3.0, vocab: int = VOCAB) -> torch.Tensor:
@@ -144,6 +172,18 @@ def judge_greedy(case: Case, outputs: dict) -> None:
     _no_in_place("greedy_search", outputs, cases)
     for key, (logits,) in cases:
         out, where = outputs[key], f"greedy_search(logits of shape {list(logits.shape)})"
+        shape = tuple(out.shape)
+        if shape == (logits.shape[1],) and torch.equal(out, logits.argmax(0)):
+            raise CheckFailed(f"{where}: shape {list(shape)}, expected [batch={logits.shape[0]}]. "
+                              "Likely mistake: argmax over the batch dimension (dim=0); take it over "
+                              "the vocabulary, dim=-1.")
+        if shape == (logits.shape[0], 1):
+            raise CheckFailed(f"{where}: shape {list(shape)}, expected [batch={logits.shape[0]}]. "
+                              "Likely mistake: keepdim=True (or topk's [batch, 1] indices) keeps a "
+                              "trailing dimension; return one token id per row, shape [batch].")
+        if shape == () and logits.shape[0] > 1:
+            raise CheckFailed(f"{where}: a single number, expected [batch={logits.shape[0]}]. Likely "
+                              "mistake: argmax without dim flattens the whole batch; use dim=-1.")
         check_shape(where, out, (logits.shape[0],), ("batch",))
         if out.dtype != torch.long:
             raise CheckFailed(f"{where}: dtype {out.dtype}; return token ids (torch.long): the "
@@ -159,7 +199,7 @@ def judge_greedy(case: Case, outputs: dict) -> None:
                               f"of each row, {expected.tolist()}.{why}")
 
 
-greedy_exercise = Exercise("08_sampling", "greedy_search", produce_greedy, judge_greedy,
+greedy_exercise = Exercise("08_sampling", "greedy_search", produce_greedy, diagnosis_first(judge_greedy),
                            defaults={"text": None})
 check_greedy = greedy_exercise.checker("Grade `greedy_search(logits) -> token ids`.")
 
@@ -210,6 +250,11 @@ def penalty_mistakes(input_ids, logits, penalty) -> dict:
             logits + penalty * counts,
         "the logits are divided by the counts: subtract penalty * count":
             logits / (1 + penalty * counts),
+        "only the last token of each row is penalised: count every token of input_ids":
+            logits - penalty * torch.nn.functional.one_hot(input_ids[:, -1], logits.shape[-1]).to(logits.dtype),
+        "the penalty is subtracted from the probabilities' log only once per distinct token per "
+        "batch (a presence penalty over the whole batch): count each row's own tokens":
+            logits - penalty * (whole_batch > 0).to(logits.dtype),
     }
 
 
@@ -240,7 +285,16 @@ def top_k_mistakes(logits, k) -> dict:
         keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, ranked[:, :max(n, 1)], True)
         return logits.masked_fill(~keep, NEG_INF)
 
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    unsorted_mask = sorted_logits < sorted_logits[:, k - 1:k]     # in sorted order
     return {
+        "the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
+        "first k vocabulary ids): put the mask back in vocabulary order (scatter it with the "
+        "sort's indices), or compare each logit with the k-th largest value":
+            logits.masked_fill(unsorted_mask, NEG_INF),
+        "the logits are returned in sorted order (the sort is never undone): keep each logit at "
+        "its token id":
+            sorted_logits.masked_fill(unsorted_mask, NEG_INF),
         "ties at the k-th largest value are broken (torch.topk + scatter keeps exactly k): keep "
         "EVERY token whose logit is >= the k-th largest, so the result does not depend on the "
         "order of tied tokens": keep_first(k),
@@ -253,9 +307,42 @@ def top_k_mistakes(logits, k) -> dict:
     }
 
 
+def _top_k_crash(failure, logits, k) -> str:
+    sizes = mismatched_sizes(failure)
+    if sizes and set(sizes) == {logits.shape[0], logits.shape[1]}:
+        return ("the k-th largest value lost its last dimension ([batch] instead of [batch, 1]), so "
+                "it cannot be compared with logits [batch, d_vocab]: keep it, with "
+                "topk(k).values[..., -1:] (or [:, [-1]], keepdim=True, unsqueeze(-1)).")
+    if k == logits.shape[-1]:   # the other cases ran: only k = d_vocab crashes
+        return (f"k equals the vocabulary size ({k}) here, and the code reaches one value past the "
+                "k-th largest (index k, or topk(k + 1)), which does not exist: the k-th largest "
+                "value is at index k - 1, and with k = d_vocab every token stays.")
+    return ""
+
+
+def _top_k_rule(logits, k):
+    def rule(row: int, kept: torch.Tensor) -> str:
+        ranked = kept[logits[row].argsort(descending=True, stable=True)]
+        n = int(kept.sum())
+        if not bool(ranked[:n].all()):
+            return ("Likely mistake: the kept tokens are not the largest logits (a smaller one is kept "
+                    "while a larger one is removed): a mask computed on sorted logits must be put "
+                    "back in vocabulary order before it is applied.")
+        kth = float(logits[row].topk(k).values[-1])
+        if n == k and int((logits[row] >= kth).sum()) > k:
+            return ("Likely mistake: ties at the k-th largest value are broken (exactly k tokens "
+                    "kept): keep EVERY token whose logit is >= the k-th largest, so the result does "
+                    "not depend on the order of tied tokens.")
+        return (f"Your rule keeps the {n} largest logits; top-k keeps every token whose logit is "
+                f">= the k-th largest ({kth:.4g}), here {int((logits[row] >= kth).sum())}.")
+    return rule
+
+
 top_k_exercise = transform_exercise(
-    "apply_top_k", _top_k_cases, apply_top_k, top_k_mistakes, lambda logits, k: f"logits, k={k}",
-    hint="kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.")
+    "apply_top_k", _top_k_cases, apply_top_k, top_k_mistakes,
+    lambda logits, k: f"logits, k={k}" + (", the vocabulary size" if k == logits.shape[-1] else ""),
+    hint="kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.",
+    crash_cause=_top_k_crash, rule=_top_k_rule)
 check_top_k = top_k_exercise.checker(
     "Grade `apply_top_k(logits, k)` (includes a tie at the k-th value, k = 1 and k = vocab).")
 
@@ -290,7 +377,27 @@ def top_p_mistakes(logits, p) -> dict:
         keep[..., 0] |= True
         return logits.masked_fill(~keep.scatter(-1, order, keep), NEG_INF)
 
+    in_sorted_slots = (cumulative - probs < p) | (torch.arange(logits.shape[-1]) == 0)
+    plain = logits.softmax(-1)
     return {
+        "each token's own probability is compared with top_p (a threshold on each probability): "
+        "top-p keeps the most likely tokens until their CUMULATIVE probability reaches top_p":
+            keep_any(logits, plain >= p),
+        "each token's own probability is compared with 1 - top_p (a threshold on each "
+        "probability): top-p keeps the most likely tokens until their CUMULATIVE probability "
+        "reaches top_p": keep_any(logits, plain > 1 - p),
+        "each token's own probability is compared with top_p, keeping the UNLIKELY ones: top-p "
+        "keeps the most likely tokens until their cumulative probability reaches top_p":
+            keep_any(logits, plain < p),
+        "the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
+        "first vocabulary ids): put the mask back in vocabulary order (scatter it with the sort's "
+        "indices) before it is applied":
+            logits.masked_fill(~in_sorted_slots, NEG_INF),
+        "the logits are returned in sorted order (the sort is never undone): keep each logit at "
+        "its token id": sorted_logits.masked_fill(~in_sorted_slots, NEG_INF),
+        "the cumulative probabilities are summed over the batch or in vocabulary order, not "
+        "in decreasing order of probability: sort descending first, then cumsum":
+            keep_any(logits, plain.cumsum(-1) - plain < p),
         "one token too few: the token that takes the total past top_p must be kept too (keep a "
         "token while the probability BEFORE it is < top_p)": keep_sorted(cumulative < p),
         "one token too many: stop at the first token that brings the total to top_p":
@@ -298,6 +405,29 @@ def top_p_mistakes(logits, p) -> dict:
         "the least likely tokens are kept (sorted in ascending order): sort descending":
             logits.masked_fill(~_ascending_keep(logits, p), NEG_INF),
     }
+
+
+def keep_any(logits, keep):
+    """`logits` with the tokens outside `keep` removed, the most likely one always kept."""
+    keep = keep | (torch.arange(logits.shape[-1]) == logits.argmax(-1, keepdim=True))
+    return logits.masked_fill(~keep, NEG_INF)
+
+
+def _top_p_rule(logits, p):
+    def rule(row: int, kept: torch.Tensor) -> str:
+        probs = logits[row].double().softmax(-1)
+        order = probs.argsort(descending=True, stable=True)
+        n = int(kept.sum())
+        if not bool(kept[order][:n].all()):
+            return ("Likely mistake: the kept tokens are not the most likely ones (a less likely "
+                    "token is kept while a more likely one is removed): a mask computed on sorted "
+                    "probabilities must be put back in vocabulary order before it is applied.")
+        cumulative = probs[order].cumsum(-1)
+        need = int((cumulative - probs[order] < p).sum().clamp(min=1))
+        return (f"Your rule keeps the {n} most likely tokens, total probability "
+                f"{float(cumulative[n - 1]):.4f}; top-p keeps the fewest most likely tokens whose "
+                f"total reaches top_p = {p:.4g}: {need}, total {float(cumulative[need - 1]):.4f}.")
+    return rule
 
 
 def _ascending_keep(logits, p):
@@ -311,6 +441,6 @@ top_p_exercise = transform_exercise(
     "apply_top_p", _top_p_cases, apply_top_p, top_p_mistakes,
     lambda logits, p: f"logits, top_p={p:.4g}",
     hint="sort descending, cumulative probabilities; keep a token while the total BEFORE it is "
-         "< top_p (the top token always stays).")
+         "< top_p (the top token always stays).", rule=_top_p_rule)
 check_top_p = top_p_exercise.checker(
     "Grade `apply_top_p(logits, top_p)` (includes top_p = 1.0 and a tiny top_p).")

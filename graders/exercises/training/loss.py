@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from graders.exercises.training.runs import with_grad
 from graders.exercises.training.tasks import reference_loss
 from graders.judging.cases import Case, rand_float
-from graders.judging.compare import CheckFailed, compare, require_tensor
+from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.judging.compare import CheckFailed, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -78,7 +79,11 @@ def judge_loss(case: Case, outputs: dict) -> None:
         if out.dim() != 0:
             hint = ""
             if tuple(out.shape) in ((logits.shape[0], logits.shape[1] - 1), tuple(logits.shape[:2])):
-                hint = " It looks like one loss per position: take the mean over batch and positions."
+                hint = (" Likely mistake: one loss per position is returned (reduction='none'); "
+                        "take the mean over batch and positions.")
+            elif tuple(out.shape) == (logits.shape[0],):
+                hint = (" Likely mistake: one loss per sequence is returned (a mean over positions "
+                        "only); take the mean over batch and positions.")
             raise CheckFailed(f"{where}: returned shape {list(out.shape)}; the loss is one number "
                               f"(a 0-dim tensor, shape []).{hint}")
         if bool(outputs[f"modified_{i}"]):
@@ -94,7 +99,7 @@ def judge_loss(case: Case, outputs: dict) -> None:
                               "`logits` (no .item(), .numpy(), .detach() or torch.no_grad()).")
 
 
-loss_exercise = Exercise("07_training", "lm_cross_entropy_loss", produce_loss, judge_loss,
+loss_exercise = Exercise("07_training", "lm_cross_entropy_loss", produce_loss, diagnosis_first(judge_loss),
                          defaults={"text": None, "batch": 3, "seq": 10})
 check_loss = loss_exercise.checker(
     "Grade `lm_cross_entropy_loss(logits, tokens)` (visible: batch 3, 10 positions).")

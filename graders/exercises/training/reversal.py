@@ -2,14 +2,19 @@
 generator) and `evaluate` (the held-out loss)."""
 from __future__ import annotations
 
+import dataclasses
+from functools import lru_cache
+
 import torch
 
 from graders.exercises.small_models import seeded_model
 from graders.exercises.training.tasks import (D_VOCAB, HALF, SEQ_LEN, reference_loss,
                                               reference_reversal, reversal_config)
 from graders.judging.cases import Case
-from graders.judging.compare import (CheckFailed, check_shape, compare, judge_generator_use,
-                                     require_tensor)
+from graders.exercises.diagnosis import compare, diagnosis_first, judge_randomness
+from graders.exercises.training.loss import loss_mistakes
+from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.tolerance import close
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -47,6 +52,29 @@ def _off_by_one(seqs: torch.Tensor) -> str | None:
             torch.equal(seqs[:, HALF + 1:], first[:, 1:].flip(-1)):
         return ("the mirror is off by one position: token 8 + i must equal token 7 - i "
                 "(token 8 = token 7, ..., token 15 = token 0).")
+    if len(seqs) > 1 and torch.equal(second, first.flip(0)):
+        return ("the halves are flipped along the wrong dimension: flip(0) reverses the order of "
+                "the sequences in the batch; reverse each sequence along its positions, "
+                "half.flip(-1) (or flip(1)).")
+    if len(seqs) > 1 and torch.equal(second, first.flip(0).flip(-1)):
+        return ("the halves are flipped along both dimensions (flip((0, 1)), or .flip() of every "
+                "dimension): reverse each sequence along its positions only, half.flip(-1).")
+    if torch.equal(second, first.sort(-1).values) or torch.equal(second, first.sort(-1, descending=True).values):
+        return ("the second half is the first one sorted, not reversed: reverse the order of the "
+                "positions, half.flip(-1), whatever the token values.")
+    return None
+
+
+def _shape_diagnosis(seqs: torch.Tensor, rows: int) -> str | None:
+    """Name a wrong shape that a known mistake produces."""
+    shape = tuple(seqs.shape)
+    if shape == (2 * rows, HALF):
+        return ("the halves are joined along the batch dimension (torch.cat(..., dim=0)): join "
+                "them along the positions, torch.cat([half, half.flip(-1)], dim=-1).")
+    if shape == (rows, HALF):
+        return "only the first half is returned: append its mirror, torch.cat([half, half.flip(-1)], dim=-1)."
+    if shape == (HALF, 2 * rows) or shape == (SEQ_LEN, rows):
+        return "the result is transposed: return [batch_size, 16], one sequence per row."
     return None
 
 
@@ -56,6 +84,9 @@ def judge_generator(case: Case, outputs: dict) -> None:
     for key, rows in (("a", n), ("one", 1)):
         seqs = outputs[key]
         where = f"make_reversal_batch({rows}, generator)"
+        if tuple(seqs.shape) != (rows, SEQ_LEN) and _shape_diagnosis(seqs, rows):
+            raise CheckFailed(f"{where}: shape {list(seqs.shape)}, expected [{rows}, {SEQ_LEN}]. "
+                              f"Likely mistake: {_shape_diagnosis(seqs, rows)}")
         check_shape(where, seqs, (rows, SEQ_LEN), dims)
         if seqs.dtype != torch.long:
             raise CheckFailed(f"{where}: dtype {seqs.dtype}; token ids must be torch.long (int64) "
@@ -67,6 +98,10 @@ def judge_generator(case: Case, outputs: dict) -> None:
         raise CheckFailed(f"{where}: token ids range over [{low}, {high}]; they must lie in "
                           f"[0, {D_VOCAB - 1}] (torch.randint's upper bound is exclusive: "
                           f"randint(0, {D_VOCAB}, ...)).")
+    if n > 1 and torch.equal(seqs, seqs[:1].expand(n, -1)):
+        raise CheckFailed(f"{where}: every sequence is the same. Likely mistake: one random half is "
+                          "drawn and repeated over the batch; draw [batch_size, 8] random tokens, "
+                          "one half per sequence.")
     seen = torch.bincount(seqs[:, :HALF].flatten(), minlength=D_VOCAB)
     if (seen == 0).any():
         missing = (seen == 0).nonzero().flatten().tolist()
@@ -84,12 +119,12 @@ def judge_generator(case: Case, outputs: dict) -> None:
     if len(torch.unique(seqs[:, :HALF], dim=0)) < 0.95 * n:
         raise CheckFailed(f"{where}: the first halves repeat across sequences; each sequence needs "
                           "its own random tokens.")
-    judge_generator_use("make_reversal_batch", outputs, "sequences",
-                        "torch.randint(..., generator=generator)")
+    judge_randomness("make_reversal_batch", outputs, "sequences",
+                     "torch.randint(..., generator=generator)")
 
 
 generator_exercise = Exercise("07_training", "make_reversal_batch", produce_generator,
-                              judge_generator, defaults={"text": None})
+                              diagnosis_first(judge_generator), defaults={"text": None})
 check_reversal_generator = generator_exercise.checker(
     "Grade `make_reversal_batch(batch_size, generator)`.")
 
@@ -108,14 +143,31 @@ def _as_loss_number(what: str, value) -> torch.Tensor:
     raise CheckFailed(f"{what} returned {type(value).__name__}; return the mean loss as a float.")
 
 
+def _evaluated_model(case: Case):
+    """The model `evaluate` is checked on: the reversal model, its logits spread (init_range
+    0.3) so that the usual wrong losses land far from the right one."""
+    return seeded_model(dataclasses.replace(reversal_config(), init_range=0.3), case.seed)
+
+
 def _eval_sets(case: Case) -> list[torch.Tensor]:
-    """Two held-out sets: 300 sequences (more than one batch of 256), then 7."""
-    return [reference_reversal(300, torch.Generator().manual_seed(10_000 + case.seed)),
-            reference_reversal(7, torch.Generator().manual_seed(20_000 + case.seed))]
+    return [tokens.clone() for tokens in _cached_eval_sets(case)]
+
+
+@lru_cache(maxsize=4)
+def _cached_eval_sets(case: Case) -> tuple[torch.Tensor, ...]:
+    """Two held-out sets: 300 sequences (more than one batch of 256), hardest first for the
+    evaluated model, so that chunk means differ and an unweighted mean of them shows; then 7."""
+    tokens = reference_reversal(300, torch.Generator().manual_seed(10_000 + case.seed))
+    with torch.no_grad():
+        logits = _evaluated_model(case)(tokens)[:, :-1]
+        per_sequence = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:],
+                                                         reduction="none").mean(-1)
+    return (tokens[per_sequence.argsort(descending=True)],
+            reference_reversal(7, torch.Generator().manual_seed(20_000 + case.seed)))
 
 
 def produce_evaluate(fn, case: Case, inputs: dict) -> dict:
-    model = seeded_model(reversal_config(), case.seed)
+    model = _evaluated_model(case)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     outputs = {}
     for i, tokens in enumerate(_eval_sets(case)):
@@ -133,7 +185,7 @@ def judge_evaluate(case: Case, outputs: dict) -> None:
     if bool(outputs["weights_changed"]):
         raise CheckFailed("evaluate changed the model's weights. Evaluation only measures: no "
                           "optimizer step, no backward (wrap it in torch.no_grad()).")
-    model = seeded_model(reversal_config(), case.seed)
+    model = _evaluated_model(case)
     if torch.equal(outputs["loss_0"], outputs["loss_1"]):
         raise CheckFailed("evaluate returned the same loss, "
                           f"{outputs['loss_0'].item():.6g}, for two different sets of held-out "
@@ -144,20 +196,41 @@ def judge_evaluate(case: Case, outputs: dict) -> None:
         for i, tokens in enumerate(_eval_sets(case)):
             if bool(outputs[f"modified_{i}"]):
                 raise CheckFailed("evaluate modified the tokens it was given in place.")
-            expected = reference_loss(model(tokens), tokens)
-            other = _eval_sets(case)[1 - i]
+            logits = model(tokens)
+            expected = reference_loss(logits, tokens)
+            if close(outputs[f"loss_{i}"].reshape(1), expected.reshape(1)):
+                continue
             compare(f"evaluate(model, tokens) on {len(tokens)} held-out sequences",
                     outputs[f"loss_{i}"].reshape(1), expected.reshape(1), ("loss",),
-                    mistakes={"the loss is computed on other sequences than the `tokens` passed "
-                              "in (a training batch?): evaluate exactly the tokens it is given":
-                              reference_loss(model(other), other).reshape(1),
-                              "only the first batch of the held-out tokens is evaluated":
-                              reference_loss(model(tokens[:256]), tokens[:256]).reshape(1)},
+                    mistakes={k: v.reshape(1) for k, v in evaluate_mistakes(model, tokens, logits,
+                                                                            _eval_sets(case)[1 - i]).items()},
                     hint="return the mean next-token loss of `model` on exactly `tokens`, "
                          "under torch.no_grad().")
 
 
-evaluate_exercise = Exercise("07_training", "evaluate", produce_evaluate, judge_evaluate,
+CHUNK_SIZES = (256, 128, 64, 32, 100, 200, 50, 16)   # batch sizes learners evaluate in
+
+
+def evaluate_mistakes(model, tokens: torch.Tensor, logits: torch.Tensor, other: torch.Tensor) -> dict:
+    """What the usual wrong `evaluate`s return on `tokens`, by description."""
+    mistakes = {"the loss is computed on other sequences than the `tokens` passed in (a training "
+                "batch?): evaluate exactly the tokens it is given":
+                reference_loss(model(other), other),
+                "only the first batch of the held-out tokens is evaluated":
+                reference_loss(model(tokens[:256]), tokens[:256])}
+    for size in CHUNK_SIZES:
+        chunks = tokens.split(size)
+        if len(chunks) > 1 and len(chunks[-1]) != size:
+            mistakes[f"the chunk means are averaged without weighting by chunk size (the last "
+                     f"chunk of {len(chunks[-1])} sequences counts as much as a full one of {size}): "
+                     "sum each chunk's loss times its length, then divide by the number of "
+                     "sequences"] = torch.stack([reference_loss(model(c), c) for c in chunks]).mean()
+    for description, value in loss_mistakes(logits, tokens).items():
+        mistakes[f"evaluate's loss: {description}"] = value
+    return mistakes
+
+
+evaluate_exercise = Exercise("07_training", "evaluate", produce_evaluate, diagnosis_first(judge_evaluate),
                              defaults={"text": None})
 check_evaluate = evaluate_exercise.checker(
     "Grade `evaluate(model, tokens) -> float` on held-out reversal sequences.")

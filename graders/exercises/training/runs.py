@@ -15,12 +15,126 @@ from dataclasses import dataclass
 import torch
 
 from graders.exercises.small_models import seeded_model
+from graders.judging.compare import CheckFailed
 from graders.judging.learner import run_learner
+from graders.judging.tolerance import GRADIENT_CLEARED_COSINE
 from graders.reference.config import Config
 
 STUCK_HINT = ("Likely mistakes: optimizer.step() is never called; loss.backward() is missing; "
               "the optimizer was built on other parameters than model.parameters() (or before "
               "the model it trains); or the learning rate argument is not used.")
+WATCHED_NUMEL = 100_000        # parameters this small are watched for gradient accumulation
+
+
+class TrainingProbe:
+    """What the learner's loop does with optimizers and gradients, watched while it runs:
+    how many optimizers stepped and how often, on which parameters and learning rate, and
+    whether each step's gradient is the one backward just computed (zero_grad) or a pile-up."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model_params = {id(p) for p in model.parameters()}
+        self.params = list(model.parameters())
+        self.watched = [p for p in self.params if p.requires_grad and p.numel() <= WATCHED_NUMEL]
+        self.incoming: dict[int, torch.Tensor] = {}
+        self.steps_per_optimizer: list[int] = []
+        self.lrs: list[float] = []
+        self.on_model, self.without_grad, self.accumulated, self.checked = False, 0, 0, 0
+        self.handles = []
+
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self.handles.append(register_optimizer_step_pre_hook(self._step))
+        for p in self.watched:
+            self.handles.append(p.register_hook(lambda grad, key=id(p): self._incoming(key, grad)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+    def _incoming(self, key: int, grad: torch.Tensor) -> None:
+        grad = grad.detach()
+        self.incoming[key] = grad.clone() if key not in self.incoming else self.incoming[key] + grad
+
+    def _step(self, optimizer, args, kwargs) -> None:
+        tag = getattr(optimizer, "_course_training_probe", None)
+        if tag is None:
+            tag = len(self.steps_per_optimizer)
+            optimizer._course_training_probe = tag
+            self.steps_per_optimizer.append(0)
+            self.lrs.append(float(optimizer.param_groups[0].get("lr", float("nan"))))
+        self.steps_per_optimizer[tag] += 1
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self.on_model = self.on_model or bool(stepped & self.model_params)
+        if all(p.grad is None for p in self.params):
+            self.without_grad += 1
+        have = [p for p in self.watched if p.grad is not None and id(p) in self.incoming]
+        if have:
+            now = torch.cat([p.grad.detach().double().flatten() for p in have])
+            new = torch.cat([self.incoming[id(p)].double().flatten() for p in have])
+            if float(now.norm()) > 0 and float(new.norm()) > 0:
+                self.checked += 1
+                if float(now @ new / (now.norm() * new.norm())) < GRADIENT_CLEARED_COSINE:
+                    self.accumulated += 1
+        self.incoming = {}
+
+    def outputs(self) -> dict:
+        return {"optimizer_steps": torch.tensor(self.steps_per_optimizer or [0], dtype=torch.long),
+                "optimizer_lrs": torch.tensor(self.lrs or [float("nan")], dtype=torch.float64),
+                "optimizer_on_model": torch.tensor(self.on_model),
+                "steps_without_grad": torch.tensor(self.without_grad),
+                "steps_accumulated": torch.tensor(self.accumulated),
+                "steps_checked": torch.tensor(self.checked)}
+
+
+def judge_loop(outputs: dict, n_steps: int) -> None:
+    """Mistakes the probe sees whatever the loss: an optimizer on other parameters, one
+    re-created during training, and gradients that are never cleared."""
+    if "optimizer_steps" not in outputs:
+        return
+    steps = outputs["optimizer_steps"].tolist()
+    if sum(steps) and not bool(outputs["optimizer_on_model"]):
+        raise CheckFailed(
+            "train's optimizer never steps the trained model's parameters. Likely mistake: the "
+            "optimizer was built on other parameters than the trained model's (build it from "
+            "model.parameters() of the model train is given, after that model exists).")
+    if len(steps) > 1 and max(steps) < n_steps:
+        raise CheckFailed(
+            f"train built {len(steps)} optimizers for n_steps={n_steps} (the longest-lived one made "
+            f"{max(steps)} steps). Likely mistake: the optimizer is re-created "
+            + ("every step" if len(steps) >= n_steps else "during training")
+            + " (inside the loop), so AdamW's running averages of each gradient start over each "
+            "time. Create it once, before the loop, from model.parameters().")
+    checked, piled = int(outputs["steps_checked"]), int(outputs["steps_accumulated"])
+    if checked >= 2 and piled > checked // 2:
+        raise CheckFailed(
+            f"train's gradients pile up: at {piled} of {checked} steps the gradient the optimizer "
+            "used was not the one loss.backward() had just computed. Likely mistake: "
+            "optimizer.zero_grad() is missing: PyTorch adds new gradients into .grad, so every "
+            "update uses the sum of all gradients so far; clear them once per step.")
+
+
+def stuck_diagnosis(outputs: dict, lr: float) -> str:
+    """Why a loop that hardly learns does not, from what the probe saw (or the usual suspects)."""
+    if "optimizer_steps" not in outputs:
+        return STUCK_HINT
+    steps = outputs["optimizer_steps"].tolist()
+    if sum(steps) == 0:
+        return ("Likely mistake: optimizer.step() is never called, so the weights never change "
+                "(no optimizer stepped during train).")
+    if int(outputs["steps_without_grad"]) == sum(steps):
+        return ("Likely mistake: loss.backward() is missing (or zero_grad() runs between backward() "
+                "and step()): the optimizer stepped with no gradients, every parameter's .grad was "
+                "None.")
+    if not bool(outputs["optimizer_on_model"]):
+        return ("Likely mistake: the optimizer was built on other parameters than the trained "
+                "model's (build it from model.parameters(), after the model it trains).")
+    used = float(outputs["optimizer_lrs"][0])
+    if abs(used - lr) > 1e-3 * lr:
+        return (f"Likely mistake: the lr argument is not used: the optimizer's learning rate is "
+                f"{used:g}, train was called with lr={lr:g}.")
+    return STUCK_HINT
 
 
 @contextlib.contextmanager
@@ -70,9 +184,9 @@ def reported_losses(result) -> torch.Tensor:
 def run_training(run: TrainingRun, cfg: Config, seed: int, make_batch, n_steps: int, lr: float,
                  eval_tokens: torch.Tensor, eval_every: int):
     """A fresh model of `run.model_class` seeded with `seed`, trained by the learner's `train`:
-    (the model, what `train` returned)."""
+    (the model, what `train` returned, what the `TrainingProbe` saw)."""
     model = seeded_model(cfg, seed, run.model_class)
-    with one_thread():
+    with one_thread(), TrainingProbe(model) as probe:
         result = run_learner("train", with_grad, run.train, model, make_batch, n_steps=n_steps,
                              lr=lr, eval_tokens=eval_tokens, eval_every=eval_every, progress=False)
-    return model, result
+    return model, result, probe.outputs()

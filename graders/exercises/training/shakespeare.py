@@ -7,8 +7,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from graders.exercises.training.runs import (STUCK_HINT, CountingBatches, TrainingRun,
-                                             one_thread, run_training)
+from graders.exercises.diagnosis import diagnosis_first
+from graders.exercises.training.runs import (CountingBatches, TrainingRun, judge_loop, one_thread,
+                                             run_training, stuck_diagnosis)
 from graders.exercises.training.tasks import (
     ABOVE_UNIGRAM, N_SMOKE_VAL_WINDOWS, N_VAL_WINDOWS, SHAKESPEARE_BATCH, SHAKESPEARE_LR,
     SHAKESPEARE_STEPS, SHAKESPEARE_WINDOW, SMOKE_BELOW_UNIFORM, SMOKE_STEPS, random_windows,
@@ -26,8 +27,8 @@ def _shakespeare_producer(n_steps: int, n_val_windows: int):
         generator = torch.Generator().manual_seed(case.seed)
         batches = CountingBatches(lambda: random_windows(train_ids, SHAKESPEARE_BATCH, generator))
         eval_tokens = random_windows(val_ids, 8, torch.Generator().manual_seed(60_000 + case.seed))
-        model, _ = run_training(run, shakespeare_config(), case.seed, batches, n_steps,
-                                SHAKESPEARE_LR, eval_tokens, n_steps)
+        model, _, probe = run_training(run, shakespeare_config(), case.seed, batches, n_steps,
+                                       SHAKESPEARE_LR, eval_tokens, n_steps)
         model.eval()
         windows = random_windows(val_ids, n_val_windows,
                                  torch.Generator().manual_seed(50_000 + case.seed))
@@ -39,7 +40,8 @@ def _shakespeare_producer(n_steps: int, n_val_windows: int):
                             ("sequence", "position", "d_vocab"))
                 losses.append(F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), chunk[:, 1:],
                                               reduction="none"))
-        return {"val_token_losses": torch.cat(losses), "batches_drawn": torch.tensor(batches.calls)}
+        return {"val_token_losses": torch.cat(losses), "batches_drawn": torch.tensor(batches.calls),
+                **probe}
     return produce
 
 
@@ -48,7 +50,10 @@ def _judge_run(outputs: dict, n_steps: int, n_val_windows: int, required: float,
     drawn = int(outputs["batches_drawn"])
     if drawn != n_steps:
         raise CheckFailed(f"train drew {drawn} batches for n_steps={n_steps}; it should draw "
-                          "exactly one per step (evaluation uses eval_tokens, never make_batch).")
+                          "exactly one per step (evaluation uses eval_tokens, never make_batch)."
+                          + (" Likely mistake: evaluation uses training batches (make_batch())."
+                             if drawn > n_steps else ""))
+    judge_loop(outputs, n_steps)
     token_losses = outputs["val_token_losses"]
     check_shape("validation losses", token_losses, (n_val_windows, SHAKESPEARE_WINDOW - 1),
                 ("window", "position"))
@@ -61,14 +66,15 @@ def _judge_run(outputs: dict, n_steps: int, n_val_windows: int, required: float,
     if math.isfinite(val) and val <= required:
         return
     if not math.isfinite(val) or val > uniform + 1:
-        raise CheckFailed(message + " That is worse than guessing uniformly over the vocabulary. "
-                          "Likely mistake: optimizer.zero_grad() is missing, so gradients pile up "
-                          "across steps.")
+        raise CheckFailed("train (tiny Shakespeare): worse than guessing uniformly over the "
+                          "vocabulary. Likely mistake: optimizer.zero_grad() is missing, so "
+                          f"gradients pile up across steps.\n  {message}")
     if val > uniform - 0.5:
-        raise CheckFailed(message + " The model has hardly learned. " + STUCK_HINT)
-    raise CheckFailed(message + " It learned, but too slowly. Likely mistakes: the optimizer or its "
-                      "state is re-created every step; the lr argument is not used; or the loss "
-                      "is not the mean next-token loss.")
+        raise CheckFailed(f"train (tiny Shakespeare): the model has hardly learned. "
+                          f"{stuck_diagnosis(outputs, SHAKESPEARE_LR)}\n  {message}")
+    raise CheckFailed(f"train (tiny Shakespeare): it learned, but too slowly. "
+                      f"{stuck_diagnosis(outputs, SHAKESPEARE_LR)}\n  {message}\n  Other causes: "
+                      "the loss is not the mean next-token loss; too few updates.")
 
 
 def judge_shakespeare(case: Case, outputs: dict) -> None:
@@ -110,10 +116,10 @@ def judge_shakespeare_smoke(case: Case, outputs: dict) -> None:
 
 shakespeare_exercise = Exercise("07_training", "train (tiny Shakespeare)",
                                 _shakespeare_producer(SHAKESPEARE_STEPS, N_VAL_WINDOWS),
-                                judge_shakespeare, defaults={"text": None})
+                                diagnosis_first(judge_shakespeare), defaults={"text": None})
 smoke_exercise = Exercise("07_training", "train (tiny Shakespeare, short run)",
                           _shakespeare_producer(SMOKE_STEPS, N_SMOKE_VAL_WINDOWS),
-                          judge_shakespeare_smoke, defaults={"text": None})
+                          diagnosis_first(judge_shakespeare_smoke), defaults={"text": None})
 check_shakespeare_training = shakespeare_exercise.checker(
     "The graded run: train the 2-layer d_model-256 model on tiny Shakespeare with `train`.",
     learner=TrainingRun)

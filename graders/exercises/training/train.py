@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from graders.exercises.training.runs import (STUCK_HINT, CountingBatches, TrainingRun,
-                                             one_thread, reported_losses, run_training)
+from graders.exercises.diagnosis import diagnosis_first
+from graders.exercises.training.runs import (CountingBatches, TrainingRun, judge_loop, one_thread,
+                                             reported_losses, run_training, stuck_diagnosis)
 from graders.exercises.training.tasks import (
     BAND_ABOVE, BAND_BELOW, D_VOCAB, FIRST_HALF_MAX_ACCURACY, FLOOR, N_TEST_SEQUENCES,
     N_UNPREDICTABLE, REVERSAL_BATCH, REVERSAL_EVAL_EVERY, REVERSAL_LR, REVERSAL_STEPS,
@@ -27,13 +28,13 @@ def produce_train(run: TrainingRun, case: Case, inputs: dict) -> dict:
     generator = torch.Generator().manual_seed(case.seed)
     batches = CountingBatches(lambda: reference_reversal(REVERSAL_BATCH, generator))
     eval_tokens = reference_reversal(200, torch.Generator().manual_seed(40_000 + case.seed))
-    model, result = run_training(run, reversal_config(), case.seed, batches, REVERSAL_STEPS,
-                                 REVERSAL_LR, eval_tokens, REVERSAL_EVAL_EVERY)
+    model, result, probe = run_training(run, reversal_config(), case.seed, batches, REVERSAL_STEPS,
+                                        REVERSAL_LR, eval_tokens, REVERSAL_EVAL_EVERY)
     model.eval()
     with one_thread():
         logits = run_learner("the trained model", model, _test_sequences(case))
     return {"logits": logits, "batches_drawn": torch.tensor(batches.calls),
-            "reported_losses": reported_losses(result)}
+            "reported_losses": reported_losses(result), **probe}
 
 
 def judge_train(case: Case, outputs: dict) -> None:
@@ -57,6 +58,7 @@ def judge_train(case: Case, outputs: dict) -> None:
                 "held-out eval_tokens: a model evaluated on what it trains on looks better than it "
                 "is." if more else
                 "Call make_batch() once at every step (and run exactly n_steps steps)."))
+    judge_loop(outputs, steps)
     logits = outputs["logits"]
     tokens = _test_sequences(case)
     check_shape("the trained model's logits", logits, (N_TEST_SEQUENCES, SEQ_LEN, D_VOCAB),
@@ -71,36 +73,38 @@ def judge_train(case: Case, outputs: dict) -> None:
                f"accuracy on the 7 unpredictable targets {100 * first_acc:.1f}% (chance 1%), "
                f"lowest accuracy on the 8 mirrored targets {100 * second_acc:.1f}%.")
     if not math.isfinite(loss):
-        raise CheckFailed(f"{summary}\nThe loss is not finite: training diverged.")
+        raise CheckFailed(f"train (reversal task): the loss is not finite: training diverged.\n  {summary}")
     if loss < FLOOR - BAND_BELOW or first_acc > FIRST_HALF_MAX_ACCURACY:
         raise CheckFailed(
-            f"{summary}\nThat is better than possible: the first 7 targets are fresh random tokens "
-            f"no model can predict from the past. Likely mistake: information is leaking from the "
-            f"future (check your causal mask: position i must not attend to positions > i).")
+            f"train (reversal task): the trained model does better than possible. Likely mistake: "
+            f"information is leaking from the future (check your causal mask: position i must not "
+            f"attend to positions > i).\n  {summary}\n  The first 7 targets are fresh random "
+            f"tokens no model can predict from the past.")
     if len(reported) and reported[-20:].mean().item() < FLOOR - 0.5 and loss > FLOOR + BAND_ABOVE:
         raise CheckFailed(
-            f"{summary}\nYet the training losses train() reported end at "
-            f"{reported[-20:].mean().item():.3f}, below what any model can reach. Likely mistake: "
-            f"the training loss is not shifted (each position is trained to output its own token, "
-            f"not the next one); train with lm_cross_entropy_loss.")
+            f"train (reversal task): the training losses train() reported end at "
+            f"{reported[-20:].mean().item():.3f}, below what any model can reach, while the held-out "
+            f"loss is {loss:.3f}. Likely mistake: the training loss is not shifted (each position "
+            f"is trained to output its own token, not the next one); train with "
+            f"lm_cross_entropy_loss.\n  {summary}")
     if loss > UNTRAINED_LOSS + 0.5:     # no learning stays near ln 100; no zero_grad: 5.36
         raise CheckFailed(
-            f"{summary}\nThat is worse than an untrained model (which guesses uniformly): the "
-            f"updates overshoot. Likely mistake: optimizer.zero_grad() is missing, so gradients "
-            f"pile up across steps and every update uses their growing sum.")
+            f"train (reversal task): the trained model is worse than an untrained one (which "
+            f"guesses uniformly): the updates overshoot. Likely mistake: optimizer.zero_grad() is "
+            f"missing, so gradients pile up across steps and every update uses their growing "
+            f"sum.\n  {summary}")
     if loss > STUCK_ABOVE:
-        raise CheckFailed(f"{summary}\nThe model has not learned: the loss is still about ln 100. "
-                          + STUCK_HINT)
+        raise CheckFailed(f"train (reversal task): the model has not learned, the loss is still about "
+                          f"ln 100. {stuck_diagnosis(outputs, REVERSAL_LR)}\n  {summary}")
     if loss > FLOOR + BAND_ABOVE or second_acc < SECOND_HALF_MIN_ACCURACY:
         raise CheckFailed(
-            f"{summary}\nIt learned, but not enough: the grader expects the loss within "
+            f"train (reversal task): it learned, but not enough (the grader expects the loss within "
             f"{BAND_ABOVE} of {FLOOR:.3f} and >= {100 * SECOND_HALF_MIN_ACCURACY:.0f}% on every "
-            f"mirrored target. Likely mistakes: optimizer.zero_grad() is missing, so gradients "
-            f"pile up across steps; the optimizer or its state is re-created every step; the loss "
-            f"is not the mean next-token loss; or the lr argument is not used.")
+            f"mirrored target). {stuck_diagnosis(outputs, REVERSAL_LR)}\n  {summary}\n  Other "
+            f"causes: the loss is not the mean next-token loss; too few updates.")
 
 
-train_exercise = Exercise("07_training", "train (reversal task)", produce_train, judge_train,
+train_exercise = Exercise("07_training", "train (reversal task)", produce_train, diagnosis_first(judge_train),
                           defaults={"text": None})
 check_train = train_exercise.checker(
     """Train a fresh 2-layer model with the learner's `train` on the grader's data and budget.

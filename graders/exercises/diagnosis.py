@@ -1,0 +1,143 @@
+"""How the graders word a failure: the specific diagnosis first, details and hints after.
+
+- `diagnosis_first(judge)`: a judge whose messages carry their "Likely mistake: ..." line on the
+  first line (the line a learner reads), whatever check raised it.
+- `compare`: `graders.judging.compare.compare`, with that rule applied.
+- `crash(...)`: a crash inside learner code at a given input, reported with that input and the
+  likely cause, before the library's own words.
+- `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
+- `judge_randomness(...)`: where the randomness of a sampler or data generator comes from, with
+  one message per mistake (always the most likely token, a fixed seed, torch's global generator).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.compare import compare as _compare
+
+LIKELY = "Likely mistake:"
+
+
+def lift_diagnosis(message: str) -> str:
+    """`message` with its first "Likely mistake: ..." line moved up to the end of its first line."""
+    lines = message.split("\n")
+    if not lines or LIKELY in lines[0]:
+        return message
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip().startswith(LIKELY):
+            first = lines[0].rstrip()
+            return "\n".join([f"{first} {line.strip()}"] + lines[1:i] + lines[i + 1:])
+    return message
+
+
+def diagnosis_first(judge: Callable) -> Callable:
+    """Wrap a judge so that every failure it raises names the mistake on its first line."""
+    @functools.wraps(judge)
+    def judged(case, outputs):
+        try:
+            return judge(case, outputs)
+        except CheckFailed as failure:
+            lifted = lift_diagnosis(str(failure))
+            if lifted == str(failure):
+                raise
+            raise CheckFailed(lifted) from failure.__cause__
+    return judged
+
+
+def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
+            mistakes: Mapping[str, torch.Tensor] | None = None, hint: str = "",
+            depth: int = 1) -> None:
+    """The course comparison; a recognised mistake is named on the message's first line."""
+    try:
+        _compare(what, actual, expected, dims, mistakes=mistakes, hint=hint, depth=depth)
+    except CheckFailed as failure:
+        lifted = lift_diagnosis(str(failure))
+        if lifted == str(failure):
+            raise
+        raise CheckFailed(lifted) from failure.__cause__
+
+
+def is_crash(failure: CheckFailed) -> bool:
+    """Whether a `run_learner` failure is the learner's code raising (not a stub, a forbidden
+    library call or a grader's own verdict)."""
+    cause = failure.__cause__
+    return isinstance(cause, Exception) and not isinstance(cause, CheckFailed)
+
+
+def crash(what: str, failure: CheckFailed, on: str, likely: str = "") -> CheckFailed:
+    """A crash of learner code `what` on input `on`, the likely cause first when known."""
+    head = f"{what} crashed on {on}"
+    head += f". Likely mistake: {likely}" if likely else "."
+    return CheckFailed(f"{head}\n  {str(failure).splitlines()[0]}" +
+                       "".join(f"\n  {line.strip()}" for line in str(failure).splitlines()[1:]))
+
+
+SIZE_MISMATCH = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def mismatched_sizes(failure: CheckFailed) -> tuple[int, int] | None:
+    """The two sizes of a broadcasting error, if that is what the learner's code raised."""
+    found = SIZE_MISMATCH.search(str(failure))
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def judge_randomness(what: str, outputs: Mapping, made: str, how: str,
+                     deterministic: Mapping[str, torch.Tensor] = {}) -> None:
+    """Randomness must come from the generator the caller passes, and only from it.
+
+    `outputs` holds "a" and "a_again" (same seed), "b" (another seed) and "global_rng_used";
+    `deterministic` maps a description of a known deterministic mistake (e.g. "always takes the
+    most likely token (argmax)") to what it outputs on the same input as "a".
+    """
+    if bool(outputs["global_rng_used"]) and not torch.equal(outputs["a"], outputs["a_again"]):
+        raise CheckFailed(f"{what} draws from torch's global random generator, not from the "
+                          f"generator it is given: two calls with generators seeded the same gave "
+                          f"different {made}. Pass the generator on: {how}.")
+    if not torch.equal(outputs["a"], outputs["a_again"]):
+        raise CheckFailed(f"{what}: two calls with generators seeded the same gave different "
+                          f"{made}: some randomness does not come from the generator you are "
+                          f"given. Draw every random number from it: {how}.")
+    if torch.equal(outputs["a"], outputs["b"]):
+        for description, output in deterministic.items():
+            if output.shape == outputs["a"].shape and torch.equal(outputs["a"], output):
+                raise CheckFailed(f"{what} {description}, so generators with different seeds give "
+                                  f"the same {made}. Sample instead: {how}.")
+        if bool(outputs["global_rng_used"]):
+            raise CheckFailed(f"{what} reseeds torch's global random generator (torch.manual_seed), "
+                              f"so generators with different seeds give the same {made}. Use only "
+                              f"the generator you are given: {how}.")
+        raise CheckFailed(f"{what} ignores the generator's seed: generators with different seeds "
+                          f"give the same {made}. Likely mistake: it draws from a generator of "
+                          f"its own with a fixed seed (or reseeds the one it is given); draw from "
+                          f"the generator you are given, as it is: {how}.")
+    if bool(outputs["global_rng_used"]):
+        raise CheckFailed(f"{what} used or reseeded torch's global random generator. Use only the "
+                          f"generator passed in ({how}), so that callers control the randomness.")
+
+
+def judge_generated(where: str, out: torch.Tensor, prompt: torch.Tensor, n_new: int) -> None:
+    """Shape, dtype and prompt of a `generate` output expected to hold prompt + n_new tokens."""
+    require_tensor(where, out)
+    n_prompt = prompt.shape[1]
+    if out.ndim == 2 and out.shape[0] == prompt.shape[0] and out.shape[1] == n_new:
+        raise CheckFailed(f"{where}: shape {list(out.shape)}, expected {[prompt.shape[0], n_prompt + n_new]}. "
+                          "Likely mistake: only the new tokens are returned; return the prompt "
+                          "followed by them (torch.cat([input_ids, new_tokens], dim=-1)).")
+    check_shape(where, out, (prompt.shape[0], n_prompt + n_new), ("batch", "position"))
+    if out.dtype != torch.long:
+        raise CheckFailed(f"{where}: dtype {out.dtype}; return token ids as torch.long.")
+    if not torch.equal(out[:, :n_prompt], prompt):
+        raise CheckFailed(f"{where}: the output must start with the prompt, then the new tokens.")
+
+
+def describe(x) -> str:
+    """A learner-facing description of an argument: dtype and shape for tensors."""
+    if isinstance(x, torch.Tensor):
+        dtype = str(x.dtype).replace("torch.", "")
+        return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} tensor of shape {list(x.shape)}"
+    return "None" if x is None else type(x).__name__
