@@ -29,7 +29,7 @@ lab: setup
 	  $(BIN)/jupyter lab --notebook-dir=$(LAB_DIR) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 test: setup
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q --durations=30
 
 exercises: setup
 	$(BIN)/python -m graders.course.notebooks exercises

@@ -10,7 +10,7 @@ from graders.harness import classroom
 from graders.course import example_class
 from graders.harness import grading
 from graders.course.notebooks import notebook_names
-from graders.harness.cells import HIDDEN_BEGIN, HIDDEN_END
+from graders.harness.cells import hidden_source
 
 # The grades each bundled student must get, per test cell (the specification of the example
 # class). The cells and their points come from the source notebooks, the one list of notebooks;
@@ -84,8 +84,7 @@ def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class
     hidden_lines = set()
     for name in NAMES:
         for cell in grading.test_cells(grading.source_notebook(name)):
-            body = cell.source.split(HIDDEN_BEGIN)[1].split(HIDDEN_END)[0]
-            hidden_lines |= {line.strip() for line in body.splitlines() if line.strip()}
+            hidden_lines |= {line.strip() for line in hidden_source(cell).splitlines() if line.strip()}
     assert hidden_lines
     pages = sorted((graded_example_class / "feedback").rglob("*.html"))
     assert len(pages) == len(EXPECTED) * len(NAMES)

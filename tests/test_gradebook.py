@@ -71,8 +71,7 @@ def nbgrader(course, *args, cwd=ROOT):
 def hidden_lines():
     lines = set()
     for cell in cells.test_cells(cells.source_notebook(LN)):
-        body = cell.source.split(cells.HIDDEN_BEGIN)[1].split(cells.HIDDEN_END)[0]
-        lines |= {line.strip() for line in body.splitlines() if line.strip()}
+        lines |= {line.strip() for line in cells.hidden_source(cell).splitlines() if line.strip()}
     assert lines
     return lines
 

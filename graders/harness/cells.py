@@ -12,8 +12,8 @@ import copy
 import nbformat
 
 from graders.course.notebooks import SOLUTIONS
+from graders.judging.progress import split_hidden
 
-HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 KERNEL_NAME = "gpt2-course-sandbox"
 
 
@@ -72,15 +72,12 @@ def restore(submission, source) -> tuple[object, list[str]]:
 
 def released_source(cell) -> str:
     """What a test cell looks like in the student version (hidden tests removed)."""
-    lines, hidden = [], False
-    for line in cell["source"].splitlines():
-        if line.strip() == HIDDEN_BEGIN:
-            hidden = True
-        elif line.strip() == HIDDEN_END:
-            hidden = False
-        elif not hidden:
-            lines.append(line)
-    return "\n".join(lines)
+    return split_hidden(cell["source"])[0]
+
+
+def hidden_source(cell) -> str:
+    """The hidden tests of a test cell (empty if it has none)."""
+    return split_hidden(cell["source"])[1]
 
 
 def _unanswered(cell):

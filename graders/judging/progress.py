@@ -73,20 +73,22 @@ def test_cells(notebook: str) -> tuple[TestCell, ...]:
             continue
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if not hidden_removed:
-            source = _visible(source)
+            source = split_hidden(source)[0]
         cells.append(TestCell(meta.get("grade_id", "?"), float(meta.get("points", 0)),
                               tuple(_checks(source))))
     return tuple(cells)
 
 
-def _visible(source: str) -> str:
-    lines, hidden = [], False
+def split_hidden(source: str) -> tuple[str, str]:
+    """(what learners see, what nbgrader hides) of a test cell's source: the lines outside and
+    inside its `### BEGIN/END HIDDEN TESTS` markers, markers dropped."""
+    parts, hidden = ([], []), False
     for line in source.splitlines():
         if line.strip() in (HIDDEN_BEGIN, HIDDEN_END):
             hidden = line.strip() == HIDDEN_BEGIN
-        elif not hidden:
-            lines.append(line)
-    return "\n".join(lines)
+        else:
+            parts[hidden].append(line)
+    return "\n".join(parts[0]), "\n".join(parts[1])
 
 
 def _checks(source: str):
