@@ -318,7 +318,7 @@ def _top_p_vocabulary_order(logits, p):
      "Likely mistake: the most likely token is not forced to stay"),
     (lambda l, p: _top_p(l, p, lambda c, q, p: c <= p, force_first=False).nan_to_num(neginf=-INF)
      if p > 1e-3 else _top_p(l, p, lambda c, q, p: c - q < p), "Likely mistake: one token too few"),
-    (lambda l, p: l.masked_fill(~nb08._ascending_keep(l, p), -INF),
+    (lambda l, p: l.masked_fill(~nb08.ascending_keep(l, p), -INF),
      "Likely mistake: the least likely tokens are kept"),
 ])
 def test_top_p_mistakes_fail(fn, message):

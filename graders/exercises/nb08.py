@@ -13,9 +13,9 @@ from graders.exercises.sampling.reference import (
     greedy_search, next_token_logits, sample_basic, sample_next_token, token_counts)
 from graders.exercises.sampling.samplers import (DRAWS, check_sample_next_token, check_sampler,
                                                  chi_square_p_value)
-from graders.exercises.sampling.transforms import (_ascending_keep, check_frequency_penalty,
-                                                   check_greedy, check_temperature, check_top_k,
-                                                   check_top_p)
+from graders.exercises.sampling.filters import ascending_keep, check_top_k, check_top_p
+from graders.exercises.sampling.transforms import (check_frequency_penalty, check_greedy,
+                                                   check_temperature)
 from graders.exercises.small_models import (MarkovModel, cache_config, markov_model,
                                             sampling_config, seeded_model)
 
@@ -34,7 +34,7 @@ __all__ = [
     "apply_top_k", "apply_top_p", "sample_basic", "next_token_logits", "sample_next_token",
     "generate", "beam_search", "attention_with_cache", "forward_with_cache", "generate_with_cache",
     "MarkovModel", "markov_model", "sampling_config", "cache_config", "CACHE_MISTAKES", "DRAWS",
-    "chi_square_p_value", "_ascending_keep", "_seeded_model",
+    "chi_square_p_value", "ascending_keep", "_seeded_model",
 ]
 
 

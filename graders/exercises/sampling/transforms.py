@@ -1,5 +1,5 @@
-"""Notebook 08's logit transforms: `greedy_search`, `apply_temperature`, `apply_frequency_penalty`,
-`apply_top_k` and `apply_top_p`.
+"""Notebook 08's logit transforms: `greedy_search`, `apply_temperature`, `apply_frequency_penalty`
+(the filters, top-k and top-p, are in `filters`), and how every transform is judged.
 
 A transform is judged by the exact set of tokens it keeps and, within the course tolerance, by
 the distribution it leaves (softmax of its logits, so shifting every logit of a row by a
@@ -10,15 +10,13 @@ from __future__ import annotations
 import torch
 
 from graders.exercises.sampling.reference import (NEG_INF, apply_frequency_penalty,
-                                                  apply_temperature, apply_top_k, apply_top_p,
-                                                  greedy_search, token_counts)
+                                                  apply_temperature, greedy_search, token_counts)
 from graders.judging.cases import Case, rand_float
-from graders.exercises.diagnosis import (compare, crash, diagnosis_first, is_crash,
-                                         mismatched_sizes)
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
-from graders.judging.tolerance import DECISION_MARGIN, PROBABILITY_SUM_SLACK, close
+from graders.judging.tolerance import PROBABILITY_SUM_SLACK, close
 
 DIMS = ("batch", "d_vocab")
 VOCAB = 50                       # vocabulary of the fixed logit batches
@@ -265,182 +263,3 @@ penalty_exercise = transform_exercise(
          "freq_penalty * count from its logit.")
 check_frequency_penalty = penalty_exercise.checker(
     "Grade `apply_frequency_penalty(input_ids, logits, freq_penalty)`.")
-
-
-# --- Exercise: top-k ------------------------------------------------------------------------------
-
-def _top_k_cases(case: Case):
-    logits = logit_batch(case.seed + 30, max(case.batch, 3))
-    k = 5
-    # Row 0 has a tie at the k-th largest value: both tied tokens must stay.
-    order = logits[0].argsort(descending=True)
-    logits[0, order[k]] = logits[0, order[k - 1]]
-    return [("k", (logits, k)), ("k1", (logits, 1)), ("kall", (logits, VOCAB))]
-
-
-def top_k_mistakes(logits, k) -> dict:
-    ranked = logits.sort(dim=-1, descending=True, stable=True).indices
-
-    def keep_first(n):
-        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, ranked[:, :max(n, 1)], True)
-        return logits.masked_fill(~keep, NEG_INF)
-
-    sorted_logits = logits.sort(dim=-1, descending=True).values
-    unsorted_mask = sorted_logits < sorted_logits[:, k - 1:k]     # in sorted order
-    return {
-        "the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
-        "first k vocabulary ids): put the mask back in vocabulary order (scatter it with the "
-        "sort's indices), or compare each logit with the k-th largest value":
-            logits.masked_fill(unsorted_mask, NEG_INF),
-        "the logits are returned in sorted order (the sort is never undone): keep each logit at "
-        "its token id":
-            sorted_logits.masked_fill(unsorted_mask, NEG_INF),
-        "ties at the k-th largest value are broken (torch.topk + scatter keeps exactly k): keep "
-        "EVERY token whose logit is >= the k-th largest, so the result does not depend on the "
-        "order of tied tokens": keep_first(k),
-        "one token too few: the k-th largest must stay (remove only logits < the k-th value)":
-            logits.masked_fill(logits <= logits.topk(k, -1).values[..., -1:], NEG_INF)
-            if k > 1 else keep_first(0),
-        "one token too many: keep the k largest, not k + 1": keep_first(k + 1),
-        "the k SMALLEST logits are kept: keep the largest":
-            logits.masked_fill(logits > (-logits).topk(k, -1).values[..., -1:].neg(), NEG_INF),
-    }
-
-
-def _top_k_crash(failure, logits, k) -> str:
-    sizes = mismatched_sizes(failure)
-    if sizes and set(sizes) == {logits.shape[0], logits.shape[1]}:
-        return ("the k-th largest value lost its last dimension ([batch] instead of [batch, 1]), so "
-                "it cannot be compared with logits [batch, d_vocab]: keep it, with "
-                "topk(k).values[..., -1:] (or [:, [-1]], keepdim=True, unsqueeze(-1)).")
-    if k == logits.shape[-1]:   # the other cases ran: only k = d_vocab crashes
-        return (f"k equals the vocabulary size ({k}) here, and the code reaches one value past the "
-                "k-th largest (index k, or topk(k + 1)), which does not exist: the k-th largest "
-                "value is at index k - 1, and with k = d_vocab every token stays.")
-    return ""
-
-
-def _top_k_rule(logits, k):
-    def rule(row: int, kept: torch.Tensor) -> str:
-        ranked = kept[logits[row].argsort(descending=True, stable=True)]
-        n = int(kept.sum())
-        if not bool(ranked[:n].all()):
-            return ("Likely mistake: the kept tokens are not the largest logits (a smaller one is kept "
-                    "while a larger one is removed): a mask computed on sorted logits must be put "
-                    "back in vocabulary order before it is applied.")
-        kth = float(logits[row].topk(k).values[-1])
-        if n == k and int((logits[row] >= kth).sum()) > k:
-            return ("Likely mistake: ties at the k-th largest value are broken (exactly k tokens "
-                    "kept): keep EVERY token whose logit is >= the k-th largest, so the result does "
-                    "not depend on the order of tied tokens.")
-        return (f"Your rule keeps the {n} largest logits; top-k keeps every token whose logit is "
-                f">= the k-th largest ({kth:.4g}), here {int((logits[row] >= kth).sum())}.")
-    return rule
-
-
-top_k_exercise = transform_exercise(
-    "apply_top_k", _top_k_cases, apply_top_k, top_k_mistakes,
-    lambda logits, k: f"logits, k={k}" + (", the vocabulary size" if k == logits.shape[-1] else ""),
-    hint="kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.",
-    crash_cause=_top_k_crash, rule=_top_k_rule)
-check_top_k = top_k_exercise.checker(
-    "Grade `apply_top_k(logits, k)` (includes a tie at the k-th value, k = 1 and k = vocab).")
-
-
-# --- Exercise: top-p ------------------------------------------------------------------------------
-
-def _clear_p(logits: torch.Tensor, candidates) -> float:
-    """The first p in `candidates` at least DECISION_MARGIN (1e-3) away from every row's
-    cumulative probabilities, so that the nucleus is decided far above fp32 rounding error
-    (~1e-7)."""
-    cumulative = logits.double().softmax(-1).sort(-1, descending=True).values.cumsum(-1)
-    return next(p for p in candidates if bool(((cumulative - p).abs() > DECISION_MARGIN).all()))
-
-
-def _top_p_cases(case: Case):
-    batch = max(case.batch, 3)
-    logits = logit_batch(case.seed + 40, batch)
-    gentle = logit_batch(case.seed + 41, batch, scale=2.0)
-    mid = _clear_p(logits, [0.5 + 0.013 * i for i in range(30)])
-    high = _clear_p(logits, [0.9 + 0.003 * i for i in range(30)])
-    return [("mid", (logits, mid)), ("high", (logits, high)),
-            ("tiny", (logits, 1e-4)), ("one", (gentle, 1.0))]
-
-
-def top_p_mistakes(logits, p) -> dict:
-    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
-    probs = sorted_logits.softmax(-1)
-    cumulative = probs.cumsum(-1)
-
-    def keep_sorted(keep):
-        keep = keep.clone()
-        keep[..., 0] |= True
-        return logits.masked_fill(~keep.scatter(-1, order, keep), NEG_INF)
-
-    in_sorted_slots = (cumulative - probs < p) | (torch.arange(logits.shape[-1]) == 0)
-    plain = logits.softmax(-1)
-    return {
-        "each token's own probability is compared with top_p (a threshold on each probability): "
-        "top-p keeps the most likely tokens until their CUMULATIVE probability reaches top_p":
-            keep_any(logits, plain >= p),
-        "each token's own probability is compared with 1 - top_p (a threshold on each "
-        "probability): top-p keeps the most likely tokens until their CUMULATIVE probability "
-        "reaches top_p": keep_any(logits, plain > 1 - p),
-        "each token's own probability is compared with top_p, keeping the UNLIKELY ones: top-p "
-        "keeps the most likely tokens until their cumulative probability reaches top_p":
-            keep_any(logits, plain < p),
-        "the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
-        "first vocabulary ids): put the mask back in vocabulary order (scatter it with the sort's "
-        "indices) before it is applied":
-            logits.masked_fill(~in_sorted_slots, NEG_INF),
-        "the logits are returned in sorted order (the sort is never undone): keep each logit at "
-        "its token id": sorted_logits.masked_fill(~in_sorted_slots, NEG_INF),
-        "the cumulative probabilities are summed over the batch or in vocabulary order, not "
-        "in decreasing order of probability: sort descending first, then cumsum":
-            keep_any(logits, plain.cumsum(-1) - plain < p),
-        "one token too few: the token that takes the total past top_p must be kept too (keep a "
-        "token while the probability BEFORE it is < top_p)": keep_sorted(cumulative < p),
-        "one token too many: stop at the first token that brings the total to top_p":
-            keep_sorted(((cumulative - probs) < p).roll(1, -1) | ((cumulative - probs) < p)),
-        "the least likely tokens are kept (sorted in ascending order): sort descending":
-            logits.masked_fill(~_ascending_keep(logits, p), NEG_INF),
-    }
-
-
-def keep_any(logits, keep):
-    """`logits` with the tokens outside `keep` removed, the most likely one always kept."""
-    keep = keep | (torch.arange(logits.shape[-1]) == logits.argmax(-1, keepdim=True))
-    return logits.masked_fill(~keep, NEG_INF)
-
-
-def _top_p_rule(logits, p):
-    def rule(row: int, kept: torch.Tensor) -> str:
-        probs = logits[row].double().softmax(-1)
-        order = probs.argsort(descending=True, stable=True)
-        n = int(kept.sum())
-        if not bool(kept[order][:n].all()):
-            return ("Likely mistake: the kept tokens are not the most likely ones (a less likely "
-                    "token is kept while a more likely one is removed): a mask computed on sorted "
-                    "probabilities must be put back in vocabulary order before it is applied.")
-        cumulative = probs[order].cumsum(-1)
-        need = int((cumulative - probs[order] < p).sum().clamp(min=1))
-        return (f"Your rule keeps the {n} most likely tokens, total probability "
-                f"{float(cumulative[n - 1]):.4f}; top-p keeps the fewest most likely tokens whose "
-                f"total reaches top_p = {p:.4g}: {need}, total {float(cumulative[need - 1]):.4f}.")
-    return rule
-
-
-def _ascending_keep(logits, p):
-    sorted_logits, order = logits.sort(dim=-1, descending=False, stable=True)
-    probs = sorted_logits.softmax(-1)
-    keep = (probs.cumsum(-1) - probs) < p
-    return keep.scatter(-1, order, keep)
-
-
-top_p_exercise = transform_exercise(
-    "apply_top_p", _top_p_cases, apply_top_p, top_p_mistakes,
-    lambda logits, p: f"logits, top_p={p:.4g}",
-    hint="sort descending, cumulative probabilities; keep a token while the total BEFORE it is "
-         "< top_p (the top token always stays).", rule=_top_p_rule)
-check_top_p = top_p_exercise.checker(
-    "Grade `apply_top_p(logits, top_p)` (includes top_p = 1.0 and a tiny top_p).")
