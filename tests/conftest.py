@@ -1,6 +1,12 @@
-"""Shared fixtures of the foundation tests: the synthetic reference and the course's 35-token text."""
+"""Shared fixtures: the synthetic reference, the course's 35-token text, a small GPT-2 in Hugging
+Face format, and a Jupyter server run for a test."""
 import contextlib
 import fcntl
+import os
+import signal
+import socket
+import subprocess
+import time
 
 import pytest
 import torch
@@ -69,3 +75,37 @@ def small_gpt2_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("small-gpt2")
     model.save_pretrained(folder)
     return folder
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(command: list[str], log_path, answers, seconds: float, **popen):
+    """Run a server `command` in its own process group, logging to `log_path`, until `answers()`
+    returns without an OSError or ValueError (within `seconds`); stop the whole group after."""
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, **popen)
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                answers()
+                break
+            except (OSError, ValueError):
+                assert server.poll() is None, f"the server exited:\n{log_path.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, \
+                    f"the server did not answer in {seconds} s:\n{log_path.read_text()[-3000:]}"
+                time.sleep(0.5)
+        yield server
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)

@@ -10,11 +10,7 @@ see the README); without it the tests fail saying so. Playwright's own browsers 
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -25,6 +21,7 @@ import pytest
 
 from graders.course.example_class import BUGS, submission
 from graders.course.notebooks import EXERCISES, ROOT
+from conftest import free_port, served
 
 pytestmark = pytest.mark.xdist_group("browser")
 
@@ -45,12 +42,6 @@ def _chromium() -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """`make lab` serving a folder holding 01 with a buggy LayerNorm and 06 untouched (copies:
@@ -58,32 +49,15 @@ def lab(tmp_path_factory):
     work = tmp_path_factory.mktemp("lab")
     nbformat.write(submission("01_layernorm", solved=True, edits=BUGS), work / "01_layernorm.ipynb")
     shutil.copy(EXERCISES / "06_gpt2.ipynb", work / "06_gpt2.ipynb")
-    port, token, log = _free_port(), "browser-test-token", work.parent / f"{work.name}-lab.log"
+    port, token, log = free_port(), "browser-test-token", work.parent / f"{work.name}-lab.log"
     args = (f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} "
             f"--LabApp.workspaces_dir={work.parent / 'workspaces'} "
             f"--LabApp.user_settings_dir={work.parent / 'settings'}")
-    with open(log, "w") as out:
-        server = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_DIR={work}",
-                                   f"LAB_ARGS={args}"], cwd=ROOT, stdout=out,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        base, deadline = f"http://127.0.0.1:{port}", time.time() + SERVER_START
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5)
-                break
-            except OSError:
-                assert server.poll() is None, f"make lab exited:\n{log.read_text()[-3000:]}"
-                assert time.time() < deadline, f"make lab did not answer in {SERVER_START} s"
-                time.sleep(0.5)
+    base = f"http://127.0.0.1:{port}"
+    with served(["make", "--no-print-directory", "lab", f"LAB_DIR={work}", f"LAB_ARGS={args}"], log,
+                lambda: urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5),
+                SERVER_START, cwd=ROOT):
         yield {"base": base, "token": token, "log": log}
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

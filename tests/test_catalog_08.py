@@ -652,8 +652,9 @@ def test_beam_search_mistakes_fail(fn, message):
 
 # --- the KV cache ------------------------------------------------------------------------------
 
-def _forward_dict_cache(model, new_tokens, cache):
-    """A correct variant: the cache as a dict of per-layer lists, matmul-based attention."""
+def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True):
+    """A correct variant: the cache as a dict of per-layer lists, matmul-based attention (with
+    mask_new_tokens=False, a mistake: no mask among the new tokens)."""
     cache = cache or {"k": [None] * len(model.blocks), "v": [None] * len(model.blocks)}
     past = 0 if cache["k"][0] is None else cache["k"][0].shape[2]
     x = model.embed(new_tokens) + model.pos_embed.W_pos[past:past + new_tokens.shape[1]]
@@ -667,7 +668,7 @@ def _forward_dict_cache(model, new_tokens, cache):
         cache["k"][i], cache["v"][i] = k, v
         scores = q @ k.transpose(-1, -2) / math.sqrt(a.W_Q.shape[-1])
         n_new, n_all = q.shape[2], k.shape[2]
-        mask = torch.ones(n_new, n_all, dtype=torch.bool).triu(n_all - n_new + 1)
+        mask = torch.ones(n_new, n_all, dtype=torch.bool).triu(n_all - n_new + 1) & mask_new_tokens
         z = scores.masked_fill(mask, -1e5).softmax(-1) @ v               # [batch, head, new, d_head]
         x = x + torch.einsum("bnph,nhd->bpd", z, a.W_O) + a.b_O
         x = x + block.mlp(block.ln2(x))
@@ -691,25 +692,6 @@ def test_forward_with_cache_that_forgets_the_cache_fails():
                "Likely mistake: the cache passed in is never used", "positions 0-5 are the first call")
 
 
-def _forward_cache_no_mask_matmul(model, new_tokens, cache):
-    """The dict cache of `_forward_dict_cache`, but no mask among the new tokens."""
-    cache = cache or {"k": [None] * len(model.blocks), "v": [None] * len(model.blocks)}
-    past = 0 if cache["k"][0] is None else cache["k"][0].shape[2]
-    x = model.embed(new_tokens) + model.pos_embed.W_pos[past:past + new_tokens.shape[1]]
-    for i, block in enumerate(model.blocks):
-        a, h = block.attn, block.ln1(x)
-        q = torch.einsum("bpd,ndh->bnph", h, a.W_Q) + a.b_Q[:, None]
-        k = torch.einsum("bpd,ndh->bnph", h, a.W_K) + a.b_K[:, None]
-        v = torch.einsum("bpd,ndh->bnph", h, a.W_V) + a.b_V[:, None]
-        if cache["k"][i] is not None:
-            k, v = torch.cat([cache["k"][i], k], 2), torch.cat([cache["v"][i], v], 2)
-        cache["k"][i], cache["v"][i] = k, v
-        z = (q @ k.transpose(-1, -2) / math.sqrt(a.W_Q.shape[-1])).softmax(-1) @ v
-        x = x + torch.einsum("bnph,nhd->bpd", z, a.W_O) + a.b_O
-        x = x + block.mlp(block.ln2(x))
-    return model.unembed(model.ln_final(x)), cache
-
-
 def _forward_cache_wrong_layout(model, new_tokens, cache):
     """Keys cached as [batch, n_heads, past, d_head], appended along the wrong dimension."""
     logits, new_cache = nb08.forward_with_cache(model, new_tokens, None if cache is None else
@@ -718,7 +700,8 @@ def _forward_cache_wrong_layout(model, new_tokens, cache):
 
 
 def test_forward_with_cache_without_a_mask_among_new_tokens_is_named():
-    fails_with(nb08.check_forward_with_cache, _forward_cache_no_mask_matmul,
+    fails_with(nb08.check_forward_with_cache,
+               lambda m, t, c: _forward_dict_cache(m, t, c, mask_new_tokens=False),
                "Likely mistake: the new tokens are not masked among themselves")
 
 

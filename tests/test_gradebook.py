@@ -8,13 +8,9 @@ nbgrader_config.py, as an instructor would run them.
 """
 import csv
 import json
-import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import nbformat
@@ -26,6 +22,7 @@ from graders.course import example_class
 from graders.course.notebooks import ROOT, release, venv_env
 from graders.harness import classroom
 from graders.harness import cells
+from conftest import free_port, served
 
 pytestmark = pytest.mark.xdist_group("gradebook")
 LN = "01_layernorm"
@@ -109,22 +106,9 @@ def test_the_gradebook_holds_the_same_per_cell_scores_as_grades_csv(graded):
     assert_no_hidden_tests(page, "feedback")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_formgrader_serves_the_secure_grades_and_an_override_reaches_nbgrader_export(graded):
     root, course, _ = graded
-    port, token = _free_port(), secrets.token_hex(16)
-    log = open(root / "formgrader.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "server", f"--ServerApp.root_dir={root}",
-         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-         f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False", "--allow-root"],
-        cwd=ROOT, env=dict(venv_env(), GPT2_COURSE_NBGRADER_ROOT=str(course)), stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True)
+    port, token = free_port(), secrets.token_hex(16)
 
     def call(path, body=None):
         request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="PUT" if body else "GET",
@@ -134,16 +118,15 @@ def test_formgrader_serves_the_secure_grades_and_an_override_reaches_nbgrader_ex
             text = response.read().decode()
         return json.loads(text) if path.startswith("/formgrader/api") else text
 
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                assert call("/formgrader/api/status") == {"status": True}
-                break
-            except (OSError, ValueError):
-                assert server.poll() is None and time.monotonic() < deadline, \
-                    (root / "formgrader.log").read_text()[-3000:]
-                time.sleep(1)
+    def ready():
+        if call("/formgrader/api/status") != {"status": True}:
+            raise ValueError("formgrader is not ready")
+
+    command = [sys.executable, "-m", "jupyter", "server", f"--ServerApp.root_dir={root}",
+               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False", "--allow-root"]
+    with served(command, root / "formgrader.log", ready, 180, cwd=ROOT,
+                env=dict(venv_env(), GPT2_COURSE_NBGRADER_ROOT=str(course))):
         submissions = call(f"/formgrader/api/submissions/{LN}")
         assert {s["student"]: (s["score"], s["autograded"]) for s in submissions} == \
                {"buggy": (0.0, True), "forged": (0.0, True), "perfect": (5.0, True)}
@@ -157,13 +140,6 @@ def test_formgrader_serves_the_secure_grades_and_an_override_reaches_nbgrader_ex
         assert "FAILED: 0 / 5 points" in page and "sample variance" in page
         overridden = call(f"/formgrader/api/grade/{grades['buggy'][0]['id']}", {"manual_score": 4.0})
         assert (overridden["manual_score"], overridden["auto_score"]) == (4.0, 0.0)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
     try:
         nbgrader(course, "export", f"--to={root / 'export.csv'}")
         with open(root / "export.csv") as f:
