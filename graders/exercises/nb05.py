@@ -21,7 +21,8 @@ from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
-from graders.exercises.diagnosis import compare, describe, diagnosis_first, is_crash
+from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.submodules import TAKES_RESIDUAL, module_or_none, submodule_crash, watch
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.tolerance import close
 from graders.reference.weights import load_strict
@@ -32,109 +33,6 @@ FORBIDDEN = Forbidden(
     targets=[(components.TransformerBlock, "forward")],
     source_words=["components.TransformerBlock", "nn.TransformerEncoderLayer", "nn.TransformerDecoderLayer"],
 )
-
-
-# --- Watching submodules with forward hooks (shared with nb06) ------------------------------
-
-class Recorder:
-    """Record (input, output) of every call of some named submodules while a forward runs.
-
-    Names that point at the same object (e.g. `self.ln2 = self.ln1`) share that object's calls in
-    order: the first name gets its first call, the second name its second call, and so on.
-    """
-
-    def __init__(self, named: dict[str, nn.Module]):
-        self.named = {n: m for n, m in named.items() if isinstance(m, nn.Module)}
-        self.calls: dict[int, list] = {}
-        self.handles = []
-        self.open: list[tuple[int, object]] = []   # calls entered and not yet returned: (module, input)
-
-    def __enter__(self):
-        for module in {id(m): m for m in self.named.values()}.values():
-            self.calls[id(module)] = []
-            self.handles.append(module.register_forward_pre_hook(self._enter(id(module))))
-            self.handles.append(module.register_forward_hook(self._hook(id(module))))
-        return self
-
-    def _enter(self, key):
-        def entered(module, inputs):
-            self.open.append((key, inputs[0] if inputs else None))
-        return entered
-
-    def _hook(self, key):
-        def record(module, inputs, output):
-            first = inputs[0] if inputs else None
-            self.calls[key].append((_keep(first), _keep(output)))
-            for i in range(len(self.open) - 1, -1, -1):
-                if self.open[i][0] == key:
-                    del self.open[i]
-                    break
-        return record
-
-    def crashed_in(self) -> tuple[str, object] | None:
-        """(name, first input) of the innermost watched submodule a crash happened in."""
-        if not self.open:
-            return None
-        key, given = self.open[-1]
-        name = next(n for n, m in self.named.items() if id(m) == key)
-        return name, given
-
-    def __exit__(self, *exc):
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-    def call(self, name: str):
-        """(input, output) of the call that belongs to `name`, or None when there was none."""
-        if name not in self.named:
-            return None
-        module = self.named[name]
-        earlier = [n for n in self.named if n != name and self.named[n] is module]
-        index = sum(1 for n in earlier if list(self.named).index(n) < list(self.named).index(name))
-        calls = self.calls.get(id(module), [])
-        return calls[index] if index < len(calls) else None
-
-    def count(self, name: str) -> int:
-        module = self.named.get(name)
-        return len(self.calls.get(id(module), [])) if module is not None else 0
-
-
-TAKES_TOKENS = "the token ids, an integer tensor [batch, position]"
-TAKES_RESIDUAL = "the residual stream, a float tensor [batch, position, d_model]"
-
-
-def submodule_crash(what: str, failure: CheckFailed, rec: "Recorder", takes: dict[str, str],
-                    d_model: int) -> CheckFailed:
-    """A crash inside one of the watched submodules, reported as the call that failed and what
-    it was given (the likely mistake when that is not what the submodule takes)."""
-    where = rec.crashed_in()
-    if where is None or not is_crash(failure):
-        return failure
-    name, given = where
-    wanted = takes.get("blocks" if name.startswith("blocks.") else name, "")
-    call = f"self.{name}(...)" if not name.startswith("blocks.") else f"self.blocks[{name.split('.')[1]}](...)"
-    head = f"{what}: the call {call} failed; it was given {describe(given)}"
-    wrong = ""
-    if isinstance(given, torch.Tensor) and wanted == TAKES_TOKENS and (given.is_floating_point() or given.ndim != 2):
-        wrong = (f" Likely mistake: {name} takes {wanted}, as embed does; it was passed "
-                 + ("the embedding or residual stream" if given.ndim == 3 else "something else")
-                 + f" instead: call self.{name}(tokens).")
-    elif isinstance(given, torch.Tensor) and wanted == TAKES_RESIDUAL and (
-            not given.is_floating_point() or given.ndim != 3 or given.shape[-1] != d_model):
-        wrong = f" Likely mistake: {call} takes {wanted}."
-    elif not isinstance(given, torch.Tensor) and wanted:
-        wrong = f" Likely mistake: {call} takes {wanted}, passed as its first positional argument."
-    lines = str(failure).splitlines()
-    return CheckFailed(f"{head}.{wrong}\n  " + "\n  ".join(line.strip() for line in lines))
-
-
-def _keep(value):
-    return value.detach().clone() if isinstance(value, torch.Tensor) else None
-
-
-def _module(obj, attr):
-    value = getattr(obj, attr, None)
-    return value if isinstance(value, nn.Module) else None
 
 
 # --- What the learner's block computes, hook by hook ------------------------------------------
@@ -155,21 +53,15 @@ HINTS = {
 def block_trace(block: nn.Module, resid_pre: torch.Tensor, forward: Callable | None = None,
                 runner: Callable | None = None) -> dict:
     """The block's graded activations, read with hooks on ln1/attn/ln2/mlp, plus call counts."""
-    named = {name: _module(block, name) for name in SUBMODULES}
-    run = forward or block
-    with Recorder(named) as rec:
-        try:
-            out = runner(run, resid_pre) if runner else run(resid_pre)
-        except CheckFailed as failure:
-            raise submodule_crash("TransformerBlock", failure, rec,
-                                  {n: TAKES_RESIDUAL for n in SUBMODULES}, resid_pre.shape[-1]) from failure.__cause__
-    trace = {}
-    for name, hook, which in (("ln1", "ln1.hook_out", 1), ("attn", "hook_attn_out", 1),
-                              ("ln2", "hook_resid_mid", 0), ("ln2", "ln2.hook_out", 1),
-                              ("mlp", "hook_mlp_out", 1)):
-        call = rec.call(name)
-        if call is not None and call[which] is not None:
-            trace[hook] = call[which]
+    named = {name: module_or_none(block, name) for name in SUBMODULES}
+    taps = (("ln1.hook_out", "ln1", 1), ("hook_attn_out", "attn", 1), ("hook_resid_mid", "ln2", 0),
+            ("ln2.hook_out", "ln2", 1), ("hook_mlp_out", "mlp", 1))
+
+    def crashed(failure, rec):
+        return submodule_crash("TransformerBlock", failure, rec,
+                               {n: TAKES_RESIDUAL for n in SUBMODULES}, resid_pre.shape[-1])
+
+    out, trace, rec = watch(named, forward or block, resid_pre, taps, runner, crashed)
     trace["hook_resid_post"] = out
     for name in SUBMODULES:
         trace[f"calls.{name}"] = torch.tensor(rec.count(name))

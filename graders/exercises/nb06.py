@@ -22,9 +22,9 @@ from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.judging.learner import Forbidden, build_module, run_learner
-from graders.judging.tolerance import close
-from graders.exercises.nb05 import (TAKES_RESIDUAL, TAKES_TOKENS, Recorder, first_divergence,
-                                    submodule_crash)
+from graders.judging.tolerance import CHANGED_RELATIVE, close
+from graders.exercises.nb05 import first_divergence
+from graders.exercises.submodules import TAKES_RESIDUAL, TAKES_TOKENS, submodule_crash, watch
 from graders.reference.weights import WeightLoadError, load_strict
 
 DIMS = ("batch", "position", "d_model")
@@ -128,22 +128,17 @@ def _submodules(model: nn.Module) -> dict[str, nn.Module]:
 def model_trace(model: nn.Module, tokens: torch.Tensor, forward=None, runner=None) -> dict:
     """The model's graded activations, read with hooks on its submodules, plus call counts."""
     named = _submodules(model)
-    run = forward or model
-    with Recorder(named) as rec:
-        try:
-            logits = runner(run, tokens) if runner else run(tokens)
-        except CheckFailed as failure:
-            takes = {"embed": TAKES_TOKENS, "pos_embed": TAKES_TOKENS, "blocks": TAKES_RESIDUAL,
-                     "ln_final": TAKES_RESIDUAL, "unembed": TAKES_RESIDUAL}
-            raise submodule_crash("DemoTransformer", failure, rec, takes, Config().d_model) from failure.__cause__
-    trace = {}
-    for name, hook, which in [("embed", "hook_embed", 1), ("pos_embed", "hook_pos_embed", 1)] + [
-            (f"blocks.{i}", f"blocks.{i}.{h}", which) for i in range(Config().n_layers)
-            for h, which in (("hook_resid_pre", 0), ("hook_resid_post", 1))] + [
-            ("ln_final", "ln_final.hook_out", 1)]:
-        call = rec.call(name)
-        if call is not None and call[which] is not None:
-            trace[hook] = call[which]
+    takes = {"embed": TAKES_TOKENS, "pos_embed": TAKES_TOKENS, "blocks": TAKES_RESIDUAL,
+             "ln_final": TAKES_RESIDUAL, "unembed": TAKES_RESIDUAL}
+    taps = [("hook_embed", "embed", 1), ("hook_pos_embed", "pos_embed", 1)] + [
+        (f"blocks.{i}.{hook}", f"blocks.{i}", which) for i in range(Config().n_layers)
+        for hook, which in (("hook_resid_pre", 0), ("hook_resid_post", 1))] + [
+        ("ln_final.hook_out", "ln_final", 1)]
+
+    def crashed(failure, rec):
+        return submodule_crash("DemoTransformer", failure, rec, takes, Config().d_model)
+
+    logits, trace, rec = watch(named, forward or model, tokens, taps, runner, crashed)
     trace["logits"] = logits.detach().clone() if isinstance(logits, torch.Tensor) else logits
     trace["calls"] = torch.tensor([rec.count(n) for n in named])
     blocks = [m for n, m in named.items() if n.startswith("blocks.") and isinstance(m, nn.Module)]
@@ -243,7 +238,7 @@ def judge_model(case: Case, outputs: dict) -> None:
     base, changed = outputs.get("causal_base"), outputs.get("causal_changed")
     if base is not None and changed is not None and base.numel() and not (
             changed.shape == base.shape and close(changed, base)):
-        bad = ((changed.double() - base.double()).abs() > 1e-4 * base.double().abs().max()).any(-1)
+        bad = ((changed.double() - base.double()).abs() > CHANGED_RELATIVE * base.double().abs().max()).any(-1)
         where = bad.nonzero()[:, 1].unique().tolist()
         raise CheckFailed(
             "DemoTransformer is not causal: changing only the LAST token changed the logits at "

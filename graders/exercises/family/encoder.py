@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from graders.exercises.family import norms
 from graders.exercises.family.tasks import CLS, mlm_config, seeded_residual
-from graders.exercises.nb05 import Recorder
+from graders.exercises.submodules import CallRecorder
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.exercise import Exercise
@@ -233,7 +233,7 @@ def produce_model(BertForMLM, case: Case, inputs: dict) -> dict:
     if isinstance(blocks, (nn.ModuleList, nn.Sequential)):
         named.update({f"blocks.{i}": b for i, b in enumerate(blocks)})
     (tokens, types), second = sequences(case), sequences(case, 1, 5)
-    with Recorder(named) as rec:
+    with CallRecorder(named) as rec:
         logits = run_learner("BertForMLM", model, tokens, types, forbidden=FORBIDDEN)
     outputs = {name: rec.call(name)[1] for name in named if rec.call(name) is not None}
     outputs = {k: v for k, v in outputs.items() if isinstance(v, torch.Tensor)}

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from graders.exercises.family.tasks import block_config, seeded_residual, spread_weights
-from graders.exercises.nb05 import Recorder, first_divergence
+from graders.exercises.nb05 import first_divergence
+from graders.exercises.submodules import watch
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.exercise import Exercise
@@ -53,14 +54,7 @@ def block_trace(block: nn.Module, x: torch.Tensor, forward: Callable | None = No
                 runner: Callable | None = None) -> dict:
     """A block's values at each hook, read from its submodules' inputs and outputs."""
     named = {name: getattr(block, name, None) for name in SUBMODULES}
-    run = forward or block
-    with Recorder(named) as rec:
-        out = runner(run, x) if runner else run(x)
-    trace = {}
-    for key, name, which in HOOKS:
-        call = rec.call(name)
-        if call is not None and call[which] is not None:
-            trace[key] = call[which]
+    out, trace, rec = watch(named, forward or block, x, HOOKS, runner)
     trace["resid_post"] = out
     for name in SUBMODULES:
         trace[f"calls.{name}"] = torch.tensor(rec.count(name))
