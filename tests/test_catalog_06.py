@@ -329,9 +329,11 @@ def per_position(logits, tokens):
 
 
 LOSS_BUGGY = [
-    (no_shift, "Likely mistake: no shift"), (wrong_shift, "Likely mistake: shifted the wrong way"),
-    (positive, "Likely mistake: the sign"), (summed, "Likely mistake: a sum instead of a mean"),
-    (raw_logits, "Likely mistake: raw logits used as log-probabilities"),
+    (no_shift, "Likely mistake: the loss is not shifted"),
+    (wrong_shift, "Likely mistake: shifted the wrong way"),
+    (positive, "Likely mistake: the minus sign is missing"),
+    (summed, "Likely mistake: the losses are summed instead of averaged"),
+    (raw_logits, "Likely mistake: raw logits are used instead of log-probabilities"),
     (probabilities, "Likely mistake: probabilities"),
     (per_position, "Likely mistake: one loss per position"),
 ]

@@ -24,6 +24,7 @@ from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.judging.tolerance import CHANGED_RELATIVE, close
 from graders.exercises.nb05 import first_divergence
+from graders.exercises.next_token import judge_loss_value
 from graders.exercises.submodules import TAKES_RESIDUAL, TAKES_TOKENS, submodule_crash, watch
 from graders.reference.weights import WeightLoadError, load_strict
 
@@ -287,28 +288,6 @@ check_demo_transformer = model.checker(
 
 # --- The next-token loss ---------------------------------------------------------------------
 
-def reference_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    log_probs = logits.double().log_softmax(-1)[:, :-1]
-    return -log_probs.gather(-1, tokens[:, 1:, None]).mean().float()
-
-
-def loss_mistakes(logits: torch.Tensor, tokens: torch.Tensor) -> dict:
-    lp = logits.double().log_softmax(-1)
-    right = -lp[:, :-1].gather(-1, tokens[:, 1:, None])
-    return {
-        "no shift: the logits at position p predict the token at p + 1, compare logits[:, :-1] with "
-        "tokens[:, 1:]": -lp.gather(-1, tokens[..., None]).mean().float(),
-        "shifted the wrong way: use logits[:, :-1] with tokens[:, 1:]":
-            -lp[:, 1:].gather(-1, tokens[:, :-1, None]).mean().float(),
-        "the sign: the loss is the NEGATIVE mean log-probability": (-right.mean()).float(),
-        "a sum instead of a mean over positions": right.sum().float(),
-        "raw logits used as log-probabilities: apply log_softmax first":
-            -logits.double()[:, :-1].gather(-1, tokens[:, 1:, None]).mean().float(),
-        "probabilities instead of log-probabilities":
-            -lp[:, :-1].exp().gather(-1, tokens[:, 1:, None]).mean().float(),
-    }
-
-
 def inputs_loss(case: Case) -> dict:
     return {"logits": activations(case)["logits"]}
 
@@ -322,36 +301,12 @@ def produce_loss(next_token_loss, case: Case, inputs: dict) -> dict:
     return {"loss": out, "unseen_loss": unseen, "input_modified": torch.tensor(not torch.equal(logits, before))}
 
 
-def _judge_one_loss(what: str, loss, logits: torch.Tensor, tokens: torch.Tensor) -> None:
-    from graders.judging.tolerance import tolerance
-
-    if isinstance(loss, torch.Tensor) and tuple(loss.shape) in (
-            (tokens.shape[0], tokens.shape[1] - 1), (tokens.shape[0], tokens.shape[1] - 1, 1)):
-        raise CheckFailed(f"{what}: shape {list(loss.shape)}. Likely mistake: one loss per "
-                          "position is returned; the loss is their mean, one number (shape []).")
-    if isinstance(loss, torch.Tensor) and loss.ndim > 0 and loss.numel() == 1:
-        loss = loss.reshape(())
-    expected = reference_loss(logits, tokens)
-    mistakes = loss_mistakes(logits, tokens)
-    if isinstance(loss, torch.Tensor) and loss.shape == () and loss.is_floating_point():
-        # Judged on the scale of the right loss: a wrong value near 0 (raw logits average out)
-        # is rounded like the learner's own computation, far more coarsely than its own size.
-        distance = {d: float((loss.double() - w.double()).abs()) for d, w in mistakes.items()}
-        nearest = min(distance, key=distance.get)
-        if distance[nearest] <= float(tolerance(expected)) and not bool(
-                (loss.double() - expected.double()).abs() <= tolerance(expected)):
-            raise CheckFailed(f"{what} does not match the reference (got {loss.item():.6g}, "
-                              f"expected {expected.item():.6g}). Likely mistake: {nearest}")
-    compare(what, loss, expected, (), mistakes=mistakes,
-            hint="mean over batch and positions of -log_softmax(logits)[:, :-1] at tokens[:, 1:].")
-
-
 def judge_loss(case: Case, outputs: dict) -> None:
     if bool(outputs["input_modified"]):
         raise CheckFailed("next_token_loss changed the logits tensor in place. Compute new tensors instead.")
     logits, tokens = activations(case)["logits"], case.tokens()
-    _judge_one_loss("next_token_loss", outputs["loss"], logits, tokens)
-    _judge_one_loss("next_token_loss on rescaled, noisy logits that no file holds",
+    judge_loss_value("next_token_loss", outputs["loss"], logits, tokens)
+    judge_loss_value("next_token_loss on rescaled, noisy logits that no file holds",
                     outputs["unseen_loss"], unseen_variant(logits, case.seed), tokens)
 
 

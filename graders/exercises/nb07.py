@@ -5,7 +5,8 @@ use; the exercises themselves live by topic in graders.exercises.training.
 """
 from graders.exercises.small_models import text_sampling_config as sampling_config
 from graders.exercises.training.generation import PROMPT, check_generate, greedy
-from graders.exercises.training.loss import check_loss, loss_mistakes
+from graders.exercises.next_token import loss_mistakes, reference_loss
+from graders.exercises.training.loss import check_loss
 from graders.exercises.training.reversal import check_evaluate, check_reversal_generator
 from graders.exercises.training.runs import TrainingRun, one_thread
 from graders.exercises.training.shakespeare import (check_shakespeare_smoke,
@@ -16,7 +17,7 @@ from graders.exercises.training.tasks import (
     N_TEST_SEQUENCES, N_UNPREDICTABLE, N_VAL_WINDOWS, REVERSAL_BATCH, REVERSAL_EVAL_EVERY,
     REVERSAL_LR, REVERSAL_STEPS, SEQ_LEN, SHAKESPEARE_BATCH, SHAKESPEARE_LR, SHAKESPEARE_STEPS,
     SHAKESPEARE_WINDOW, SMOKE_BELOW_UNIFORM, SMOKE_STEPS, UNTRAINED_LOSS, per_position,
-    random_windows, reference_loss, reference_reversal, reversal_config, shakespeare_config,
+    random_windows, reference_reversal, reversal_config, shakespeare_config,
     shakespeare_tokens, unigram_entropy)
 from graders.exercises.training.train import check_train, judge_train
 

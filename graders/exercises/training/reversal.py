@@ -8,11 +8,11 @@ from functools import lru_cache
 import torch
 
 from graders.exercises.small_models import seeded_model
-from graders.exercises.training.tasks import (D_VOCAB, HALF, SEQ_LEN, reference_loss,
-                                              reference_reversal, reversal_config)
+from graders.exercises.training.tasks import (D_VOCAB, HALF, SEQ_LEN, reference_reversal,
+                                              reversal_config)
 from graders.judging.cases import Case
 from graders.exercises.diagnosis import compare, diagnosis_first, judge_randomness
-from graders.exercises.training.loss import loss_mistakes
+from graders.exercises.next_token import loss_mistakes, reference_loss
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.tolerance import close
 from graders.judging.exercise import Exercise

@@ -1,5 +1,5 @@
 """The two training tasks of notebook 07, as the grader defines them: the reversal task and tiny
-Shakespeare (sizes, step budgets, data), and the reference's next-token loss."""
+Shakespeare (sizes, step budgets, data)."""
 from __future__ import annotations
 
 import math
@@ -54,13 +54,7 @@ def shakespeare_config() -> Config:
                   d_head=64, d_mlp=1024)
 
 
-# --- The reference's loss, data and per-position scores -------------------------------------
-
-def reference_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy: position i predicts token i+1; the last has no target."""
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).double(),
-                           tokens[:, 1:].reshape(-1))
-
+# --- The reference's data and per-position scores -------------------------------------
 
 def reference_reversal(n: int, generator: torch.Generator) -> torch.Tensor:
     half = torch.randint(0, D_VOCAB, (n, HALF), generator=generator)
