@@ -4,7 +4,9 @@
   the course's names, tokenizer, data, and the course's own components;
 - ``graders.judging``: cases, the one tolerance policy, comparison and diagnosis, running
   learner code, and ``Exercise``, which declares how each exercise is produced and judged;
-- ``graders.exercises``: one module per notebook (``nb01`` ... ), the learner-facing checks;
+  what a learner's kernel shows of a check (rendering, progress);
+- ``graders.exercises``: one module per notebook (``nb01`` ... ), the learner-facing checks,
+  with what several notebooks share (naming mistakes, watching submodules, the next-token loss);
 - ``graders.harness``: running a submission in a sandboxed kernel and judging it outside,
   for one notebook (``check``), one student or a whole class (``classroom``);
 - ``graders.course``: generating, releasing and running the notebooks; the example class.
