@@ -1,4 +1,5 @@
 """Solutions pass every test cell, untouched exercises fail every one, and the two stay in sync."""
+import ast
 import json
 import subprocess
 import sys
@@ -72,3 +73,47 @@ def test_a_graded_notebook_ends_with_its_progress_line(name):
     assert cells[-1]["cell_type"] == "code" and f'progress("{name}")' in last, \
         f"end {name} with a code cell calling progress({name!r}) (graders.judging.progress)"
 
+
+
+def _demonstration_only_names(source_cells) -> list[str]:
+    """Names that a cell outside the demonstrations reads but only a `ready()`-guarded
+    demonstration defines (a grading kernel skips those), as 'cell N: name'."""
+    def is_demo(node):
+        return isinstance(node, ast.If) and isinstance(node.test, ast.Call) and \
+            getattr(node.test.func, "id", "") == "ready"
+
+    def stored(node):
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        names |= {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        names |= {a.arg for n in ast.walk(node) if isinstance(n, ast.arguments)
+                  for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a}
+        return names
+
+    demo_only, found = set(), []
+    for index, source in enumerate(source_cells):
+        for node in ast.parse(source).body:
+            if is_demo(node):
+                demo_only |= stored(node)
+                continue
+            read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            found += [f"cell {index}: {name}" for name in sorted((read - stored(node)) & demo_only)]
+            is_def = isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            demo_only -= {node.name} if is_def else stored(node)   # defined again outside
+    return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nothing_graded_needs_a_demonstration(name):
+    """A grading kernel skips every `if ready(...)` demonstration (graders.judging.progress):
+    no other cell may read a name that only a demonstration defines."""
+    cells = json.loads((SOLUTIONS / f"{name}.ipynb").read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert not _demonstration_only_names(sources), _demonstration_only_names(sources)
+
+
+def test_a_cell_that_reads_a_demonstrations_name_is_found():
+    cells = ["x = 1",
+             "if ready(f):\n    model = make()\n    def helper(a):\n        return a",
+             "def answer(t):\n    return model(t) + helper(t) + x",
+             "model = 2\nprint(model)"]
+    assert _demonstration_only_names(cells) == ["cell 2: helper", "cell 2: model"]

@@ -4,14 +4,15 @@
   cell's points (`points_note`), and the last cell of a notebook can say how far the learner is
   (`progress`) without running anything again.
 - `ready(*answers)` guards a demonstration cell that needs the learner's answers: it says in one
-  line which exercise to finish first instead of letting the cell raise.
+  line which exercise to finish first instead of letting the cell raise. Demonstrations earn no
+  points, so a grading kernel skips them all (07's alone train for minutes).
 - `busy(what)` says what a long check is doing while it runs.
 
 A test cell's points are nbgrader metadata, which the kernel does not receive: they are read
 from the course's released notebook (`exercises/`, else `solutions/` without its hidden tests),
 where the check's exercise and case name the test cell. This is display only: grades are
 decided by the harness, and in a grading kernel (where checks only record) nothing here
-judges, skips or prints.
+judges or prints, and only demonstrations are skipped.
 """
 from __future__ import annotations
 
@@ -180,9 +181,11 @@ def _unwritten(answer) -> bool:
 def ready(*answers) -> bool:
     """Whether a demonstration cell can use these answers of the learner's; when it cannot,
     one line says which exercise to finish first. An answer is not ready when a check run on it
-    in this kernel failed, or when it is still nbgrader's stub. (In a grading kernel: always.)"""
+    in this kernel failed, or when it is still nbgrader's stub. In a grading kernel, never: no
+    test cell depends on a demonstration (tests/test_notebooks.py checks), and they earn nothing."""
     if grading():
-        return True
+        print("\N{WHITE CIRCLE} Not run while grading: demonstrations earn no points.")
+        return False
     missing = []
     for answer in answers:
         name = getattr(answer, "__name__", repr(answer))
