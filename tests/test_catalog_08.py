@@ -145,15 +145,18 @@ def test_penalty_mistakes_fail(fn, message):
 # --- top-k --------------------------------------------------------------------------------------
 
 def _top_k_where(logits, k):
+    k = min(k, logits.shape[-1])
     kth = torch.sort(logits, dim=-1, descending=True).values[:, k - 1:k]
     return torch.where(logits >= kth, logits, torch.full_like(logits, -INF))
 
 
 def _top_k_large_negative(logits, k):
+    k = min(k, logits.shape[-1])
     return logits.masked_fill(logits < logits.topk(k).values[:, [-1]], -1e9)
 
 
 def _top_k_loop(logits, k):
+    k = min(k, logits.shape[-1])
     out = logits.clone()
     for row in range(logits.shape[0]):
         kth = sorted(logits[row].tolist(), reverse=True)[k - 1]
@@ -164,6 +167,7 @@ def _top_k_loop(logits, k):
 
 
 def _top_k_kthvalue(logits, k):
+    k = min(k, logits.shape[-1])
     kth = logits.kthvalue(logits.shape[-1] - k + 1, dim=-1, keepdim=True).values
     return logits.masked_fill(logits < kth, -INF)
 
@@ -175,11 +179,13 @@ def test_top_k_correct_variants_pass(fn):
 
 
 def _top_k_scatter(logits, k):
+    k = min(k, logits.shape[-1])
     values, indices = logits.topk(k)
     return torch.full_like(logits, -INF).scatter(-1, indices, values)
 
 
 def _top_k_probabilities(logits, k):
+    k = min(k, logits.shape[-1])
     probs = logits.softmax(-1)
     return probs.masked_fill(logits < logits.topk(k).values[:, [-1]], 0.0)
 
@@ -194,11 +200,13 @@ def _top_k_midpoint(logits, k):                        # right for k < d_vocab, 
 
 
 def _top_k_sorted_mask_unscattered(logits, k):
+    k = min(k, logits.shape[-1])
     sorted_logits, _ = logits.sort(-1, descending=True)
     return logits.masked_fill(sorted_logits < sorted_logits[:, k - 1:k], -INF)
 
 
 def _top_k_returns_sorted(logits, k):
+    k = min(k, logits.shape[-1])
     sorted_logits = torch.sort(logits, dim=-1, descending=True).values
     return sorted_logits.masked_fill(sorted_logits < sorted_logits[:, k - 1:k], -INF)
 
@@ -211,6 +219,51 @@ def _top_k_drops_ties_loop(logits, k):
     return out
 
 
+def _solution_function(grade_id: str, name: str):
+    """The solution notebook's own answer cell, run on its own."""
+    import json
+    from graders.course.notebooks import SOLUTIONS
+    from jaxtyping import Float, Int
+    from torch import Tensor
+
+    cells = json.loads((SOLUTIONS / "08_sampling.ipynb").read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells
+                  if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    namespace = {"torch": torch, "Tensor": Tensor, "Float": Float, "Int": Int}
+    exec(compile(source, grade_id, "exec"), namespace)
+    return namespace[name]
+
+
+def _hf_kept(warper, logits):
+    return torch.isfinite(warper(None, logits.clone()))
+
+
+@pytest.mark.parametrize("scale, spike", [(1.0, 0.0), (3.0, 0.0), (8.0, 0.0), (3.0, 30.0)])
+def test_the_solutions_filters_agree_with_hugging_face(scale, spike):
+    """apply_top_p and apply_top_k of solutions/08 keep exactly the tokens transformers'
+    TopPLogitsWarper / TopKLogitsWarper keep (float64 logits for the warper, so that its own
+    running total is exact), on 400 rows, p = 1.0 and k >= vocabulary included."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    top_p, top_k = _solution_function("top_p_answer", "apply_top_p"), _solution_function("top_k_answer", "apply_top_k")
+    generator = torch.Generator().manual_seed(int(10 * scale + spike))
+    logits = scale * torch.randn(400, 1000, generator=generator)
+    logits[torch.arange(400), logits.argmax(-1)] += spike
+    ps = torch.rand(400, generator=generator).tolist()
+    for row, p in enumerate(ps + [1.0]):
+        row %= 400
+        mine = torch.isfinite(top_p(logits[row:row + 1], p))
+        assert torch.equal(mine, _hf_kept(TopPLogitsWarper(p), logits[row:row + 1].double())), (row, p)
+    for k in (1, 7, 999, 1000, 1500):
+        assert torch.equal(torch.isfinite(top_k(logits, k)), _hf_kept(TopKLogitsWarper(k), logits)), k
+
+
+def test_top_k_without_clamping_k_is_named():
+    fails_with(nb08.check_top_k, lambda l, k: l.masked_fill(l < l.topk(k).values[..., -1:], -INF),
+               "apply_top_k crashed on apply_top_k(logits, k=57, more than the vocabulary)",
+               "Likely mistake: k = 57 is larger than the vocabulary (50)")
+
+
 @pytest.mark.parametrize("fn, message", [
     (_top_k_scatter, "Likely mistake: ties at the k-th largest value are broken"),
     (_top_k_drops_ties_loop, "Likely mistake: ties at the k-th largest value are broken"),
@@ -218,10 +271,11 @@ def _top_k_drops_ties_loop(logits, k):
     (_top_k_midpoint, "Likely mistake: k equals the vocabulary size (50) here"),
     (_top_k_sorted_mask_unscattered, "Likely mistake: the mask was computed in sorted order"),
     (_top_k_returns_sorted, "Likely mistake: the logits are returned in sorted order"),
-    (lambda l, k: l.masked_fill(l <= l.topk(k).values[:, [-1]], -INF), "one token too few"),
+    (lambda l, k: l.masked_fill(l <= l.topk(min(k, l.shape[-1])).values[:, [-1]], -INF),
+     "one token too few"),
     (lambda l, k: l.masked_fill(l < l.topk(min(k + 1, l.shape[-1])).values[:, [-1]], -INF),
      "Likely mistake: one token too many"),
-    (lambda l, k: l.masked_fill(l > (-l).topk(k).values[:, [-1]].neg(), -INF),
+    (lambda l, k: l.masked_fill(l > (-l).topk(min(k, l.shape[-1])).values[:, [-1]].neg(), -INF),
      "Likely mistake: the k SMALLEST logits are kept"),
     (_top_k_probabilities, "looks like probabilities"),
 ])
@@ -239,6 +293,8 @@ def _top_p_ascending_hf_style(logits, p):
 
 
 def _top_p_loop(logits, p):
+    if p >= 1.0:
+        return logits.clone()
     out = torch.full_like(logits, -INF)
     for row in range(logits.shape[0]):
         probs = logits[row].softmax(-1)
@@ -710,19 +766,62 @@ def test_forward_with_cache_crash_names_the_call_and_the_cache():
                "forward_with_cache crashed on call 2: 1 new token(s) of shape [1, 1], a cache of 6 positions")
 
 
-def _generate_cache_dict(model, input_ids, max_new_tokens):
+def _generate_cache_dict(model, input_ids, max_new_tokens, check_context=True):
+    """A correct variant (a while loop over a dict cache); `check_context=False` forgets to
+    refuse a request past n_ctx."""
+    if check_context and input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(f"too long for n_ctx={model.cfg.n_ctx}")
     logits, cache = _forward_dict_cache(model, input_ids, None)
     tokens = input_ids
-    for _ in range(max_new_tokens):
+    while tokens.shape[1] < input_ids.shape[1] + max_new_tokens:
         new = logits[:, -1:].argmax(-1)
         tokens = torch.cat([tokens, new], -1)
-        logits, cache = _forward_dict_cache(model, new, cache)
+        if tokens.shape[1] < input_ids.shape[1] + max_new_tokens:
+            logits, cache = _forward_dict_cache(model, new, cache)
     return tokens
 
 
 @pytest.mark.parametrize("fn", [nb08.generate_with_cache, _generate_cache_dict])
 def test_generate_with_cache_correct_variants_pass(fn):
     passes(nb08.check_generate_with_cache, fn)
+
+
+def _generate_cache_unchecked(model, input_ids, max_new_tokens):
+    """The classic loop: no check of the context, and a forward pass after every new token."""
+    logits, cache = nb08.forward_with_cache(model, input_ids)
+    tokens = input_ids
+    for _ in range(max_new_tokens):
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        tokens = torch.cat([tokens, new], dim=-1)
+        logits, cache = nb08.forward_with_cache(model, new, cache)
+    return tokens
+
+
+def test_generate_with_cache_that_refuses_to_fill_the_context_exactly_fails():
+    def refuses_early(model, input_ids, max_new_tokens):
+        if input_ids.shape[1] + max_new_tokens >= model.cfg.n_ctx:        # off by one
+            raise ValueError("does not fit n_ctx")
+        return _generate_cache_dict(model, input_ids, max_new_tokens)
+    fails_with(nb08.check_generate_with_cache, refuses_early,
+               "(filling the context, n_ctx = 128, to its last position) raised ValueError: does not "
+               "fit n_ctx. Generation that fills the context to its last position must work")
+
+
+def test_generate_with_cache_past_n_ctx_must_be_refused():
+    fails_with(nb08.check_generate_with_cache,
+               lambda m, t, n: _generate_cache_dict(m, t, n, check_context=False),
+               "returned tokens, but 129 positions do not fit the context (n_ctx = 128)")
+    fails_with(nb08.check_generate_with_cache, _generate_cache_unchecked,
+               "generate_with_cache(model, prompt of 5 tokens, 124) returned tokens, but 129 "
+               "positions do not fit")
+
+    def refuses_vaguely(model, input_ids, max_new_tokens):
+        if input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
+            raise RuntimeError("too long")
+        return _generate_cache_dict(model, input_ids, max_new_tokens)
+    fails_with(nb08.check_generate_with_cache, refuses_vaguely,
+               "raised RuntimeError: too long. When prompt + max_new_tokens > model.cfg.n_ctx, raise "
+               "a ValueError whose message names n_ctx")
 
 
 @pytest.mark.parametrize("mistake", sorted(nb08.CACHE_MISTAKES))

@@ -13,7 +13,7 @@ from graders.reference.store import part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, require_tensor
 from graders.exercises.diagnosis import compare, diagnosis_first
-from graders.judging.learner import Forbidden, run_learner
+from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
 
 DIMS = ("batch", "position", "d_model")
 SMALL_SHAPE = (2, 5)     # the first, small input: ids below 768 so that index mix-ups do not crash
@@ -40,7 +40,7 @@ def small_tokens(case: Case) -> torch.Tensor:
 def _crash(outputs: dict) -> None:
     """Re-raise the learner's crash on the case's tokens, recorded by `_run`."""
     if "error" in outputs:
-        raise CheckFailed(bytes(outputs["error"].tolist()).decode(errors="replace"))
+        raise CheckFailed(recorded_text(outputs["error"]))
 
 
 def _run(what: str, module, tokens_small, tokens, forbidden) -> dict:
@@ -50,8 +50,7 @@ def _run(what: str, module, tokens_small, tokens, forbidden) -> dict:
     try:
         outputs["out"] = run_learner(what, module, tokens, forbidden=forbidden)
     except CheckFailed as err:   # reported by judge, after the small input had its say
-        # kept as UTF-8 bytes: recorded outputs are tensors only (safetensors)
-        outputs["error"] = torch.tensor(list(str(err).encode()), dtype=torch.uint8)
+        outputs["error"] = text_record(str(err))
     outputs["input_modified"] = torch.tensor(not torch.equal(tokens, before))
     return outputs
 

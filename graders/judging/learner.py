@@ -82,6 +82,16 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
                           f"  while running on {describe_args(args)}.") from err
 
 
+def text_record(text: str) -> torch.Tensor:
+    """`text` (e.g. what a learner's crash said) as UTF-8 bytes: recorded outputs are tensors
+    only (safetensors), so a message crosses from the kernel to the judge this way."""
+    return torch.tensor(list(text.encode()), dtype=torch.uint8)
+
+
+def recorded_text(record: torch.Tensor) -> str:
+    return bytes(record.tolist()).decode(errors="replace")
+
+
 def mentions(code: str, word: str) -> bool:
     import re
 

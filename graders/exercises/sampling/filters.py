@@ -1,5 +1,11 @@
 """Notebook 08's filters, `apply_top_k` and `apply_top_p`: judged like every logit transform
-(`transforms.transform_exercise`), with a rule that says which tokens a learner's filter keeps."""
+(`transforms.transform_exercise`), with a rule that says which tokens a learner's filter keeps.
+
+Fair to float32 code: each top_p below 1 is picked at least DECISION_MARGIN away from every
+row's cumulative probabilities, so summing in float32 or float64 keeps the same tokens. The
+exceptions are the edges the notebook states: top_p = 1.0 keeps every token, also on sharp
+logits where a float32 running total reaches 1.0 early, and k >= d_vocab keeps every token.
+"""
 from __future__ import annotations
 
 import torch
@@ -19,10 +25,12 @@ def _top_k_cases(case: Case):
     # Row 0 has a tie at the k-th largest value: both tied tokens must stay.
     order = logits[0].argsort(descending=True)
     logits[0, order[k]] = logits[0, order[k - 1]]
-    return [("k", (logits, k)), ("k1", (logits, 1)), ("kall", (logits, VOCAB))]
+    return [("k", (logits, k)), ("k1", (logits, 1)), ("kall", (logits, VOCAB)),
+            ("kmore", (logits, VOCAB + 7))]
 
 
 def top_k_mistakes(logits, k) -> dict:
+    k = min(k, logits.shape[-1])
     ranked = logits.sort(dim=-1, descending=True, stable=True).indices
 
     def keep_first(n):
@@ -57,6 +65,10 @@ def _top_k_crash(failure, logits, k) -> str:
         return ("the k-th largest value lost its last dimension ([batch] instead of [batch, 1]), so "
                 "it cannot be compared with logits [batch, d_vocab]: keep it, with "
                 "topk(k).values[..., -1:] (or [:, [-1]], keepdim=True, unsqueeze(-1)).")
+    if k > logits.shape[-1]:
+        return (f"k = {k} is larger than the vocabulary ({logits.shape[-1]}) here, which torch.topk "
+                "(and indexing the k-th value) refuses; with k >= d_vocab every token stays: "
+                "clamp it first, k = min(k, logits.shape[-1]).")
     if k == logits.shape[-1]:   # the other cases ran: only k = d_vocab crashes
         return (f"k equals the vocabulary size ({k}) here, and the code reaches one value past the "
                 "k-th largest (index k, or topk(k + 1)), which does not exist: the k-th largest "
@@ -65,6 +77,8 @@ def _top_k_crash(failure, logits, k) -> str:
 
 
 def _top_k_rule(logits, k):
+    k = min(k, logits.shape[-1])
+
     def rule(row: int, kept: torch.Tensor) -> str:
         ranked = kept[logits[row].argsort(descending=True, stable=True)]
         n = int(kept.sum())
@@ -84,14 +98,18 @@ def _top_k_rule(logits, k):
 
 top_k_exercise = transform_exercise(
     "apply_top_k", _top_k_cases, apply_top_k, top_k_mistakes,
-    lambda logits, k: f"logits, k={k}" + (", the vocabulary size" if k == logits.shape[-1] else ""),
-    hint="kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.",
+    lambda logits, k: f"logits, k={k}" + (", the vocabulary size" if k == logits.shape[-1] else
+                                          ", more than the vocabulary" if k > logits.shape[-1] else ""),
+    hint="k = min(k, d_vocab); kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.",
     crash_cause=_top_k_crash, rule=_top_k_rule)
 check_top_k = top_k_exercise.checker(
-    "Grade `apply_top_k(logits, k)` (includes a tie at the k-th value, k = 1 and k = vocab).")
+    "Grade `apply_top_k(logits, k)` (includes a tie at the k-th value, k = 1, k = vocab and k > vocab).")
 
 
 # --- Exercise: top-p ------------------------------------------------------------------------------
+
+SHARP = 30.0
+
 
 def _clear_p(logits: torch.Tensor, candidates) -> float:
     """The first p in `candidates` at least DECISION_MARGIN (1e-3) away from every row's
@@ -108,7 +126,23 @@ def _top_p_cases(case: Case):
     mid = _clear_p(logits, [0.5 + 0.013 * i for i in range(30)])
     high = _clear_p(logits, [0.9 + 0.003 * i for i in range(30)])
     return [("mid", (logits, mid)), ("high", (logits, high)),
-            ("tiny", (logits, 1e-4)), ("one", (gentle, 1.0))]
+            ("tiny", (logits, 1e-4)), ("one", (gentle, 1.0)), ("one_sharp", (sharp_logits(logits), 1.0))]
+
+
+def sharp_logits(logits: torch.Tensor) -> torch.Tensor:
+    """`logits` with each row's top token raised by SHARP: its probability is 1 - ~1e-12, which
+    float32 rounds to 1.0, so a float32 running total reaches 1 while tokens remain."""
+    return logits.scatter_add(-1, logits.argmax(-1, keepdim=True),
+                              torch.full((logits.shape[0], 1), SHARP))
+
+
+def _float32_total_keep(logits, p):
+    """What the descending rule keeps when the running total is summed in float32."""
+    sorted_logits, order = logits.float().sort(dim=-1, descending=True, stable=True)
+    probs = sorted_logits.softmax(-1)
+    keep = (probs.cumsum(-1) - probs) < p
+    keep[..., 0] = True
+    return keep.scatter(-1, order, keep)
 
 
 def top_p_mistakes(logits, p) -> dict:
@@ -123,7 +157,13 @@ def top_p_mistakes(logits, p) -> dict:
 
     in_sorted_slots = (cumulative - probs < p) | (torch.arange(logits.shape[-1]) == 0)
     plain = logits.softmax(-1)
-    return {
+    rounding = {} if p < 1.0 else {
+        "top_p = 1.0 must keep every token, but the running total of the probabilities, summed in "
+        "float32, reaches 1.0 while tokens remain (the top token alone rounds to probability 1), "
+        "so the rest were removed: return the logits unchanged when top_p >= 1, and sum the "
+        "probabilities in float64 (.double())":
+            logits.masked_fill(~_float32_total_keep(logits, p), NEG_INF)}
+    return {**rounding,
         "each token's own probability is compared with top_p (a threshold on each probability): "
         "top-p keeps the most likely tokens until their CUMULATIVE probability reaches top_p":
             keep_any(logits, plain >= p),
@@ -187,4 +227,5 @@ top_p_exercise = transform_exercise(
     hint="sort descending, cumulative probabilities; keep a token while the total BEFORE it is "
          "< top_p (the top token always stays).", rule=_top_p_rule)
 check_top_p = top_p_exercise.checker(
-    "Grade `apply_top_p(logits, top_p)` (includes top_p = 1.0 and a tiny top_p).")
+    "Grade `apply_top_p(logits, top_p)` (includes top_p = 1.0, on gentle and on sharp logits, and a "
+    "tiny top_p).")

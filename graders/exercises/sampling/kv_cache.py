@@ -10,7 +10,7 @@ from graders.judging.cases import Case
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, judge_generated
 from graders.judging.compare import CheckFailed, require_tensor
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner
+from graders.judging.learner import recorded_text, run_learner, text_record
 
 CACHE_CHUNKS = (6, 1, 3, 1, 1)
 CACHE_MISTAKES = {
@@ -125,7 +125,51 @@ def produce_generate_cache(fn, case: Case, inputs: dict) -> dict:
     finally:
         handle.remove()
     require_tensor("generate_with_cache(...)", out)
-    return {"tokens": out, "fed": torch.tensor(fed[:CACHE_STEPS + 1], dtype=torch.long)}
+    outputs = {"tokens": out, "fed": torch.tensor(fed[:CACHE_STEPS + 1], dtype=torch.long)}
+    # At the edge of the context: up to n_ctx exactly must work, one token more must be refused.
+    for key, extra in (("to_n_ctx", 0), ("past_n_ctx", 1)):
+        try:
+            outputs[key] = run_learner("generate_with_cache", fn, model, prompt.clone(),
+                                       _steps_to_fill(model, prompt) + extra)
+        except CheckFailed as failure:
+            if not is_crash(failure):
+                raise
+            outputs[f"{key}_error"] = text_record(
+                f"{type(failure.__cause__).__name__}: {failure.__cause__}")
+    return outputs
+
+
+def _steps_to_fill(model, prompt: torch.Tensor) -> int:
+    """How many new tokens bring `prompt` to exactly n_ctx positions."""
+    return model.cfg.n_ctx - prompt.shape[1]
+
+
+def _judge_context_edge(model, prompt: torch.Tensor, outputs: dict) -> None:
+    """Generation that fills the context exactly must work; asking for more must raise a
+    ValueError that names n_ctx (a cache cannot slide the window the way `generate` crops)."""
+    n_ctx, fill = model.cfg.n_ctx, _steps_to_fill(model, prompt)
+    where = (f"generate_with_cache(model, prompt of {prompt.shape[1]} tokens, {fill}) (filling the "
+             f"context, n_ctx = {n_ctx}, to its last position)")
+    if "to_n_ctx_error" in outputs:
+        raise CheckFailed(f"{where} raised {recorded_text(outputs['to_n_ctx_error'])}. Generation "
+                          "that fills the context to its last position must work (the last new "
+                          "token needs no forward pass of its own).")
+    judge_generated(where, outputs["to_n_ctx"], prompt, fill)
+    with torch.no_grad():
+        expected = generate_with_cache(model, prompt, fill)
+    if not torch.equal(outputs["to_n_ctx"], expected):
+        raise CheckFailed(f"{where}: differs from greedy generation without a cache.")
+    where = f"generate_with_cache(model, prompt of {prompt.shape[1]} tokens, {fill + 1})"
+    if "past_n_ctx_error" not in outputs:
+        raise CheckFailed(f"{where} returned tokens, but {prompt.shape[1] + fill + 1} positions "
+                          f"do not fit the context (n_ctx = {n_ctx}). Raise a ValueError that "
+                          "names n_ctx when prompt + max_new_tokens > model.cfg.n_ctx, before "
+                          "generating anything.")
+    raised = recorded_text(outputs["past_n_ctx_error"])
+    if not (raised.startswith("ValueError:") and "n_ctx" in raised):
+        raise CheckFailed(f"{where} raised {raised}. When prompt + max_new_tokens > "
+                          "model.cfg.n_ctx, raise a ValueError whose message names n_ctx, before "
+                          "generating anything.")
 
 
 def judge_generate_cache(case: Case, outputs: dict) -> None:
@@ -137,7 +181,7 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
     with torch.no_grad():
         expected = generate(model, prompt, CACHE_STEPS, None, temperature=0.0)
     if torch.equal(out, expected):
-        return
+        return _judge_context_edge(model, prompt, outputs)
     first = int((out != expected).any(0).nonzero()[0]) - prompt.shape[1]
     lines = [f"{where}: differs from greedy generation without a cache at new token {first} "
              f"(expected {expected[0, prompt.shape[1]:][:first + 3].tolist()} ..., got "
@@ -158,4 +202,5 @@ generate_cache_exercise = Exercise("08_sampling", "generate_with_cache", produce
                                    diagnosis_first(judge_generate_cache), defaults={"text": None})
 check_generate_with_cache = generate_cache_exercise.checker(
     """Grade `generate_with_cache(model, input_ids, max_new_tokens)`: 50 greedy tokens, identical
-    to generation without a cache.""")
+    to generation without a cache; then filling the context to n_ctx exactly, and one token more
+    (refused with a ValueError naming n_ctx).""")

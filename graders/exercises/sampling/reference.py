@@ -28,15 +28,22 @@ def apply_frequency_penalty(input_ids: torch.Tensor, logits: torch.Tensor, freq_
 
 
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep every token whose logit is at least the k-th largest (ties at the k-th all stay)."""
-    kth = logits.topk(k, dim=-1).values[..., -1:]
+    """Keep every token whose logit is at least the k-th largest (ties at the k-th all stay);
+    k >= d_vocab keeps every token (as Hugging Face's TopKLogitsWarper does)."""
+    kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
 def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the most likely tokens until their total probability reaches top_p (at least one)."""
+    """Keep the most likely tokens until their total probability reaches top_p (at least one).
+
+    Exact: the running total is summed in float64 (in float32 it reaches 1.0 early on sharp
+    logits), and top_p >= 1 keeps every token; it agrees with Hugging Face's TopPLogitsWarper
+    (tests/test_catalog_08.py)."""
+    if top_p >= 1.0:
+        return logits.clone()
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
-    probs = sorted_logits.softmax(dim=-1)
+    probs = sorted_logits.double().softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     remove_sorted = mass_before >= top_p
     remove_sorted[..., 0] = False
@@ -156,13 +163,24 @@ def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
     return model.unembed(model.ln_final(residual)), new_cache
 
 
+def too_long_for_context(n_tokens: int, max_new_tokens: int, n_ctx: int) -> str:
+    """The message of the ValueError that `generate_with_cache` raises past the context."""
+    return (f"generate_with_cache: {n_tokens} prompt tokens + {max_new_tokens} new tokens exceed "
+            f"the model's context, n_ctx = {n_ctx}: the cache holds absolute positions, which "
+            "stop at n_ctx")
+
+
 @torch.no_grad()
 def generate_with_cache(model, input_ids, max_new_tokens, mistake: str = ""):
-    """Greedy generation that feeds each new token alone, reusing the cache."""
+    """Greedy generation that feeds each new token alone, reusing the cache; a request past
+    the context (prompt + new tokens > n_ctx) is refused with a ValueError naming n_ctx."""
+    if input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(too_long_for_context(input_ids.shape[1], max_new_tokens, model.cfg.n_ctx))
     logits, cache = forward_with_cache(model, input_ids, None, mistake)
     tokens = input_ids
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         new = logits[:, -1].argmax(dim=-1, keepdim=True)
         tokens = torch.cat([tokens, new], dim=-1)
-        logits, cache = forward_with_cache(model, new, cache, mistake)
+        if step + 1 < max_new_tokens:      # the last token needs no forward pass of its own
+            logits, cache = forward_with_cache(model, new, cache, mistake)
     return tokens
