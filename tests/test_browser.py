@@ -42,7 +42,7 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """`make lab` serving a folder holding 01 with a buggy LayerNorm and 06 untouched (copies:
     exercises/ is never written), with JupyterLab's workspace and settings kept apart."""
@@ -60,7 +60,7 @@ def lab(tmp_path_factory):
         yield {"base": base, "token": token, "log": log}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
     executable = _chromium()
     try:

@@ -49,8 +49,10 @@ def _rows(out):
         return {row.pop("student"): row for row in csv.DictReader(f)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def graded_example_class(tmp_path_factory):
+    """The example class graded once per session (a module-scoped fixture is set up again each
+    time pytest-xdist interleaves another module's test, which once graded it twice)."""
     submissions = example_class.write(tmp_path_factory.mktemp("example_class"))
     out = tmp_path_factory.mktemp("grading")
     classroom.grade_class(submissions, out, NAMES, workers=2, scheduler=None,

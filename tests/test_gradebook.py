@@ -39,7 +39,7 @@ def forged():
     return notebook
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def graded(tmp_path_factory):
     """(server root, course, plain-files output) after `make grade` of three submissions."""
     root = tmp_path_factory.mktemp("nbgrader")

@@ -46,7 +46,7 @@ def _test_cell(notebook, grade_id):
     return next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def layernorm_runs(tmp_path_factory):
     """01 with the classic bug, with a crash in the learner's forward, and solved."""
     folder = tmp_path_factory.mktemp("runs")
