@@ -128,3 +128,32 @@ def test_every_graded_notebook_has_a_classic_bug_in_the_example_class():
     for name, cell, old, _ in BUGS:
         answers = {cells.nbgrader_meta(c).get("grade_id"): c.source for c in cells.source_notebook(name).cells}
         assert old in answers[cell], (name, cell)
+
+
+def test_tests_marked_for_one_worker_share_it(tmp_path):
+    """`make test` runs pytest-xdist with --dist loadgroup so that the tests of one graded class
+    share the worker that graded it (the class is graded once per worker session). pytest 9.2
+    broke that silently with pytest-xdist 3.8 (the example class was graded twice per run);
+    this fails if an upgrade breaks it again."""
+    (tmp_path / "test_grouped.py").write_text(textwrap.dedent('''
+        import os, time, pytest
+        GROUP = pytest.mark.xdist_group("one")
+
+        @GROUP
+        def test_first(tmp_path_factory):
+            time.sleep(0.5)
+            (tmp_path_factory.getbasetemp().parent / "first").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+        @GROUP
+        def test_second(tmp_path_factory):
+            (tmp_path_factory.getbasetemp().parent / "second").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+        def test_other():
+            time.sleep(1)
+    '''))
+    base = tmp_path / "base"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup",
+                          "-p", "no:cacheprovider", f"--basetemp={base}", "test_grouped.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (base / "first").read_text() == (base / "second").read_text()

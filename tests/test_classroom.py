@@ -37,7 +37,8 @@ EXPECTED = {
     "buggy": {**FULL, **{f"{name}/{cell}": 0 for name in NAMES for cell in BUGGY_LOSES.get(name, [])}},
     "crasher": {**FULL, "03_attention/attention_test": 0},
 }
-pytestmark = pytest.mark.xdist_group("classroom")
+# The tests of the graded example class run on one pytest-xdist worker, which grades it once.
+ONE_GRADING = pytest.mark.xdist_group("classroom")
 
 
 def test_every_graded_notebook_says_what_its_classic_bug_costs():
@@ -60,6 +61,7 @@ def graded_example_class(tmp_path_factory):
     return out
 
 
+@ONE_GRADING
 def test_each_example_student_gets_exactly_the_expected_grade_per_test_cell(graded_example_class):
     rows = _rows(graded_example_class)
     assert sorted(rows) == sorted(EXPECTED)
@@ -70,6 +72,7 @@ def test_each_example_student_gets_exactly_the_expected_grade_per_test_cell(grad
         assert float(rows[student]["max"]) == sum(FULL.values())
 
 
+@ONE_GRADING
 def test_reports_say_why_each_point_was_lost(graded_example_class):
     reports = graded_example_class / "reports"
     buggy = (reports / "buggy.txt").read_text()
@@ -82,6 +85,7 @@ def test_reports_say_why_each_point_was_lost(graded_example_class):
     assert "not implemented yet" in (reports / "untouched.txt").read_text()
 
 
+@ONE_GRADING
 def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class):
     hidden_lines = set()
     for name in NAMES:
@@ -96,6 +100,37 @@ def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class
         leaked = [line for line in hidden_lines if line in html]
         assert not leaked, (page, leaked)
     assert "PASSED: 5 / 5 points" in (graded_example_class / "feedback/perfect/01_layernorm.html").read_text()
+
+
+@ONE_GRADING
+def test_one_worker_in_the_reverse_order_writes_the_same_files_as_two_workers(graded_example_class,
+                                                                             tmp_path, monkeypatch):
+    """Full-class determinism: the perfect and the buggy student's nine notebooks, graded again
+    on one worker and in the reverse order, get the same grades, reports, feedback pages and
+    results as in the two-worker grading of the whole class."""
+    students = ("perfect", "buggy")
+    for student in students:
+        for name, notebook in example_class.students()[student].items():
+            target = tmp_path / "class" / "submitted" / student / name / f"{name}.ipynb"   # as write()
+            target.parent.mkdir(parents=True)
+            nbformat.write(notebook, target)
+    plan = classroom._plan
+    monkeypatch.setattr(classroom, "_plan", lambda *args: plan(*args)[::-1])
+    out = tmp_path / "out"
+    classroom.grade_class(tmp_path / "class", out, NAMES, workers=1, scheduler=None,
+                          limits=grading.TimeLimits())
+    both = (graded_example_class, out)
+    rows = [_rows(folder) for folder in both]
+    results = [{(e["student"], e["notebook"]): {k: v for k, v in e.items() if k != "seconds"}
+                for e in json.loads((folder / "results.json").read_text())} for folder in both]
+    for student in students:
+        assert rows[0][student] == rows[1][student], student
+        report = [(folder / "reports" / f"{student}.txt").read_text() for folder in both]
+        assert report[0] == report[1], student
+        for name in NAMES:
+            page = [(folder / "feedback" / student / f"{name}.html").read_text() for folder in both]
+            assert page[0] == page[1], (student, name)
+            assert results[0][student, name] == results[1][student, name], (student, name)
 
 
 def test_regrading_locally_and_on_a_dask_scheduler_gives_identical_results(tmp_path):

@@ -19,6 +19,7 @@ import html
 from pathlib import Path
 
 import nbformat
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
 from graders.harness.cells import is_test_cell, nbgrader_meta, released_source, source_notebook
 
@@ -39,6 +40,8 @@ def annotated(executed, name: str, cells: list[dict], notes: list[str]):
     if notes:
         notebook.cells.insert(0, nbformat.v4.new_markdown_cell(
             "**Grading notes**\n\n" + "".join(f"- {note}\n" for note in notes)))
+    # How a kernel's prints are split into stream messages depends on timing; the pages must not.
+    CoalesceStreamsPreprocessor().preprocess(notebook, {})
     return notebook
 
 

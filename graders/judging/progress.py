@@ -5,7 +5,8 @@
   (`progress`) without running anything again.
 - `ready(*answers)` guards a demonstration cell that needs the learner's answers: it says in one
   line which exercise to finish first instead of letting the cell raise. Demonstrations earn no
-  points, so a grading kernel skips them all (07's alone train for minutes).
+  points, so a grading kernel skips them all (07's alone train for minutes); `ready()` with no
+  answers guards one that needs none (a timing, whose figures would differ on every run).
 - `busy(what)` says what a long check is doing while it runs.
 
 A test cell's points are nbgrader metadata, which the kernel does not receive: they are read
