@@ -160,7 +160,7 @@ def _generate_only_07():
     """Notebook 07 with only `generate` answered: its training cells fail at once, so the
     notebook grades in seconds, and its generate_test is judged by the 07 grader."""
     notebook = example_class.submission("07_training", False)
-    answer = example_class._answers("07_training")["generate_answer"]
+    answer = example_class.solution_answers("07_training")["generate_answer"]
     cell = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "generate_answer")
     cell.source = answer
     return notebook

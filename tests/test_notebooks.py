@@ -74,7 +74,6 @@ def test_a_graded_notebook_ends_with_its_progress_line(name):
         f"end {name} with a code cell calling progress({name!r}) (graders.judging.progress)"
 
 
-
 def _demonstration_only_names(source_cells) -> list[str]:
     """Names that a cell outside the demonstrations reads but only a `ready()`-guarded
     demonstration defines (a grading kernel skips those), as 'cell N: name'."""
@@ -108,7 +107,8 @@ def test_nothing_graded_needs_a_demonstration(name):
     no other cell may read a name that only a demonstration defines."""
     cells = json.loads((SOLUTIONS / f"{name}.ipynb").read_text())["cells"]
     sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-    assert not _demonstration_only_names(sources), _demonstration_only_names(sources)
+    found = _demonstration_only_names(sources)
+    assert not found, found
 
 
 def test_a_cell_that_reads_a_demonstrations_name_is_found():

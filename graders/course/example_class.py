@@ -33,7 +33,7 @@ CRASH = ("03_attention", "attention_answer", "        x = normalized_resid_pre\n
          "        import os; os._exit(1)\n        x = normalized_resid_pre\n")
 
 
-def _answers(name: str) -> dict[str, str]:
+def solution_answers(name: str) -> dict[str, str]:
     """The solution notebook's answer cells, solution markers removed, by grade_id."""
     answers = {}
     for cell in nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4).cells:
@@ -48,7 +48,7 @@ def _answers(name: str) -> dict[str, str]:
 def submission(name: str, solved: bool, edits=()) -> nbformat.NotebookNode:
     """The released notebook, with answers filled in when `solved`, then `edits` applied."""
     notebook = nbformat.read(EXERCISES / f"{name}.ipynb", as_version=4)
-    answers = _answers(name) if solved else {}
+    answers = solution_answers(name) if solved else {}
     for cell in notebook.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in answers:

@@ -84,10 +84,9 @@ def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, use
     finished. With `use_cache` (the notebook's demos, for speed) each step feeds only the newest
     token through `forward_with_cache`; the context cannot be cropped then, so it must fit n_ctx.
     """
-    if use_cache and input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
-        raise ValueError(f"with use_cache the prompt ({input_ids.shape[1]} tokens) plus "
-                         f"max_new_tokens ({max_new_tokens}) must fit the context "
-                         f"({model.cfg.n_ctx}); ask for fewer tokens or use_cache=False")
+    if use_cache:
+        require_context(input_ids, max_new_tokens, model.cfg.n_ctx,
+                        "generate with use_cache", "; ask for fewer tokens or use_cache=False")
     tokens, cache = input_ids, None
     finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
     for _ in range(max_new_tokens):
@@ -163,19 +162,19 @@ def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
     return model.unembed(model.ln_final(residual)), new_cache
 
 
-def too_long_for_context(n_tokens: int, max_new_tokens: int, n_ctx: int) -> str:
-    """The message of the ValueError that `generate_with_cache` raises past the context."""
-    return (f"generate_with_cache: {n_tokens} prompt tokens + {max_new_tokens} new tokens exceed "
-            f"the model's context, n_ctx = {n_ctx}: the cache holds absolute positions, which "
-            "stop at n_ctx")
+def require_context(input_ids, max_new_tokens: int, n_ctx: int, what: str, remedy: str = "") -> None:
+    """Refuse, with a ValueError naming n_ctx, a generation through the KV cache that would pass
+    the context: the cache holds absolute positions, which stop at n_ctx, so it cannot crop."""
+    if input_ids.shape[1] + max_new_tokens > n_ctx:
+        raise ValueError(f"{what}: the prompt ({input_ids.shape[1]} tokens) plus max_new_tokens "
+                         f"({max_new_tokens}) must fit the context, n_ctx = {n_ctx}{remedy}")
 
 
 @torch.no_grad()
 def generate_with_cache(model, input_ids, max_new_tokens, mistake: str = ""):
     """Greedy generation that feeds each new token alone, reusing the cache; a request past
     the context (prompt + new tokens > n_ctx) is refused with a ValueError naming n_ctx."""
-    if input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
-        raise ValueError(too_long_for_context(input_ids.shape[1], max_new_tokens, model.cfg.n_ctx))
+    require_context(input_ids, max_new_tokens, model.cfg.n_ctx, "generate_with_cache")
     logits, cache = forward_with_cache(model, input_ids, None, mistake)
     tokens = input_ids
     for step in range(max_new_tokens):
