@@ -44,7 +44,7 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     learner's own pre-submission check). With `confined_to` (a root grader), the kernel is
     confined and sees those of the grader's files only (see graders.harness.sandbox).
     """
-    from graders.judging.cases import WITHHELD_ENV
+    from graders.reference.paths import WITHHELD_ENV
 
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
         # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could

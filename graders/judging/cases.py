@@ -7,12 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from graders.reference.config import Config
+from graders.reference.paths import WITHHELD_ENV
 
 REFERENCE_TEXT = ("I am an amazing autoregressive, decoder-only, GPT-2 style transformer. "
                   "One day I will exceed human level intelligence and take over the world!")
-# Set in a grading kernel: the reference's activations are withheld there (issue: a kernel that
-# can read expected outputs can answer a check by lookup); exercises receive their inputs only.
-WITHHELD_ENV = "GPT2_COURSE_INPUTS_DIR"
 
 
 class ReferenceWithheld(RuntimeError):

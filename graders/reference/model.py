@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
 from graders.reference import synthetic
 from graders.reference.paths import atomic_folder, cache_dir
 
@@ -54,6 +52,7 @@ def _chosen_source(source: str | None) -> str:
 
 
 def _load_hf(where):
+    import torch
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 

@@ -11,8 +11,6 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
 PINNED_ENV = "GPT2_COURSE_REFERENCE_ID"
 
 
