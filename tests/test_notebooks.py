@@ -117,3 +117,37 @@ def test_a_cell_that_reads_a_demonstrations_name_is_found():
              "def answer(t):\n    return model(t) + helper(t) + x",
              "model = 2\nprint(model)"]
     assert _demonstration_only_names(cells) == ["cell 2: helper", "cell 2: model"]
+
+
+# Pictures where learners look (issue 15): cells tagged `picture`, by notebook. Notebooks 07-09
+# draw their training curves and distributions without the tag.
+PICTURES = {"01_layernorm": 1, "02_embeddings": 1, "03_attention": 1, "06_gpt2": 2}
+
+
+def _picture_cells(notebook) -> list:
+    return [c for c in notebook.cells if "picture" in c.metadata.get("tags", [])]
+
+
+def test_picture_cells_are_where_the_course_says():
+    import nbformat
+
+    found = {name: len(_picture_cells(nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)))
+             for name in NAMES}
+    assert {name: n for name, n in found.items() if n} == PICTURES
+
+
+@pytest.mark.parametrize("name", sorted(PICTURES))
+def test_each_picture_cell_draws_an_image_in_the_solution_run(name, tmp_path):
+    """`make solutions` runs the solution offline; each picture cell leaves a PNG in the saved
+    notebook and in its HTML."""
+    import nbformat
+
+    from graders.course.notebooks import run_solutions
+
+    assert run_solutions(tmp_path, [name]) == []
+    executed = nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
+    for cell in _picture_cells(executed):
+        images = [o for o in cell.outputs if "image/png" in o.get("data", {})]
+        assert len(images) == 1, (name, cell.source[:80], [o.get("output_type") for o in cell.outputs])
+    html = (tmp_path / f"{name}.html").read_text()
+    assert html.count("data:image/png;base64,") >= PICTURES[name]

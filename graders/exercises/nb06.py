@@ -1,4 +1,5 @@
-"""Grader for 06_gpt2: `Unembed`, the whole `DemoTransformer`, and the next-token loss.
+"""Grader for 06_gpt2: `Unembed`, the whole `DemoTransformer`, the next-token loss, and
+`count_parameters` (graders.exercises.parameter_count).
 
 The full model is graded on the reference logits. When they differ, forward hooks on the
 learner's own submodules (embed, pos_embed, each block, ln_final) find the FIRST activation in
@@ -25,6 +26,7 @@ from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.judging.tolerance import CHANGED_RELATIVE, close
 from graders.exercises.nb05 import first_divergence
 from graders.exercises.next_token import judge_loss_value
+from graders.exercises.parameter_count import check_count_parameters  # noqa: F401 (the notebook's check)
 from graders.exercises.submodules import TAKES_RESIDUAL, TAKES_TOKENS, submodule_crash, watch
 from graders.reference.weights import WeightLoadError, load_strict
 

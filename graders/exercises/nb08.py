@@ -1,9 +1,11 @@
-"""Grader for 08_sampling: logit transforms, samplers, generation, beam search and the KV cache.
+"""Grader for 08_sampling: logit transforms, samplers, generation, beam search and the KV cache
+(and its size).
 
 The notebook's check functions, and the reference implementations its demonstrations call;
 the exercises themselves live by topic in graders.exercises.sampling.
 """
 from graders.exercises.sampling.beam import check_beam_search
+from graders.exercises.sampling.cache_size import check_kv_cache_bytes
 from graders.exercises.sampling.generation import check_generate
 from graders.exercises.sampling.kv_cache import (CACHE_MISTAKES, check_forward_with_cache,
                                                  check_generate_with_cache)
@@ -29,7 +31,7 @@ __all__ = [
     "EXAMPLE_BUG",
     "check_greedy", "check_temperature", "check_frequency_penalty", "check_top_k", "check_top_p",
     "check_sampler", "check_sample_next_token", "check_generate", "check_beam_search",
-    "check_forward_with_cache", "check_generate_with_cache",
+    "check_forward_with_cache", "check_generate_with_cache", "check_kv_cache_bytes",
     "NEG_INF", "greedy_search", "apply_temperature", "token_counts", "apply_frequency_penalty",
     "apply_top_k", "apply_top_p", "sample_basic", "next_token_logits", "sample_next_token",
     "generate", "beam_search", "attention_with_cache", "forward_with_cache", "generate_with_cache",

@@ -19,6 +19,7 @@ class Forbidden:
     what: str                      # "LayerNorm"
     targets: Sequence[tuple[object, str]] = field(default_factory=tuple)  # (module/class, attr)
     source_words: Sequence[str] = field(default_factory=tuple)            # in the learner's source
+    instead: str = "from tensor operations"                               # how to build it
 
 
 ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")
@@ -65,14 +66,14 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
     for word in tuple(forbidden.source_words) + ALWAYS_FORBIDDEN_WORDS:
         if mentions(code, word):
             raise CheckFailed(f"{what}: your code uses `{word}`. The point of this exercise is to "
-                              f"implement {forbidden.what} yourself from tensor operations; "
+                              f"implement {forbidden.what} yourself {forbidden.instead}; "
                               "replace the library call with your own computation.")
     try:
         with _tripwires(forbidden), torch.no_grad():
             return fn(*args, **kwargs)
     except LibraryUsed as used:
         raise CheckFailed(f"{what}: your code calls `{used}`. Implement {forbidden.what} yourself "
-                          "from tensor operations instead of calling the library version.") from None
+                          f"{forbidden.instead} instead of calling the library version.") from None
     except CheckFailed:
         raise
     except NotImplementedError:
