@@ -10,7 +10,7 @@
    run (target speed-up >= 1.6x with 30 submissions: --class-size 30).
 3. What writing nbgrader's gradebook adds per graded notebook (scores, comments, late penalty,
    the autograded notebook and the feedback page in the course folder): target <= 0.2 s.
-   `--gradebook-only` measures this alone.
+   `--gradebook-only` measures this alone, `--class-only` the speed-up alone.
 
 Every pipeline run writes into a freshly released nbgrader course, as `make grade` does.
 """
@@ -160,11 +160,16 @@ def main() -> None:
     parser.add_argument("--skip-class", action="store_true")
     parser.add_argument("--gradebook-only", action="store_true",
                         help="only measure what writing nbgrader's gradebook adds per notebook")
+    parser.add_argument("--class-only", action="store_true",
+                        help="only measure the class's speed-up from 1 to 2 workers")
     args = parser.parse_args()
     names = graded_notebooks()
     core = [n for n in names if n[:2] <= "06"]
     if args.gradebook_only:
         gradebook_overhead(core)
+        return
+    if args.class_only:
+        class_speedup(args.class_size, core)
         return
     ungraded = sorted(set(notebook_names()) - set(names))
     print(f"{multiprocessing.cpu_count()} CPUs; warm caches; each notebook graded in a fresh process; "

@@ -470,3 +470,41 @@ def test_batch_mixing_fails(correct_outputs):
 
 def test_correct_outputs_pass_judge(correct_outputs):
     nb03.judge_attention(*correct_outputs)
+
+
+# --- qk_ov_circuits -------------------------------------------------------------------------------
+
+def _circuits(qk, ov):
+    return lambda attn: (qk(attn), ov(attn))
+
+
+def _right_qk(attn):
+    return attn.W_Q @ attn.W_K.transpose(-1, -2)
+
+
+def _right_ov(attn):
+    return attn.W_V @ attn.W_O
+
+
+def test_the_circuits_pass_written_either_way():
+    nb03.check_qk_ov_circuits(_circuits(_right_qk, _right_ov))
+    einsummed = _circuits(lambda a: torch.einsum("ndh,neh->nde", a.W_Q, a.W_K),
+                          lambda a: torch.einsum("ndh,nhe->nde", a.W_V, a.W_O))
+    nb03.check_qk_ov_circuits(einsummed, block=7, seed=3)
+
+
+@pytest.mark.parametrize("qk, ov, message", [
+    (lambda a: a.W_K @ a.W_Q.transpose(-1, -2), _right_ov, "Likely mistake: W_QK is W_K W_Q^T"),
+    (lambda a: _right_qk(a) / math.sqrt(a.cfg.d_head), _right_ov, "Likely mistake: W_QK is already divided"),
+    (_right_qk, lambda a: a.W_V @ a.W_V.transpose(-1, -2), "x W_OV on 6 random residual vectors"),
+    (lambda a: a.W_Q @ a.W_K, _right_ov, "qk_ov_circuits raised RuntimeError"),
+], ids=["swapped", "scaled", "wrong_ov", "crash"])
+def test_wrong_circuits_are_named(qk, ov, message):
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_qk_ov_circuits(_circuits(qk, ov))
+    assert message in str(failure.value), str(failure.value)
+
+
+def test_circuits_of_the_wrong_shape_say_which_dimension():
+    with pytest.raises(CheckFailed, match="W_QK"):
+        nb03.check_qk_ov_circuits(_circuits(lambda a: _right_qk(a)[0], _right_ov))

@@ -632,3 +632,32 @@ GENERATE_BUGS = [
 @pytest.mark.parametrize("fn,expected", GENERATE_BUGS, ids=[str(i) for i in range(len(GENERATE_BUGS))])
 def test_generate_mistakes(fn, expected):
     fails(nb07.check_generate, fn, expected)
+
+
+# --- per_position_accuracy ------------------------------------------------------------------------
+
+def _accuracy(logits_slice, tokens_slice, reduce=lambda hits: hits.float().mean(dim=0)):
+    @torch.no_grad()
+    def per_position_accuracy(model, tokens):
+        predictions = model(tokens).argmax(dim=-1)
+        return reduce(predictions[:, logits_slice] == tokens[:, tokens_slice])
+    return per_position_accuracy
+
+
+def test_per_position_accuracy_passes_written_either_way():
+    nb07.check_per_position_accuracy(_accuracy(slice(None, -1), slice(1, None)))
+    nb07.check_per_position_accuracy(_accuracy(slice(0, 15), slice(1, 16),
+                                               lambda hits: hits.sum(0) / hits.shape[0]), seed=9, batch=37)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_accuracy(slice(None, -1), slice(None, -1)), "Likely mistake: no shift"),
+    (_accuracy(slice(1, None), slice(1, None)), "Likely mistake: no shift (positions 1..15"),
+    (_accuracy(slice(1, None), slice(None, -1)), "Likely mistake: shifted the wrong way"),
+    (_accuracy(slice(None, -1), slice(1, None), lambda hits: hits.float().sum(0)), "Likely mistake: a count"),
+    (_accuracy(slice(None, -1), slice(1, None), lambda hits: hits.float().mean(1)), "shape"),
+], ids=["no_shift", "no_shift_late", "wrong_way", "count", "wrong_axis"])
+def test_per_position_accuracy_mistakes_are_named(fn, message):
+    with pytest.raises(CheckFailed) as failure:
+        nb07.check_per_position_accuracy(fn)
+    assert message in str(failure.value), str(failure.value)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from graders.exercises import nb08
+from graders.exercises.sampling import reference
 from graders.judging.compare import CheckFailed
 
 INF = float("inf")
@@ -99,7 +100,7 @@ def _penalty_loop(ids, logits, a):
     return out
 
 
-@pytest.mark.parametrize("fn", [nb08.apply_frequency_penalty, _penalty_bincount, _penalty_one_hot,
+@pytest.mark.parametrize("fn", [reference.apply_frequency_penalty, _penalty_bincount, _penalty_one_hot,
                                 _penalty_loop])
 def test_penalty_correct_variants_pass(fn):
     passes(nb08.check_frequency_penalty, fn)
@@ -172,7 +173,7 @@ def _top_k_kthvalue(logits, k):
     return logits.masked_fill(logits < kth, -INF)
 
 
-@pytest.mark.parametrize("fn", [nb08.apply_top_k, _top_k_where, _top_k_large_negative, _top_k_loop,
+@pytest.mark.parametrize("fn", [reference.apply_top_k, _top_k_where, _top_k_large_negative, _top_k_loop,
                                 _top_k_kthvalue])
 def test_top_k_correct_variants_pass(fn):
     passes(nb08.check_top_k, fn)
@@ -304,7 +305,7 @@ def _top_p_loop(logits, p):
     return out
 
 
-@pytest.mark.parametrize("fn", [nb08.apply_top_p, _top_p_ascending_hf_style, _top_p_loop])
+@pytest.mark.parametrize("fn", [reference.apply_top_p, _top_p_ascending_hf_style, _top_p_loop])
 def test_top_p_correct_variants_pass(fn):
     passes(nb08.check_top_p, fn)
 
@@ -391,7 +392,7 @@ def _inverse_cdf(logits, generator):
     return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=logits.shape[-1] - 1)[:, 0]
 
 
-@pytest.mark.parametrize("fn", [nb08.sample_basic, _gumbel_max, _inverse_cdf])
+@pytest.mark.parametrize("fn", [reference.sample_basic, _gumbel_max, _inverse_cdf])
 def test_sampler_correct_variants_pass(fn):
     passes(nb08.check_sampler, fn)
 
@@ -440,21 +441,21 @@ def _pipeline(order="ptkq", zero="greedy", temper="divide"):
     penalty forgotten), "divide" (no special case: divides by 0)."""
     def sample(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0, freq_penalty=0.0):
         if temperature == 0.0 and zero == "greedy":
-            return nb08.apply_frequency_penalty(input_ids, logits, freq_penalty).argmax(-1)
+            return reference.apply_frequency_penalty(input_ids, logits, freq_penalty).argmax(-1)
         if temperature == 0.0 and zero == "raw":
             return logits.argmax(-1)
-        steps = {"p": lambda l: nb08.apply_frequency_penalty(input_ids, l, freq_penalty),
+        steps = {"p": lambda l: reference.apply_frequency_penalty(input_ids, l, freq_penalty),
                  "t": lambda l: l / temperature if temper == "divide" else l * temperature,
-                 "k": lambda l: nb08.apply_top_k(l, top_k) if top_k else l,
-                 "q": lambda l: nb08.apply_top_p(l, top_p) if top_p < 1 else l}
+                 "k": lambda l: reference.apply_top_k(l, top_k) if top_k else l,
+                 "q": lambda l: reference.apply_top_p(l, top_p) if top_p < 1 else l}
         for step in order:
             logits = steps[step](logits)
-        return nb08.sample_basic(logits, generator)
+        return reference.sample_basic(logits, generator)
     return sample
 
 
 def _pipeline_gumbel(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0, freq_penalty=0.0):
-    logits = nb08.next_token_logits(input_ids, logits, max(temperature, 1e-8), top_k, top_p, freq_penalty)
+    logits = reference.next_token_logits(input_ids, logits, max(temperature, 1e-8), top_k, top_p, freq_penalty)
     return _gumbel_max(logits, generator)
 
 
@@ -466,18 +467,18 @@ def _pipeline_greedy_first_loop(input_ids, logits, generator, temperature=1.0, t
         for token in input_ids[row].tolist():
             logits[row, token] -= freq_penalty
     if temperature == 0:
-        return nb08.greedy_search(logits)
-    return nb08.sample_next_token(input_ids, logits, generator, temperature, top_k, top_p, 0.0)
+        return reference.greedy_search(logits)
+    return reference.sample_next_token(input_ids, logits, generator, temperature, top_k, top_p, 0.0)
 
 
 def _pipeline_zero_before_penalty(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0,
                                   freq_penalty=0.0):
     if temperature == 0:                 # greedy on the raw logits: the penalty is forgotten
-        return nb08.greedy_search(logits)
-    return nb08.sample_next_token(input_ids, logits, generator, temperature, top_k, top_p, freq_penalty)
+        return reference.greedy_search(logits)
+    return reference.sample_next_token(input_ids, logits, generator, temperature, top_k, top_p, freq_penalty)
 
 
-@pytest.mark.parametrize("fn", [nb08.sample_next_token, _pipeline(), _pipeline_gumbel,
+@pytest.mark.parametrize("fn", [reference.sample_next_token, _pipeline(), _pipeline_gumbel,
                                 _pipeline_greedy_first_loop])
 def test_pipeline_correct_variants_pass(fn):
     passes(nb08.check_sample_next_token, fn)
@@ -511,7 +512,7 @@ def _generate(crop=True, position=-1, pass_sampling=True, stop="per-row", pad=No
         for _ in range(max_new_tokens):
             context = tokens[:, -model.cfg.n_ctx:] if crop else tokens
             logits = model(context)[:, position]
-            new = nb08.sample_next_token(tokens, logits, generator, **(sampling if pass_sampling else {}))
+            new = reference.sample_next_token(tokens, logits, generator, **(sampling if pass_sampling else {}))
             if eos_token_id is None or stop == "never":
                 tokens = torch.cat([tokens, new[:, None]], dim=-1)
                 continue
@@ -532,7 +533,7 @@ def _generate(crop=True, position=-1, pass_sampling=True, stop="per-row", pad=No
 def _generate_cropping_first(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
     tokens = input_ids
     for _ in range(max_new_tokens):
-        new = nb08.sample_next_token(tokens, model(tokens[:, :model.cfg.n_ctx])[:, -1], generator, **sampling)
+        new = reference.sample_next_token(tokens, model(tokens[:, :model.cfg.n_ctx])[:, -1], generator, **sampling)
         tokens = torch.cat([tokens, new[:, None]], dim=-1)
         if eos_token_id is not None and bool((new == eos_token_id).all()):
             break
@@ -546,7 +547,7 @@ def _generate_row_by_row(model, input_ids, max_new_tokens, generator, eos_token_
         tokens = row[None]
         for _ in range(max_new_tokens):
             logits = model(tokens[:, -model.cfg.n_ctx:])[:, -1]
-            new = nb08.sample_next_token(tokens, logits, generator, **sampling)
+            new = reference.sample_next_token(tokens, logits, generator, **sampling)
             tokens = torch.cat([tokens, new[:, None]], dim=-1)
             if eos_token_id is not None and int(new) == eos_token_id:
                 break
@@ -560,12 +561,12 @@ def _generate_sampler_crash(model, input_ids, max_new_tokens, generator, eos_tok
     tokens = input_ids
     for _ in range(max_new_tokens):
         logits = model(tokens[:, -model.cfg.n_ctx:])          # every position: the sampler crashes
-        new = nb08.sample_next_token(tokens, logits, generator, **sampling)
+        new = reference.sample_next_token(tokens, logits, generator, **sampling)
         tokens = torch.cat([tokens, new[:, None]], dim=-1)
     return tokens
 
 
-@pytest.mark.parametrize("fn", [nb08.generate, _generate(), _generate_row_by_row])
+@pytest.mark.parametrize("fn", [reference.generate, _generate(), _generate_row_by_row])
 def test_generate_correct_variants_pass(fn):
     passes(nb08.check_generate, fn)
 
@@ -590,7 +591,7 @@ def test_generate_mistakes_fail(fn, message):
 def test_generate_rows_ending_at_different_steps_hidden_case():
     """The hidden case has three rows, ending after 4, 2 and 3 new tokens."""
     fails_with(nb08.check_generate, _generate(stop="any"), "after 4, 2, 3 new tokens", seed=18, batch=3)
-    nb08.check_generate(nb08.generate, seed=18, batch=3)
+    nb08.check_generate(reference.generate, seed=18, batch=3)
 
 
 def test_a_crash_in_the_sampler_is_not_blamed_on_cropping():
@@ -606,7 +607,7 @@ def test_a_crash_in_the_sampler_is_not_blamed_on_cropping():
 def test_generate_ignoring_top_k_is_caught():
     def ignores_top_k(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
         sampling.pop("top_k", None)
-        return nb08.generate(model, input_ids, max_new_tokens, generator, eos_token_id, **sampling)
+        return reference.generate(model, input_ids, max_new_tokens, generator, eos_token_id, **sampling)
     fails_with(nb08.check_generate, ignores_top_k, "is not among the 5 most likely",
                "Likely mistake: the sampling settings (top_k")
 
@@ -616,7 +617,7 @@ def test_reference_generate_pads_finished_rows_with_end_of_text():
     chain.table[:, 7] = -5.0
     for a, b in ((2, 5), (5, 8), (8, 3), (3, 7)):
         chain.table[a, b] = 10.0
-    out = nb08.generate(chain, torch.tensor([[1, 2], [1, 8]]), 40, None, eos_token_id=7, temperature=0.0)
+    out = reference.generate(chain, torch.tensor([[1, 2], [1, 8]]), 40, None, eos_token_id=7, temperature=0.0)
     assert out.tolist() == [[1, 2, 5, 8, 3, 7], [1, 8, 3, 7, 7, 7]]
 
 
@@ -634,7 +635,7 @@ def _beam_loop(model, input_ids, num_beams, max_new_tokens):
     return torch.tensor([t for t, _ in beams]), torch.tensor([s for _, s in beams])
 
 
-@pytest.mark.parametrize("fn", [nb08.beam_search, _beam_loop])
+@pytest.mark.parametrize("fn", [reference.beam_search, _beam_loop])
 def test_beam_search_correct_variants_pass(fn):
     passes(nb08.check_beam_search, fn)
 
@@ -690,13 +691,13 @@ def _beam_best_child_after_first_loop(model, input_ids, num_beams, max_new_token
     (_beam(rank_by_last=True), "Likely mistake: the candidates are ranked by the new token's log-probability alone"),
     (_beam_best_child, "Likely mistake: only the best continuation is kept"),
     (_beam_best_child_after_first_loop, "Likely mistake: each beam keeps only its best child"),
-    (lambda m, i, n, k: (nb08.beam_search(m, i, n, k)[0], nb08.beam_search(m, i, n, k)[1] / (i.shape[1] + k)),
+    (lambda m, i, n, k: (reference.beam_search(m, i, n, k)[0], reference.beam_search(m, i, n, k)[1] / (i.shape[1] + k)),
      "Likely mistake: the score is divided by the length"),
-    (lambda m, i, n, k: (nb08.beam_search(m, i, n, k)[0],
-                         nb08.beam_search(m, i, n, k)[1] + m(i).log_softmax(-1)[0, 0, i[0, 1]]),
+    (lambda m, i, n, k: (reference.beam_search(m, i, n, k)[0],
+                         reference.beam_search(m, i, n, k)[1] + m(i).log_softmax(-1)[0, 0, i[0, 1]]),
      "Likely mistake: the prompt's own log-probability is added to the score"),
-    (lambda m, i, n, k: nb08.beam_search(m, i, n, k)[0], "must return a pair"),
-    (lambda m, i, n, k: (nb08.beam_search(m, i, n, k)[0][:, i.shape[1]:], nb08.beam_search(m, i, n, k)[1]),
+    (lambda m, i, n, k: reference.beam_search(m, i, n, k)[0], "must return a pair"),
+    (lambda m, i, n, k: (reference.beam_search(m, i, n, k)[0][:, i.shape[1]:], reference.beam_search(m, i, n, k)[1]),
      "Likely mistake: only the new tokens are returned"),
 ])
 def test_beam_search_mistakes_fail(fn, message):
@@ -728,7 +729,7 @@ def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True):
     return model.unembed(model.ln_final(x)), cache
 
 
-@pytest.mark.parametrize("fn", [nb08.forward_with_cache, _forward_dict_cache])
+@pytest.mark.parametrize("fn", [reference.forward_with_cache, _forward_dict_cache])
 def test_forward_with_cache_correct_variants_pass(fn):
     passes(nb08.check_forward_with_cache, fn)
 
@@ -736,18 +737,18 @@ def test_forward_with_cache_correct_variants_pass(fn):
 @pytest.mark.parametrize("mistake", sorted(nb08.CACHE_MISTAKES))
 def test_forward_with_cache_mistakes_are_named(mistake):
     fails_with(nb08.check_forward_with_cache,
-               lambda m, t, c: nb08.forward_with_cache(m, t, c, mistake=mistake),
+               lambda m, t, c: reference.forward_with_cache(m, t, c, mistake=mistake),
                "Likely mistake: " + nb08.CACHE_MISTAKES[mistake][:40])
 
 
 def test_forward_with_cache_that_forgets_the_cache_fails():
-    fails_with(nb08.check_forward_with_cache, lambda m, t, c: nb08.forward_with_cache(m, t, None),
+    fails_with(nb08.check_forward_with_cache, lambda m, t, c: reference.forward_with_cache(m, t, None),
                "Likely mistake: the cache passed in is never used", "positions 0-5 are the first call")
 
 
 def _forward_cache_wrong_layout(model, new_tokens, cache):
     """Keys cached as [batch, n_heads, past, d_head], appended along the wrong dimension."""
-    logits, new_cache = nb08.forward_with_cache(model, new_tokens, None if cache is None else
+    logits, new_cache = reference.forward_with_cache(model, new_tokens, None if cache is None else
                                                 [(k.transpose(1, 2), v) for k, v in cache])
     return logits, new_cache
 
@@ -778,19 +779,19 @@ def _generate_cache_dict(model, input_ids, max_new_tokens, check_context=True):
     return tokens
 
 
-@pytest.mark.parametrize("fn", [nb08.generate_with_cache, _generate_cache_dict])
+@pytest.mark.parametrize("fn", [reference.generate_with_cache, _generate_cache_dict])
 def test_generate_with_cache_correct_variants_pass(fn):
     passes(nb08.check_generate_with_cache, fn)
 
 
 def _generate_cache_unchecked(model, input_ids, max_new_tokens):
     """The classic loop: no check of the context, and a forward pass after every new token."""
-    logits, cache = nb08.forward_with_cache(model, input_ids)
+    logits, cache = reference.forward_with_cache(model, input_ids)
     tokens = input_ids
     for _ in range(max_new_tokens):
         new = logits[:, -1].argmax(dim=-1, keepdim=True)
         tokens = torch.cat([tokens, new], dim=-1)
-        logits, cache = nb08.forward_with_cache(model, new, cache)
+        logits, cache = reference.forward_with_cache(model, new, cache)
     return tokens
 
 
@@ -824,17 +825,17 @@ def test_generate_with_cache_past_n_ctx_must_be_refused():
 @pytest.mark.parametrize("mistake", sorted(nb08.CACHE_MISTAKES))
 def test_generate_with_cache_mistakes_are_named(mistake):
     fails_with(nb08.check_generate_with_cache,
-               lambda m, t, n: nb08.generate_with_cache(m, t, n, mistake=mistake),
+               lambda m, t, n: reference.generate_with_cache(m, t, n, mistake=mistake),
                "differs from greedy generation without a cache",
                "Likely mistake: " + nb08.CACHE_MISTAKES[mistake][:40])
 
 
 def _generate_cache_whole_again(model, input_ids, max_new_tokens):
-    logits, cache = nb08.forward_with_cache(model, input_ids)
+    logits, cache = reference.forward_with_cache(model, input_ids)
     tokens = input_ids
     for _ in range(max_new_tokens):
         tokens = torch.cat([tokens, logits[:, -1:].argmax(-1)], -1)
-        logits, cache = nb08.forward_with_cache(model, tokens, cache)     # the whole sequence again
+        logits, cache = reference.forward_with_cache(model, tokens, cache)     # the whole sequence again
     return tokens
 
 
@@ -845,12 +846,12 @@ def test_generate_with_cache_feeding_the_whole_sequence_again_is_named():
 
 def test_generate_with_cache_from_the_wrong_position_fails():
     def first_position(model, input_ids, max_new_tokens):
-        logits, cache = nb08.forward_with_cache(model, input_ids)
+        logits, cache = reference.forward_with_cache(model, input_ids)
         tokens = input_ids
         for _ in range(max_new_tokens):
             new = logits[:, :1].argmax(-1)
             tokens = torch.cat([tokens, new], -1)
-            logits, cache = nb08.forward_with_cache(model, new, cache)
+            logits, cache = reference.forward_with_cache(model, new, cache)
         return tokens
     fails_with(nb08.check_generate_with_cache, first_position, "at new token 0")
 
@@ -860,7 +861,7 @@ def test_reference_generate_with_cache_matches_without(sampling):
     """The notebook's demos use the reference generate with the cache: same tokens as without."""
     model = nb08._seeded_model(nb08.cache_config(), 3)
     prompt = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(3))
-    runs = [nb08.generate(model, prompt, 30, torch.Generator().manual_seed(9), use_cache=cache, **sampling)
+    runs = [reference.generate(model, prompt, 30, torch.Generator().manual_seed(9), use_cache=cache, **sampling)
             for cache in (False, True)]
     assert runs[0].shape == (2, 37)
     assert torch.equal(runs[0], runs[1])
@@ -869,7 +870,7 @@ def test_reference_generate_with_cache_matches_without(sampling):
 def test_reference_generate_with_cache_refuses_to_overflow_the_context():
     model = nb08._seeded_model(nb08.cache_config(), 3)
     with pytest.raises(ValueError, match="must fit the context"):
-        nb08.generate(model, torch.zeros(1, 100, dtype=torch.long), 29, None, use_cache=True)
+        reference.generate(model, torch.zeros(1, 100, dtype=torch.long), 29, None, use_cache=True)
 
 
 def test_sampler_verdicts_are_deterministic():
@@ -896,8 +897,8 @@ def _solution_kv_cache_bytes():
 
 def test_solution_kv_cache_bytes_passes_on_measured_caches():
     size = _solution_kv_cache_bytes()
-    nb08.check_kv_cache_bytes(size, nb08.forward_with_cache)
-    nb08.check_kv_cache_bytes(size, nb08.forward_with_cache, seed=5, batch=4, seq=11)
+    nb08.check_kv_cache_bytes(size, reference.forward_with_cache)
+    nb08.check_kv_cache_bytes(size, reference.forward_with_cache, seed=5, batch=4, seq=11)
     # Without a working forward_with_cache of the learner's, the course's cache still decides.
     nb08.check_kv_cache_bytes(size, lambda *args: (_ for _ in ()).throw(NotImplementedError()))
 
@@ -917,7 +918,7 @@ def _bytes(cfg, batch, seq_len, dtype):
 ], ids=["keys_only", "keys_only_or_one_layer", "bits", "dtype_ignored", "no_batch", "one_layer", "d_model"])
 def test_kv_cache_bytes_mistakes_are_named(wrong, message, seed):
     with pytest.raises(CheckFailed) as failure:
-        nb08.check_kv_cache_bytes(wrong, nb08.forward_with_cache, seed=seed, batch=4, seq=11)
+        nb08.check_kv_cache_bytes(wrong, reference.forward_with_cache, seed=seed, batch=4, seq=11)
     assert message in str(failure.value), str(failure.value)
 
 
@@ -925,7 +926,7 @@ def test_kv_cache_bytes_that_matches_a_wrong_cache_says_so():
     """A forward_with_cache that keeps only the keys builds half a cache: an answer that matches
     it is told to fix forward_with_cache."""
     def keys_only_forward(model, tokens, cache=None):
-        logits, kv = nb08.forward_with_cache(model, tokens, cache)
+        logits, kv = reference.forward_with_cache(model, tokens, cache)
         return logits, [k for k, _ in kv]
 
     with pytest.raises(CheckFailed, match="fix forward_with_cache first"):
@@ -934,7 +935,7 @@ def test_kv_cache_bytes_that_matches_a_wrong_cache_says_so():
 
 def test_kv_cache_bytes_that_measures_a_cache_is_refused():
     def measuring(cfg, batch, seq_len, dtype):
-        return sum(t.numel() for t in nb08.forward_with_cache)
+        return sum(t.numel() for t in reference.forward_with_cache)
 
     with pytest.raises(CheckFailed, match="without building a cache"):
-        nb08.check_kv_cache_bytes(measuring, nb08.forward_with_cache)
+        nb08.check_kv_cache_bytes(measuring, reference.forward_with_cache)

@@ -1,15 +1,18 @@
-"""Grader for 03_attention: `Attention.apply_causal_mask` and the `Attention` forward pass.
+"""Grader for 03_attention: `Attention.apply_causal_mask`, the `Attention` forward pass, and the
+heads' QK and OV circuits (graders.exercises.attention.circuits).
 
 Graded against the reference's blocks.{i}.attn: the pre-mask scores are rebuilt from hook_q /
 hook_k, the masked scores are judged through their softmax (hook_pattern), so -inf and any large
 negative constant both pass; the forward pass is fed blocks.{i}.ln1.hook_out and compared with
 blocks.{i}.hook_attn_out. The exercises live by topic in graders.exercises.attention.
 """
+from graders.exercises.attention.circuits import check_qk_ov_circuits
 from graders.exercises.attention.forward import (check_attention, inputs_attention,
                                                  judge_attention, produce_attention)
 from graders.exercises.attention.mask import check_apply_causal_mask
 
-__all__ = ["EXAMPLE_BUG", "check_apply_causal_mask", "check_attention", "inputs_attention",
+__all__ = ["EXAMPLE_BUG", "check_apply_causal_mask", "check_attention", "check_qk_ov_circuits",
+           "inputs_attention",
            "judge_attention", "produce_attention"]
 
 

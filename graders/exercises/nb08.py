@@ -1,18 +1,15 @@
 """Grader for 08_sampling: logit transforms, samplers, generation, beam search and the KV cache
 (and its size).
 
-The notebook's check functions, and the reference implementations its demonstrations call;
-the exercises themselves live by topic in graders.exercises.sampling.
+The notebook's check functions; the exercises themselves live by topic in
+graders.exercises.sampling. The course's own implementations (sampling/reference.py) are not
+exported here: a learner who types `nb08.apply_top_p??` finds a check, not an answer.
 """
 from graders.exercises.sampling.beam import check_beam_search
 from graders.exercises.sampling.cache_size import check_kv_cache_bytes
 from graders.exercises.sampling.generation import check_generate
 from graders.exercises.sampling.kv_cache import (CACHE_MISTAKES, check_forward_with_cache,
                                                  check_generate_with_cache)
-from graders.exercises.sampling.reference import (
-    NEG_INF, apply_frequency_penalty, apply_temperature, apply_top_k, apply_top_p,
-    attention_with_cache, beam_search, forward_with_cache, generate, generate_with_cache,
-    greedy_search, next_token_logits, sample_basic, sample_next_token, token_counts)
 from graders.exercises.sampling.samplers import (DRAWS, check_sample_next_token, check_sampler,
                                                  chi_square_p_value)
 from graders.exercises.sampling.filters import ascending_keep, check_top_k, check_top_p
@@ -32,9 +29,6 @@ __all__ = [
     "check_greedy", "check_temperature", "check_frequency_penalty", "check_top_k", "check_top_p",
     "check_sampler", "check_sample_next_token", "check_generate", "check_beam_search",
     "check_forward_with_cache", "check_generate_with_cache", "check_kv_cache_bytes",
-    "NEG_INF", "greedy_search", "apply_temperature", "token_counts", "apply_frequency_penalty",
-    "apply_top_k", "apply_top_p", "sample_basic", "next_token_logits", "sample_next_token",
-    "generate", "beam_search", "attention_with_cache", "forward_with_cache", "generate_with_cache",
     "MarkovModel", "markov_model", "sampling_config", "cache_config", "CACHE_MISTAKES", "DRAWS",
     "chi_square_p_value", "ascending_keep", "_seeded_model",
 ]

@@ -27,6 +27,7 @@ class CourseHarness(NbGraderPreprocessor):
         from graders.course.notebooks import notebook_names
         from graders.harness import grading
         from graders.harness.cells import is_test_cell, released_source
+        from graders.harness.copies import is_copy_note
         from graders.harness.execute import scratch_dir
         from graders.harness.feedback import annotated
         from graders.harness.gradebook import save_verdicts
@@ -47,5 +48,7 @@ class CourseHarness(NbGraderPreprocessor):
         for flag in result.flags:
             self.log.warning("%s/%s/%s: %s", ids["student"], ids["assignment"], name, flag)
         with Gradebook(ids["db_url"]) as gradebook:
-            save_verdicts(gradebook, ids["assignment"], name, ids["student"], cells)
-        return annotated(executed, name, cells, result.flags), resources
+            save_verdicts(gradebook, ids["assignment"], name, ids["student"], cells, result.flags)
+        # nbgrader's feedback is made from this notebook: a copy note stays in the gradebook's
+        # comment, which the instructor reviews (and may edit) in formgrader first.
+        return annotated(executed, name, cells, [f for f in result.flags if not is_copy_note(f)]), resources

@@ -11,7 +11,7 @@ import copy
 
 import nbformat
 
-from graders.course.notebooks import SOLUTIONS
+from graders.course.notebooks import EXERCISES, SOLUTIONS
 from graders.judging.progress import split_hidden
 
 KERNEL_NAME = "gpt2-course-sandbox"
@@ -28,6 +28,11 @@ def is_test_cell(cell) -> bool:
 
 def source_notebook(name: str):
     return nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
+
+
+def released_notebook(name: str):
+    """The notebook as learners receive it (generated from the source, kept in sync by a test)."""
+    return nbformat.read(EXERCISES / f"{name}.ipynb", as_version=4)
 
 
 def test_cells(source) -> list:

@@ -44,6 +44,7 @@ def grade_task(submission: Submission, limits) -> dict:
 
     from graders.harness import grading
     from graders.harness.execute import scratch_dir
+    from graders.harness.copies import is_copy_note
     from graders.harness.feedback import annotated, feedback_html
 
     _announce("started", submission)
@@ -61,8 +62,11 @@ def grade_task(submission: Submission, limits) -> dict:
                 result, executed = grading.grade_notebook(submission.student, name, submission.path,
                                                           workdir, limits)
             cells, flags = result.to_json()["cells"], result.flags
-            notebook = annotated(executed, name, cells, submission.notes + flags)
-            page = feedback_html(notebook, name, cells)
+            notes = submission.notes + flags
+            notebook = annotated(executed, name, cells, notes)
+            for_learner = [note for note in notes if not is_copy_note(note)]
+            page = feedback_html(notebook if for_learner == notes else
+                                 annotated(executed, name, cells, for_learner), name, cells)
         except Exception as err:  # the grader's own failure: reported, never silently zero
             cells, flags = _ungraded(name, "error", f"the grader failed on this notebook: "
                                                     f"{type(err).__name__}: {err}"), []
@@ -163,7 +167,7 @@ def _save(submission: Submission, done: dict, results: ClassResults, out: Path, 
         (out / entry["feedback"]).parent.mkdir(parents=True, exist_ok=True)
         (out / entry["feedback"]).write_text(done["feedback"])
     if gradebook:
-        gradebook.record(submission, entry["cells"], done["notebook"], done["feedback"])
+        gradebook.record(submission, entry["cells"], done["notebook"], done["feedback"], entry["flags"])
     results.put(entry)
     write_report(out, submission.student, results)
     write_grades_csv(out, results)

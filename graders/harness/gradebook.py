@@ -19,6 +19,7 @@ from pathlib import Path
 import nbformat
 
 from graders.course.notebooks import nbgrader_course
+from graders.harness.copies import cell_notes
 from graders.harness.feedback import answer_comments
 
 
@@ -26,13 +27,17 @@ class CourseError(ValueError):
     """No usable nbgrader course where the grades should go (the message says what to do)."""
 
 
-def save_verdicts(gradebook, assignment: str, notebook: str, student: str, cells: list[dict]) -> None:
-    """Each test cell's score and each answer cell's comment, for one submitted notebook."""
+def save_verdicts(gradebook, assignment: str, notebook: str, student: str, cells: list[dict],
+                  flags=()) -> None:
+    """Each test cell's score and each answer cell's comment (the diagnoses of its failed tests,
+    and a note when it copies the course's code), for one submitted notebook."""
     for cell in cells:
         grade = gradebook.find_grade(cell["grade_id"], notebook, assignment, student)
         grade.auto_score = cell["points"]
         grade.needs_manual_grade = grade.manual_score is not None  # an override is re-examined
     comments = answer_comments(notebook, cells)
+    for grade_id, notes in cell_notes(flags).items():
+        comments[grade_id] = "\n\n".join(filter(None, [comments.get(grade_id), *notes]))
     for comment in gradebook.find_submission_notebook(notebook, assignment, student).comments:
         comment.auto_comment = comments.get(comment.name)
     gradebook.db.commit()
@@ -110,7 +115,8 @@ class CourseGradebook:
         for student in students:
             self.gradebook.update_or_create_student(student)
 
-    def record(self, submission, cells: list[dict], notebook_json: str | None, page: str | None) -> None:
+    def record(self, submission, cells: list[dict], notebook_json: str | None, page: str | None,
+               flags=()) -> None:
         """One graded notebook into the gradebook and the course folders."""
         from nbgrader.preprocessors import AssignLatePenalties
 
@@ -123,7 +129,7 @@ class CourseGradebook:
         with warnings.catch_warnings():  # nbgrader's add_submission trips SQLAlchemy 2's autoflush notices
             warnings.simplefilter("ignore", SAWarning)
             self.gradebook.update_or_create_submission(assignment, student, **stamp)
-        save_verdicts(self.gradebook, assignment, name, student, cells)
+        save_verdicts(self.gradebook, assignment, name, student, cells, flags)
         ids = {"student": student, "assignment": assignment, "notebook": name,
                "db_url": self.coursedir.db_url}
         AssignLatePenalties(config=self.config).preprocess(nbformat.v4.new_notebook(), {"nbgrader": ids})

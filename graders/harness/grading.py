@@ -20,7 +20,8 @@ from pathlib import Path
 import nbformat
 
 from graders.harness.cells import (cell_error, is_test_cell, learner_code, nbgrader_meta, points_of,
-                                   restore, source_notebook, test_cells)
+                                   released_notebook, restore, source_notebook, test_cells)
+from graders.harness.copies import copy_flags
 from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
 from graders.harness.records import load_records
@@ -137,7 +138,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         submission = nbformat.v4.new_notebook()
         result.flags.append(f"the notebook could not be read ({type(err).__name__}); graded as empty")
     notebook, restore_flags = restore(submission, source)
-    result.flags += restore_flags
+    result.flags += restore_flags + copy_flags(notebook, released_notebook(name))
     records, inputs = workdir / "records", workdir / "inputs"
     records.mkdir(parents=True, exist_ok=True)
     wanted = notebook_checks(name)
