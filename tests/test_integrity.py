@@ -258,6 +258,16 @@ def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status
     assert cells["pos_embed_test"].points == 3
 
 
+def test_a_crash_between_two_passing_tests_costs_neither(tmp_path):
+    """The kernel restarted after a crash records again from the start; the records of the
+    tests before the crash stay (03: the mask passes, forward crashes, the circuits pass)."""
+    notebook = crafted("03_attention", edits=[example_class.CRASH])
+    cells, _, _ = grade(tmp_path, "03_attention", notebook)
+    assert cells["attention_test"].status == "crashed"
+    assert cells["causal_mask_test"].points == cells["causal_mask_test"].max_points
+    assert cells["circuits_test"].points == cells["circuits_test"].max_points
+
+
 def test_only_cells_tagged_training_get_the_training_time_limit(tmp_path):
     """The same slow cell finishes when tagged `training` and is interrupted when not."""
     slow = "import time\ntime.sleep(15)\nprint('{} cell finished')"
@@ -321,6 +331,35 @@ def test_library_layer_norm_is_refused(tmp_path, forward, extra):
     cells, _, _ = grade(tmp_path, "01_layernorm", notebook)
     assert cells["layernorm_test"].points == 0
     assert "layer_norm" in cells["layernorm_test"].message
+
+
+def test_no_solution_answer_trips_a_forbidden_word_of_its_notebook():
+    """The grader's own look for library shortcuts in the code never fails a correct answer:
+    a word another exercise of the notebook needs (08's beam search counts with .numel) is
+    looked for in its own exercise's answer cells only."""
+    from graders.course.notebooks import notebook_names
+    from graders.harness.cells import learner_code, source_notebook
+    from graders.harness.manifest import notebook_checks
+
+    tripped = []
+    for name in notebook_names():
+        source = source_notebook(name)
+        code = learner_code(source, source)
+        for grade_id, checks in notebook_checks(name).items():
+            own = learner_code(source, source, up_to=grade_id)
+            tripped += [(name, grade_id, used) for key, _ in checks
+                        if (used := grading.forbidden_use(key, code, own))]
+    assert not tripped
+
+
+def test_a_word_forbidden_in_its_own_answer_is_still_refused_there():
+    key = ("08_sampling", "kv_cache_bytes")
+    counted = "def kv_cache_bytes(cfg, batch, seq_len, dtype):\n    return cache.numel() * 4\n"
+    assert grading.forbidden_use(key, counted, counted) == ".numel"
+    assert grading.forbidden_use(key, "scores.topk(min(3, candidates.numel()))", "return 0") is None
+    layer_norm = ("01_layernorm", "LayerNorm")
+    smuggled = "SMUGGLED = torch.nn.functional.layer_norm"   # in a cell of its own, before the answer
+    assert grading.forbidden_use(layer_norm, smuggled, "return SMUGGLED(x)") is not None
 
 
 # 13. A flood of output is truncated and grading goes on.

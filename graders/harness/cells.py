@@ -103,15 +103,21 @@ def _extra_cells(submission) -> dict:
     return extras
 
 
-def learner_code(notebook, source) -> str:
+def learner_code(notebook, source, up_to: str | None = None) -> str:
     """The code the learner wrote: answer cells and cells that are not the course's, without
-    comments and strings."""
+    comments and strings. With `up_to` (a test cell's grade_id), only those between the test
+    cell before it and that test cell: the exercise's own answer."""
     import io
     import tokenize
 
     course_cells = {c["source"] for c in source.cells}
+    cells = notebook.cells
+    if up_to is not None:
+        tests = [i for i, c in enumerate(cells) if is_test_cell(c)]
+        end = next(i for i in tests if nbgrader_meta(cells[i])["grade_id"] == up_to)
+        cells = cells[max([i for i in tests if i < end], default=-1) + 1:end]
     parts = []
-    for cell in notebook.cells:
+    for cell in cells:
         meta = nbgrader_meta(cell)
         if cell["cell_type"] == "code" and (
                 meta.get("solution") or (not meta.get("grade_id") and cell["source"] not in course_cells)):

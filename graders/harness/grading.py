@@ -72,19 +72,22 @@ def prepare_inputs(wanted: dict[str, list[Check] | UnreadableTestCell], folder: 
                 save_file(tensors, path)
 
 
-def forbidden_use(key: tuple[str, str], code: str) -> str | None:
-    """The first library shortcut or grader internal the learner's code names, if any."""
+def forbidden_use(key: tuple[str, str], code: str, own_code: str) -> str | None:
+    """The first library shortcut or grader internal the learner's code names, if any: in
+    `code` (the whole notebook's), or in `own_code` (the exercise's own answer cells) for words
+    that other exercises of the notebook use rightly (Forbidden.notebook_wide)."""
     from graders.judging.exercise import find
     from graders.judging.learner import ALWAYS_FORBIDDEN_WORDS, mentions
 
-    words = set(ALWAYS_FORBIDDEN_WORDS) | {"graders"}
+    everywhere, own = set(ALWAYS_FORBIDDEN_WORDS) | {"graders"}, set()
     for forbidden in find(key).forbidden:
-        words |= set(forbidden.source_words)
-    return next((w for w in sorted(words) if mentions(code, w)), None)
+        (everywhere if forbidden.notebook_wide else own).update(forbidden.source_words)
+    return next((w for w in sorted(everywhere) if mentions(code, w)), None) \
+        or next((w for w in sorted(own) if mentions(own_code, w)), None)
 
 
 def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: list[dict],
-               problem: str | None, error: str, code: str = "") -> CellResult:
+               problem: str | None, error: str, code: str = "", own_code: str = "") -> CellResult:
     from graders.judging.cases import Case
     from graders.judging.compare import CheckFailed
     from graders.judging.exercise import find
@@ -106,7 +109,7 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: list[dic
             return failed(status, problem or error or f"{name} did not run (an error before it?)")
         if found["outputs"] is None:
             return failed("failed", found.get("message", ""))
-        used = forbidden_use(key, code)
+        used = forbidden_use(key, code, own_code)
         if used:
             return failed("failed", f"{name}: your code uses `{used}`. Build it yourself from "
                                     "tensor operations; library versions and the course's own "
@@ -163,7 +166,8 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         if is_test_cell(cell):
             grade_id = nbgrader_meta(cell)["grade_id"]
             result.cells.append(judge_cell(sources[grade_id], wanted[grade_id], recorded.get(grade_id, []),
-                                           problems.get(index), cell_error(cell), code))
+                                           problems.get(index), cell_error(cell), code,
+                                           learner_code(notebook, source, up_to=grade_id)))
     return result, notebook
 
 

@@ -38,6 +38,8 @@ class Recorder:
         from safetensors.torch import save_file
 
         cls.count += 1
+        while (cls.directory / f"{cls.count:05d}.json").exists():   # a restarted kernel's count
+            cls.count += 1                                          # starts at 0 again: keep both
         stem = cls.directory / f"{cls.count:05d}"
         record = {"cell": cls.cell, "exercise": list(key), "case": dataclasses.asdict(case),
                   "message": message, "tensors": outputs is not None}

@@ -20,6 +20,9 @@ class Forbidden:
     targets: Sequence[tuple[object, str]] = field(default_factory=tuple)  # (module/class, attr)
     source_words: Sequence[str] = field(default_factory=tuple)            # in the learner's source
     instead: str = "from tensor operations"                               # how to build it
+    # The grader also looks for source_words in the whole notebook's code; False limits that to
+    # the exercise's own answer cells, for words that other exercises of the notebook need.
+    notebook_wide: bool = True
 
 
 ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")

@@ -21,7 +21,8 @@ from graders.reference.config import Config
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 SIZE_FORBIDDEN = Forbidden(
     "the cache size", source_words=[".numel", ".nbytes", "forward_with_cache", ".forward_with_cache"],
-    instead="from the config's sizes, without building a cache")
+    instead="from the config's sizes, without building a cache",
+    notebook_wide=False)   # 08's beam search counts candidates with .numel; its KV cache is forward_with_cache
 
 
 def size_config(case: Case) -> Config:
