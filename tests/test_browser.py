@@ -21,7 +21,7 @@ import pytest
 
 from graders.course.example_class import BUGS, submission
 from graders.course.notebooks import EXERCISES, ROOT
-from graders.harness.cells import points_of, source_notebook, test_cells
+from graders.harness import cells
 from conftest import free_port, served
 
 pytestmark = pytest.mark.xdist_group("browser")
@@ -162,7 +162,7 @@ def test_run_all_runs_an_untouched_notebook_to_the_end(lab, browser):
         _run_all(page)
         last = _wait_for_output(page, "Progress in 06_gpt2", CELL_RUN)
         page.screenshot(path=str(SHOTS / "06_run_all_end.png"))
-        points = sum(points_of(cell) for cell in test_cells(source_notebook("06_gpt2")))
+        points = sum(cells.points_of(c) for c in cells.test_cells(cells.source_notebook("06_gpt2")))
         assert f"0 of {points:g} points" in last.inner_text()
         prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
         assert prompts and prompts[-1].strip() not in ("[ ]:", "[*]:"), prompts   # the last cell ran
