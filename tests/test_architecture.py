@@ -49,25 +49,30 @@ def test_a_duplicate_exercise_fails_at_import_naming_both_places(tmp_path):
 
 
 def test_an_exercise_of_another_notebook_module_cannot_take_an_existing_key(tmp_path):
-    from graders.exercises import nb07  # noqa: F401  (registers ("07_training", "generate"))
+    from graders.exercises import nb08  # noqa: F401  (registers ("08_sampling", "generate"))
 
     path = tmp_path / "another_generate.py"
     path.write_text("from graders.judging.exercise import Exercise\n"
-                    "clash = Exercise('07_training', 'generate', print, print)\n")
-    with pytest.raises(exercise_module.DuplicateExercise, match="07_training.*generate"):
+                    "clash = Exercise('08_sampling', 'generate', print, print)\n")
+    with pytest.raises(exercise_module.DuplicateExercise, match="08_sampling.*generate"):
         _import_file(path)
 
 
-def test_the_two_generate_exercises_are_judged_apart_in_any_import_order():
-    """The collision that cost a perfect student 5 points: nb07 and nb08 both grade a `generate`."""
-    for first, second in (("nb07", "nb08"), ("nb08", "nb07")):
-        code = (f"from graders.exercises import {first}, {second}\n"
+def test_two_notebooks_grade_exercises_of_the_same_name_apart_in_any_import_order(tmp_path):
+    """The collision that cost a perfect student 5 points: 07 and 08 each graded a `generate`,
+    and whichever module was imported last judged both."""
+    for first, second in (("97_a", "97_b"), ("97_b", "97_a")):
+        for notebook in (first, second):
+            (tmp_path / f"grader_{notebook}.py").write_text(
+                "from graders.judging.exercise import Exercise\n"
+                f"def judge(case, outputs): return {notebook!r}\n"
+                f"generate = Exercise({notebook!r}, 'generate', print, judge)\n")
+        code = (f"import grader_{first}, grader_{second}\n"
                 "from graders.judging.exercise import find\n"
-                "print(find(('07_training', 'generate')).judge.__module__, "
-                "find(('08_sampling', 'generate')).judge.__module__)")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        assert out.stdout.split() == ["graders.exercises.training.generation",
-                                      "graders.exercises.sampling.generation"]
+                "print(find(('97_a', 'generate')).judge(None, None), find(('97_b', 'generate')).judge(None, None))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             cwd=tmp_path)
+        assert out.stdout.split() == ["97_a", "97_b"]
 
 
 def test_every_source_test_cell_is_read_without_running_it():
@@ -110,9 +115,9 @@ def test_the_course_is_not_built_with_an_unreadable_test_cell(monkeypatch, tmp_p
 
 
 def test_a_literal_argument_is_read_with_the_exercises_defaults():
-    (key, case), = checks_of("nb07.check_loss(lm_cross_entropy_loss, seed=5)")
-    assert key == ("07_training", "lm_cross_entropy_loss")
-    assert case["seed"] == 5 and case["text"] is None and case["batch"] == 3 and case["seq"] == 10
+    (key, case), = checks_of("nb07.check_per_position_accuracy(per_position_accuracy, seed=5)")
+    assert key == ("07_training", "per_position_accuracy")
+    assert case["seed"] == 5 and case["text"] is None and case["batch"] == 200
 
 
 def test_the_readme_table_lists_exactly_the_course_notebooks():

@@ -1,14 +1,11 @@
-"""Grader for 07_training: the next-token loss, the reversal data, evaluation, training, accuracy
-by position, sampling.
+"""Grader for 07_training: the reversal data, evaluation, training, accuracy by position, and
+training on tiny Shakespeare.
 
 The notebook's check functions and the helpers its cells and the course's tests and benchmarks
 use; the exercises themselves live by topic in graders.exercises.training.
 """
-from graders.exercises.small_models import text_sampling_config as sampling_config
 from graders.exercises.training.accuracy import check_per_position_accuracy
-from graders.exercises.training.generation import PROMPT, check_generate, greedy
 from graders.exercises.next_token import loss_mistakes, reference_loss
-from graders.exercises.training.loss import check_loss
 from graders.exercises.training.reversal import check_evaluate, check_reversal_generator
 from graders.exercises.training.runs import TrainingRun, one_thread
 from graders.exercises.training.shakespeare import (check_shakespeare_smoke,
@@ -25,10 +22,10 @@ from graders.exercises.training.train import check_train, judge_train
 
 __all__ = [
     "EXAMPLE_BUG",
-    "check_loss", "check_reversal_generator", "check_evaluate", "check_train",
-    "check_shakespeare_training", "check_shakespeare_smoke", "check_generate",
+    "check_reversal_generator", "check_evaluate", "check_train",
+    "check_shakespeare_training", "check_shakespeare_smoke",
     "check_per_position_accuracy",
-    "PROMPT", "greedy", "sampling_config", "loss_mistakes", "TrainingRun", "one_thread",
+    "loss_mistakes", "TrainingRun", "one_thread",
     "judge_train", "judge_shakespeare", "judge_shakespeare_smoke",
     "ABOVE_UNIGRAM", "BAND_ABOVE", "BAND_BELOW", "D_VOCAB", "FLOOR", "HALF", "N_SMOKE_VAL_WINDOWS",
     "N_TEST_SEQUENCES", "N_UNPREDICTABLE", "N_VAL_WINDOWS", "REVERSAL_BATCH", "REVERSAL_EVAL_EVERY",

@@ -1,6 +1,6 @@
 """The next-token loss, written once: the reference, the catalogue of classic mistakes, and how a
 learner's loss is judged. Notebook 06 grades `next_token_loss` on the reference model's logits;
-notebook 07 grades `lm_cross_entropy_loss` on random logits, and needs it differentiable."""
+notebook 07's training checks name the mistakes of a loss inside the learner's `train`."""
 from __future__ import annotations
 
 import torch

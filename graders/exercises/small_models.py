@@ -22,12 +22,6 @@ def seeded_model(cfg: Config, seed: int, model_class=None):
         return model_class(cfg)
 
 
-def text_sampling_config() -> Config:
-    """Notebook 07's `generate` model: 1 layer over GPT-2's vocabulary (so that a text prompt can
-    be encoded), whose context (16) is shorter than prompt + new tokens."""
-    return Config(d_vocab=50257, n_ctx=16, d_model=32, n_layers=1, n_heads=2, d_head=16, d_mlp=64)
-
-
 def sampling_config() -> Config:
     """A 1-layer model whose context (16) is shorter than prompt + new tokens."""
     return Config(d_vocab=300, n_ctx=16, d_model=32, n_layers=1, n_heads=2, d_head=16, d_mlp=64,
