@@ -119,6 +119,65 @@ def test_a_cell_that_reads_a_demonstrations_name_is_found():
     assert _demonstration_only_names(cells) == ["cell 2: helper", "cell 2: model"]
 
 
+def _course_versions_called(cells: list[dict]) -> list[str]:
+    """Where a cell other than an answer reaches, through the course's graders package, something
+    named like what the learner writes in this notebook's answer cells (`nb08.apply_top_p(...)`,
+    `from graders... import Attention`): the course's version of an exercise, which `??` would
+    show. Names are resolved through the notebook's own imports."""
+    def is_answer(cell):
+        return cell.get("metadata", {}).get("nbgrader", {}).get("solution", False)
+
+    code = [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    answers = {node.name for i, src in code if is_answer(cells[i])
+               for node in ast.parse(src).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    from_graders = {}                                   # name bound by an import -> what it names
+    for _, src in code:
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("graders"):
+                from_graders.update({a.asname or a.name: a.name for a in node.names})
+            elif isinstance(node, ast.Import):
+                from_graders.update({(a.asname or a.name).split(".")[0]: a.name
+                                     for a in node.names if a.name.startswith("graders")})
+    found = []
+    for i, src in code:
+        if is_answer(cells[i]):
+            continue
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("graders"):
+                found += [f"cell {i}: imports {a.name}" for a in node.names if a.name in answers]
+            elif isinstance(node, ast.Attribute) and node.attr in answers:
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in from_graders:
+                    found.append(f"cell {i}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_cell_hands_over_the_course_version_of_an_exercise(name):
+    """Demonstrations use the learner's own module or function (issue 18): the course's
+    implementation of an exercise is never called or imported by name in its notebook."""
+    cells = json.loads((SOLUTIONS / f"{name}.ipynb").read_text())["cells"]
+    found = _course_versions_called(cells)
+    assert not found, found
+
+
+def test_a_demonstration_calling_the_course_version_is_found():
+    def cell(source, solution=False):
+        return {"cell_type": "code", "source": source,
+                "metadata": {"nbgrader": {"solution": solution}} if solution else {}}
+    cells = [cell("from graders.exercises import nb08\nimport graders.reference.components as rc"),
+             cell("def apply_top_p(logits, p):\n    return logits", solution=True),
+             cell("class Attention:\n    pass", solution=True),
+             cell("nb08.check_top_p(apply_top_p)\nprint(apply_top_p(x, 0.9))"),   # the learner's own
+             cell("out = nb08.apply_top_p(x, 0.9)"),
+             cell("attn = rc.Attention(cfg)"),
+             cell("from graders.exercises.sampling.reference import apply_top_p as top_p")]
+    assert _course_versions_called(cells) == [
+        "cell 4: nb08.apply_top_p", "cell 5: rc.Attention", "cell 6: imports apply_top_p"]
+
+
 # Pictures where learners look (issue 15): cells tagged `picture`, by notebook. Notebooks 07-09
 # draw their training curves and distributions without the tag.
 PICTURES = {"01_layernorm": 1, "02_embeddings": 1, "03_attention": 1, "06_gpt2": 2}
