@@ -1,11 +1,12 @@
-"""Grader for 07_training: the reversal data, evaluation, training, accuracy by position, and
-training on tiny Shakespeare.
+"""Grader for 07_training: the reversal data, evaluation, training, accuracy by position, the
+optimiser's parameter groups and learning-rate schedule, and training on tiny Shakespeare.
 
 The notebook's check functions and the helpers its cells and the course's tests and benchmarks
 use; the exercises themselves live by topic in graders.exercises.training.
 """
 from graders.exercises.training.accuracy import check_per_position_accuracy
 from graders.exercises.next_token import loss_mistakes, reference_loss
+from graders.exercises.training.practice import check_lr_at, check_optimizer_groups
 from graders.exercises.training.reversal import check_evaluate, check_reversal_generator
 from graders.exercises.training.runs import TrainingRun, one_thread
 from graders.exercises.training.shakespeare import (check_shakespeare_smoke,
@@ -24,7 +25,7 @@ __all__ = [
     "EXAMPLE_BUG",
     "check_reversal_generator", "check_evaluate", "check_train",
     "check_shakespeare_training", "check_shakespeare_smoke",
-    "check_per_position_accuracy",
+    "check_per_position_accuracy", "check_optimizer_groups", "check_lr_at",
     "loss_mistakes", "TrainingRun", "one_thread",
     "judge_train", "judge_shakespeare", "judge_shakespeare_smoke",
     "ABOVE_UNIGRAM", "BAND_ABOVE", "BAND_BELOW", "D_VOCAB", "FLOOR", "HALF", "N_SMOKE_VAL_WINDOWS",
