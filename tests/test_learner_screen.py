@@ -113,6 +113,23 @@ def test_make_check_prints_the_diagnosis_as_the_notebook_does_without_a_tcp_warn
     assert "without encryption" not in run.stdout + run.stderr, run.stderr
 
 
+def test_make_check_skips_the_demonstrations_as_grading_does(tmp_path):
+    """`make check` runs a notebook as the autograder will: the picture cell of a solved 01
+    skips itself (it earns nothing, and computing it costs the check time)."""
+    from graders.harness.check import KERNEL_NAME
+    from graders.harness.execute import run
+    from graders.harness.limits import TimeLimits
+
+    notebook = submission("01_layernorm", solved=True)
+    notebook.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "sandbox", "language": "python"}
+    assert not run(notebook, None, tmp_path, TimeLimits(), demonstrations=False)
+    pictures = [c for c in notebook.cells if "picture" in c.metadata.get("tags", [])]
+    outputs = [o for c in pictures for o in c.get("outputs", [])]
+    assert pictures and outputs, outputs
+    assert not [o for o in outputs if "image/png" in o.get("data", {})]
+    assert all("Not run while grading" in o.get("text", "") for o in outputs), outputs
+
+
 @pytest.mark.parametrize("name", [n for n in notebook_names() if n != "00_tour"])
 def test_run_all_runs_an_untouched_notebook_to_the_end(name, tmp_path):
     """Only test cells may fail (tagged raises-exception: Run All goes on); each says in one line

@@ -2,7 +2,7 @@
 
 Runs the notebook top to bottom in a fresh kernel, as the autograder will, and prints one line
 per test cell with the diagnosis of every failure, as the notebook shows it (never the graders'
-traceback). It runs the visible checks only.
+traceback). It runs the visible checks only, and skips the demonstrations, as grading does.
 """
 import sys
 from pathlib import Path
@@ -45,7 +45,7 @@ def check(path: Path, limits: TimeLimits = TimeLimits()) -> int:
           f"({len(tests)} test cell{'s' if len(tests) != 1 else ''}, "
           f"{sum(nbgrader_meta(c).get('points', 0) for c in tests):g} points) ...", flush=True)
     with scratch_dir() as workdir:
-        problems = run(notebook, None, workdir, limits)
+        problems = run(notebook, None, workdir, limits, demonstrations=False)
     failures, total, earned, possible = 0, 0, 0.0, 0.0
     for index, cell in enumerate(notebook.cells):
         if not is_test_cell(cell):

@@ -36,14 +36,17 @@ def _kernel_dir(root: Path) -> Path:
 
 
 def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
-        confined_to: list[Path] | None = None, inputs_dir: Path | None = None) -> dict[int, str]:
+        confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
+        demonstrations: bool = True) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
     `inputs_dir` (reference activations are withheld); without, they judge in the kernel (the
     learner's own pre-submission check). With `confined_to` (a root grader), the kernel is
-    confined and sees those of the grader's files only (see graders.harness.sandbox).
+    confined and sees those of the grader's files only (see graders.harness.sandbox). Without
+    `demonstrations`, the demonstration cells skip themselves, as they do in grading.
     """
+    from graders.judging.progress import DEMONSTRATIONS_OFF_ENV
     from graders.reference.paths import WITHHELD_ENV
 
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
@@ -53,6 +56,8 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         env, config = sandbox_env(workdir), {}
         if records is not None:
             env[WITHHELD_ENV] = str(inputs_dir)
+        if not demonstrations:
+            env[DEMONSTRATIONS_OFF_ENV] = "1"
         if confined_to is not None:
             from graders.harness.sandbox_kernel import PLAN_ENV
 

@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+# Set by `make check` (graders.harness.check), which runs a notebook as the autograder will:
+# its checks judge in the kernel, and its demonstrations are skipped as in grading.
+DEMONSTRATIONS_OFF_ENV = "GPT2_COURSE_NO_DEMONSTRATIONS"
 
 # The last verdict of each exercise's visible check in this kernel, by (notebook, name).
 _verdicts: dict[tuple[str, str], bool] = {}
@@ -184,7 +187,7 @@ def ready(*answers) -> bool:
     one line says which exercise to finish first. An answer is not ready when a check run on it
     in this kernel failed, or when it is still nbgrader's stub. In a grading kernel, never: no
     test cell depends on a demonstration (tests/test_notebooks.py checks), and they earn nothing."""
-    if grading():
+    if grading() or os.environ.get(DEMONSTRATIONS_OFF_ENV):
         print("\N{WHITE CIRCLE} Not run while grading: demonstrations earn no points.")
         return False
     missing = []
