@@ -157,26 +157,32 @@ def test_regrading_locally_and_on_a_dask_scheduler_gives_identical_results(tmp_p
     assert "perfect,5,5,5" in outputs[0][0] and "buggy,0,0,5" in outputs[0][0]
 
 
-def _generate_only_07():
-    """Notebook 07 with only `generate` answered: its training cells fail at once, so the
-    notebook grades in seconds, and its generate_test is judged by the 07 grader."""
+QUICK_07 = ("groups_answer", "lr_answer")
+
+
+def _quick_07():
+    """Notebook 07 with only its two quick exercises answered: its training cells fail at once,
+    so the notebook grades in seconds."""
     notebook = example_class.submission("07_training", False)
-    answer = example_class.solution_answers("07_training")["generate_answer"]
-    cell = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "generate_answer")
-    cell.source = answer
+    answers = example_class.solution_answers("07_training")
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in QUICK_07:
+            cell.source = answers[grade_id]
     return notebook
 
 
 def test_one_worker_grades_07_and_08_alike_in_either_order(tmp_path):
-    """Both notebooks grade a `generate`; a long-lived worker that judged one must still judge
-    the other with its own grader (this once cost a perfect student 5 points)."""
+    """A long-lived worker that judged one notebook must judge the next with that notebook's
+    own graders (07 and 08 once both graded a `generate`, and the one imported last judged
+    both: a perfect student lost 5 points)."""
     perfect_08 = example_class.submission("08_sampling", True)
     runs = []
     for order in (("08_sampling", "07_training"), ("07_training", "08_sampling")):
         submissions = tmp_path / "-then-".join(order)
         for student, name in zip(("a", "b"), order):
             (submissions / student).mkdir(parents=True)
-            nbformat.write(perfect_08 if name == "08_sampling" else _generate_only_07(),
+            nbformat.write(perfect_08 if name == "08_sampling" else _quick_07(),
                            submissions / student / f"{name}.ipynb")
         out = tmp_path / f"out-{len(runs)}"
         classroom.grade_class(submissions, out, None, workers=1, scheduler=None,
@@ -186,7 +192,8 @@ def test_one_worker_grades_07_and_08_alike_in_either_order(tmp_path):
                  if c["status"] != "missing-notebook"}
         runs.append(cells)
     assert runs[0] == runs[1]
-    assert runs[0][("07_training", "generate_test")][:2] == (FULL["07_training/generate_test"], "passed")
+    assert all(runs[0][("07_training", answer.replace("_answer", "_test"))][:2] ==
+               (FULL[f"07_training/{answer.replace('_answer', '_test')}"], "passed") for answer in QUICK_07)
     assert all(runs[0][("08_sampling", cell.split("/")[1])][:2] == (points, "passed")
                for cell, points in FULL.items() if cell.startswith("08_"))
 
