@@ -37,12 +37,19 @@ def _course_model(case: Case):
     return seeded_model(groups_config(case), case.seed)
 
 
-def decays(name: str) -> bool:
-    """Weight decay pulls weights towards 0. A weight matrix (W_Q, W_K, W_V, W_O, W_in, W_out,
-    W_U) gains from it; a bias, a LayerNorm gain or bias, or an embedding row (W_E, W_pos) is
-    a value the model needs as it is, not a connection strength to keep small."""
-    leaf, owner = name.split(".")[-1], name.split(".")[-2] if "." in name else ""
-    return leaf.startswith("W_") and leaf not in ("W_E", "W_pos") and not owner.startswith("ln")
+def role(name: str) -> str:
+    """What a course-model parameter is, from its name: "layernorm" (w, b of ln1, ln2,
+    ln_final), "embedding" (W_E, W_pos), "bias" (b_*) or "matrix" (W_Q ... W_U).
+
+    Weight decay pulls weights towards 0. A weight matrix gains from it; a bias, a LayerNorm gain
+    or bias, or an embedding row is a value the model needs as it is, not a connection strength
+    to keep small: only matrices decay."""
+    *_, owner, leaf = name.split(".")
+    if owner.startswith("ln"):
+        return "layernorm"
+    if leaf in ("W_E", "W_pos"):
+        return "embedding"
+    return "matrix" if leaf.startswith("W_") else "bias"
 
 
 def produce_groups(optimizer_groups, case: Case, inputs: dict) -> dict:
@@ -87,22 +94,25 @@ def judge_groups(case: Case, outputs: dict) -> None:
         raise CheckFailed(f"{where}: parameters in more than one group (e.g. {twice[:3]}). Every "
                           "parameter goes in exactly one group (AdamW refuses duplicates in one call).")
     wrong = [(n, got) for n, got in zip(names, decay)
-             if not math.isclose(got, weight_decay if decays(n) else 0.0, abs_tol=1e-12)]
+             if not math.isclose(got, weight_decay if role(n) == "matrix" else 0.0, abs_tol=1e-12)]
     if not wrong:
         return
     decayed = {n for n, got in zip(names, decay) if got > 0}
-    should = {n for n in names if decays(n)}
+
+    def exactly(*roles):   # every parameter of these roles decayed, and no other
+        return decayed == {n for n in names if role(n) in roles}
+
     message = f"{where}: {len(wrong)} parameters have the wrong weight decay, e.g. " + \
         ", ".join(f"{n} gets {got:g}" for n, got in wrong[:3]) + "."
-    if decayed == set(names):
+    if exactly("matrix", "embedding", "layernorm", "bias"):
         message += " Likely mistake: decay is applied to every parameter."
-    elif decayed == should | {n for n in names if n.split(".")[-1] in ("W_E", "W_pos")}:
+    elif exactly("matrix", "embedding"):
         message += " Likely mistake: the embeddings W_E and W_pos are decayed."
-    elif decayed == should | {n for n in names if n.split(".")[-2].startswith("ln")}:
+    elif exactly("matrix", "layernorm"):
         message += " Likely mistake: LayerNorm's w and b are decayed."
-    elif decayed == should | {n for n in names if n.split(".")[-1].startswith("b_")}:
+    elif exactly("matrix", "bias"):
         message += " Likely mistake: the biases b_* are decayed."
-    elif decayed == should:
+    elif exactly("matrix"):
         message += f" Likely mistake: the decayed group's weight_decay is not the {weight_decay} asked for."
     raise CheckFailed(message + "\n  Decay the weight matrices W_Q, W_K, W_V, W_O, W_in, W_out and "
                       "W_U; give the biases, LayerNorm's w and b, W_E and W_pos weight_decay 0.0.")
