@@ -121,3 +121,23 @@ def test_models_round_trip(isolated):
     assert torch.equal(loaded(tokens), model.eval()(tokens))
     with pytest.raises(data.DataFileError, match="no trained model"):
         data.load_model("never-saved")
+
+
+def test_model_saved_with_its_vocabulary(isolated):
+    import torch
+
+    from graders.reference.components import DemoTransformer
+    from graders.reference.config import Config
+    from graders.reference.vocab import CompactVocab
+
+    vocab = CompactVocab.from_ids(torch.tensor([5, 900, 5, 50256, 17]))
+    cfg = Config(d_vocab=vocab.d_vocab, n_ctx=8, d_model=32, n_layers=1, n_heads=2, d_head=16, d_mlp=64)
+    model = DemoTransformer(cfg)
+    data.save_model(model, "compact", vocab=vocab)
+    assert data.load_vocab("compact") == vocab and data.load_model("compact").cfg == cfg
+    data.save_model(model.__class__(Config(d_vocab=100, n_ctx=8, d_model=32, n_layers=1, n_heads=2,
+                                           d_head=16, d_mlp=64)), "compact")
+    assert data.load_vocab("compact") is None           # a full-vocabulary model replaced it
+    with pytest.raises(ValueError, match="vocabulary has 5 ids but the model 100"):
+        data.save_model(DemoTransformer(Config(d_vocab=100, n_ctx=8, d_model=32, n_layers=1,
+                                               n_heads=2, d_head=16, d_mlp=64)), "bad", vocab=vocab)

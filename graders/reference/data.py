@@ -97,21 +97,42 @@ def model_dir(name: str) -> Path:
     return cache_dir("models", name)
 
 
-def save_model(model, name: str) -> Path:
-    """Save a DemoTransformer's weights (safetensors) and its Config (JSON) under `name`."""
+def save_model(model, name: str, vocab=None) -> Path:
+    """Save a DemoTransformer's weights (safetensors) and its Config (JSON) under `name`, with
+    its `graders.reference.vocab.CompactVocab` (JSON) if it was trained on one: the model's token
+    ids mean nothing without that map. Saving without one removes a map saved there before."""
     import dataclasses
 
     from safetensors.torch import save_file
 
     folder = model_dir(name)
+    if vocab is not None and vocab.d_vocab != model.cfg.d_vocab:
+        raise ValueError(f"the vocabulary has {vocab.d_vocab} ids but the model {model.cfg.d_vocab}")
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(dataclasses.asdict(model.cfg), indent=2))
+    if vocab is not None:
+        (folder / VOCAB_FILE).write_text(vocab.to_json())
+    else:
+        (folder / VOCAB_FILE).unlink(missing_ok=True)
     return folder
 
 
+VOCAB_FILE = "vocab.json"
+
+
+def load_vocab(name: str):
+    """The CompactVocab saved with the model `name`, or None if it uses GPT-2's full vocabulary."""
+    from graders.reference.vocab import CompactVocab
+
+    path = model_dir(name) / VOCAB_FILE
+    return CompactVocab.from_json(path.read_text()) if path.is_file() else None
+
+
 def load_model(name: str, model_class=None):
-    """Rebuild the model saved under `name` (by default as graders.reference.components.DemoTransformer)."""
+    """Rebuild the model saved under `name` (by default as graders.reference.components.DemoTransformer).
+
+    Its vocabulary map, if any, is `load_vocab(name)`."""
     from safetensors.torch import load_file
 
     from graders.reference.config import Config
