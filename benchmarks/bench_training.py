@@ -2,9 +2,13 @@
 
 Reversal task: steps and seconds until the held-out loss first reaches floor + 0.05
 (floor = 7/15 ln 100 = 2.149), and the grader's held-out loss after its budget, per seed.
-Tiny Shakespeare: tokens/s of the training loop, and the grader's validation loss after the graded
-budget (against the bar: the train split's unigram entropy + ABOVE_UNIGRAM) and after the visible
-short run's SMOKE_STEPS (against its bar), per seed.
+Tiny Shakespeare (the compact vocabulary, graders.reference.vocab): per seed, one line
+
+    shakespeare seed S: val loss L after T s on 1 thread; train-split unigram entropy H
+
+followed by the tokens/s of the training loop, the bar (H - BELOW_UNIGRAM) and its headroom, the
+loss on the same windows shuffled (the grader's context check), and the loss after the visible
+short run's SMOKE_STEPS (against its bar). T is the wall time of `train` alone.
 
     python benchmarks/bench_training.py [--seeds 0 1 2] [--shakespeare-seeds 0 1 2 3]
         [--skip-reversal] [--skip-shakespeare]
@@ -24,6 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graders.exercises import nb07  # noqa: E402
+from graders.exercises.training import tasks  # noqa: E402
+from graders.exercises.small_models import seeded_model  # noqa: E402
+from graders.exercises.training.shakespeare import _shuffled  # noqa: E402
 from graders.reference.components import DemoTransformer  # noqa: E402
 
 
@@ -82,20 +89,22 @@ def bench_reversal(seed: int) -> None:
           f"{100 * accuracy[:7].mean():.1f}%, min over targets 8-15 {100 * accuracy[7:].min():.1f}%")
 
 
-def _val_loss(model, val_ids, n_windows: int, seed: int) -> float:
-    """The grader's validation loss: `n_windows` random windows drawn from seed 50_000 + seed."""
+def _val_loss(model, val_ids, n_windows: int, seed: int, shuffled: bool = False) -> float:
+    """The grader's validation loss: `n_windows` random windows drawn from seed 50_000 + seed
+    (with `shuffled`, each window's tokens in the grader's random order, seed 70_000 + seed)."""
     windows = nb07.random_windows(val_ids, n_windows, torch.Generator().manual_seed(50_000 + seed))
+    if shuffled:
+        windows = _shuffled(windows, torch.Generator().manual_seed(70_000 + seed))
     with torch.no_grad():
         return evaluate(model.eval(), windows, batch_size=8)
 
 
 def bench_shakespeare(seed: int) -> None:
     """One graded run; its first SMOKE_STEPS steps are exactly the visible short run's."""
-    train_ids, val_ids = nb07.shakespeare_tokens()
+    train_ids, val_ids = nb07.compact_shakespeare_tokens()
     generator = torch.Generator().manual_seed(seed)
     eval_tokens = nb07.random_windows(val_ids, 8, torch.Generator().manual_seed(60_000 + seed))
-    torch.manual_seed(seed)
-    model = DemoTransformer(nb07.shakespeare_config())
+    model = seeded_model(nb07.shakespeare_config(), seed)
     smoke, paused = [], [0.0, 0.0]
 
     def make_batch():
@@ -116,15 +125,17 @@ def bench_shakespeare(seed: int) -> None:
     cpu = time.process_time() - cpu - paused[1]
     n_tokens = nb07.SHAKESPEARE_STEPS * nb07.SHAKESPEARE_BATCH * nb07.SHAKESPEARE_WINDOW
     val = _val_loss(model, val_ids, nb07.N_VAL_WINDOWS, seed)
+    shuffled = _val_loss(model, val_ids, nb07.N_VAL_WINDOWS, seed, shuffled=True)
     baseline = nb07.unigram_entropy()
-    bar = baseline + nb07.ABOVE_UNIGRAM
-    smoke_bar = math.log(50257) - nb07.SMOKE_BELOW_UNIFORM
-    print(f"shakespeare seed {seed}: {nb07.SHAKESPEARE_STEPS} steps of {nb07.SHAKESPEARE_BATCH}x"
-          f"{nb07.SHAKESPEARE_WINDOW} tokens in {seconds:.1f}s ({n_tokens / seconds:,.0f} tokens/s, "
-          f"{seconds / nb07.SHAKESPEARE_STEPS:.2f} s/step, CPU time {cpu:.1f}s); validation loss "
-          f"{val:.4f} = unigram entropy {baseline:.4f} {val - baseline:+.4f} (graded: at most "
-          f"{bar:.4f}, headroom {bar - val:.4f}); after the visible run's {nb07.SMOKE_STEPS} steps {smoke[0]:.4f} "
-          f"(at most {smoke_bar:.4f}, headroom {smoke_bar - smoke[0]:.4f})")
+    bar = baseline - nb07.BELOW_UNIGRAM
+    smoke_bar = math.log(nb07.shakespeare_config().d_vocab) - nb07.SMOKE_BELOW_UNIFORM
+    print(f"shakespeare seed {seed}: val loss {val:.4f} after {seconds:.1f} s on 1 thread; "
+          f"train-split unigram entropy {baseline:.4f}; {n_tokens / seconds:,.0f} tokens/s "
+          f"({nb07.SHAKESPEARE_STEPS} steps of {nb07.SHAKESPEARE_BATCH}x{nb07.SHAKESPEARE_WINDOW}, "
+          f"CPU time {cpu:.1f} s); graded: at most {bar:.4f}, headroom {bar - val:.4f}; shuffled "
+          f"windows {shuffled:.4f} ({shuffled - val:+.4f}); after the visible run's "
+          f"{nb07.SMOKE_STEPS} steps {smoke[0]:.4f} (at most {smoke_bar:.4f}, headroom "
+          f"{smoke_bar - smoke[0]:.4f})", flush=True)
 
 
 def main() -> None:
@@ -137,15 +148,18 @@ def main() -> None:
     parser.add_argument("--reversal-steps", type=int, help="override the graded steps (to measure)")
     parser.add_argument("--shakespeare-lr", type=float, help="override the graded lr (to measure)")
     parser.add_argument("--shakespeare-steps", type=int, help="override the graded steps (to measure)")
+    parser.add_argument("--shakespeare-d-model", type=int, help="override the graded d_model (to measure)")
     args = parser.parse_args()
     nb07.REVERSAL_LR = args.reversal_lr or nb07.REVERSAL_LR
     nb07.REVERSAL_STEPS = args.reversal_steps or nb07.REVERSAL_STEPS
     nb07.SHAKESPEARE_LR = args.shakespeare_lr or nb07.SHAKESPEARE_LR
     nb07.SHAKESPEARE_STEPS = args.shakespeare_steps or nb07.SHAKESPEARE_STEPS
+    if args.shakespeare_d_model:
+        tasks.SHAKESPEARE_D_MODEL = args.shakespeare_d_model     # read by shakespeare_config()
     torch.set_num_threads(1)
     print(f"one thread; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; reversal: "
           f"{nb07.REVERSAL_STEPS} steps at lr {nb07.REVERSAL_LR}; shakespeare: "
-          f"{nb07.SHAKESPEARE_STEPS} steps at lr {nb07.SHAKESPEARE_LR}")
+          f"{nb07.SHAKESPEARE_STEPS} steps at lr {nb07.SHAKESPEARE_LR}, d_model {tasks.SHAKESPEARE_D_MODEL}")
     for seed in [] if args.skip_reversal else args.seeds:
         bench_reversal(seed)
     if not args.skip_shakespeare:

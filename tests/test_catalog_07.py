@@ -431,6 +431,52 @@ def test_unigram_baseline(shakespeare):
     assert abs(nb07.unigram_entropy() - 6.3151) < 1e-3
     train, val = nb07.shakespeare_tokens()
     assert len(train) + len(val) == 338025 and len(train) == int(0.9 * 338025)
+    vocab = nb07.shakespeare_vocab()
+    assert vocab.d_vocab == len(torch.unique(train)) + 1 == 11266 == nb07.shakespeare_config().d_vocab
+    compact_train, compact_val = nb07.compact_shakespeare_tokens()
+    assert int(compact_train.max()) < vocab.unknown            # every training token has its row
+    assert torch.equal(vocab.decode_ids(compact_train), train)
+    unseen = ~torch.isin(val, train)
+    assert torch.equal(compact_val == vocab.unknown, unseen) and 0 < unseen.float().mean() < 0.05
+
+
+def _judged_outputs(val: float, shuffled: float) -> dict:
+    """What the graded run's `produce` returns, for a model with these two mean losses."""
+    shape = (nb07.N_VAL_WINDOWS, nb07.SHAKESPEARE_WINDOW - 1)
+    return {"val_token_losses": torch.full(shape, val, dtype=torch.float64),
+            "shuffled_token_losses": torch.full(shape, shuffled, dtype=torch.float64),
+            "batches_drawn": torch.tensor(nb07.SHAKESPEARE_STEPS)}
+
+
+def test_shakespeare_bar_is_below_the_unigram_entropy(shakespeare):
+    """Passing needs a loss below H - BELOW_UNIGRAM; a loss at H fails, with a message that says
+    whether the model ignores its context (shuffled windows score the same) or is just slow."""
+    bar = nb07.unigram_entropy() - nb07.BELOW_UNIGRAM
+    nb07.judge_shakespeare(None, _judged_outputs(bar - 0.01, bar + 1.0))
+    at_frequencies = nb07.unigram_entropy() + 0.2
+    with pytest.raises(CheckFailed, match="learned token frequencies only; it does not use the context"):
+        nb07.judge_shakespeare(None, _judged_outputs(at_frequencies, at_frequencies + 0.01))
+    with pytest.raises(CheckFailed, match="it learned, but too slowly"):
+        nb07.judge_shakespeare(None, _judged_outputs(bar + 0.01, bar + 1.0))
+    with pytest.raises(CheckFailed, match="learned token frequencies only"):    # below the bar,
+        nb07.judge_shakespeare(None, _judged_outputs(bar - 0.01, bar + 0.05))  # context unused
+    nb07.judge_shakespeare_smoke(None, {**_judged_outputs(7.0, 7.0), "batches_drawn": torch.tensor(
+        nb07.SMOKE_STEPS), "val_token_losses": torch.full((nb07.N_SMOKE_VAL_WINDOWS, 63), 7.0),
+        "shuffled_token_losses": torch.full((nb07.N_SMOKE_VAL_WINDOWS, 63), 7.0)})
+
+
+class ContextBlindTransformer(components.DemoTransformer):
+    """The course's model fed the same token everywhere: it can learn only (per position) token
+    frequencies, as if the causal mask hid every token, the current one included."""
+    def forward(self, tokens):
+        return super().forward(torch.zeros_like(tokens))
+
+
+def test_shakespeare_model_that_ignores_context_fails(shakespeare):
+    """The graded run with the correct `train` on a model that cannot see its context: frequencies
+    alone do not reach the bar, and the message says the context is not used."""
+    fails(nb07.check_shakespeare_training, make_train(), "it does not use the context",
+          model_class=ContextBlindTransformer)
 
 
 # --- per_position_accuracy ------------------------------------------------------------------------

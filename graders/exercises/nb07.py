@@ -13,12 +13,12 @@ from graders.exercises.training.shakespeare import (check_shakespeare_smoke,
                                                     check_shakespeare_training, judge_shakespeare,
                                                     judge_shakespeare_smoke)
 from graders.exercises.training.tasks import (
-    ABOVE_UNIGRAM, BAND_ABOVE, BAND_BELOW, D_VOCAB, FLOOR, HALF, N_SMOKE_VAL_WINDOWS,
+    BAND_ABOVE, BAND_BELOW, BELOW_UNIGRAM, D_VOCAB, FLOOR, HALF, MIN_CONTEXT_GAIN, N_SMOKE_VAL_WINDOWS,
     N_TEST_SEQUENCES, N_UNPREDICTABLE, N_VAL_WINDOWS, REVERSAL_BATCH, REVERSAL_EVAL_EVERY,
     REVERSAL_LR, REVERSAL_STEPS, SEQ_LEN, SHAKESPEARE_BATCH, SHAKESPEARE_LR, SHAKESPEARE_STEPS,
-    SHAKESPEARE_WINDOW, SMOKE_BELOW_UNIFORM, SMOKE_STEPS, UNTRAINED_LOSS, per_position,
-    random_windows, reference_reversal, reversal_config, shakespeare_config,
-    shakespeare_tokens, unigram_entropy)
+    SHAKESPEARE_D_MODEL, SHAKESPEARE_WINDOW, SMOKE_BELOW_UNIFORM, SMOKE_STEPS, UNTRAINED_LOSS,
+    compact_shakespeare_tokens, per_position, random_windows, reference_reversal, reversal_config,
+    shakespeare_config, shakespeare_tokens, shakespeare_vocab, unigram_entropy)
 from graders.exercises.training.train import check_train, judge_train
 
 __all__ = [
@@ -28,12 +28,14 @@ __all__ = [
     "check_per_position_accuracy", "check_optimizer_groups", "check_lr_at",
     "loss_mistakes", "TrainingRun", "one_thread",
     "judge_train", "judge_shakespeare", "judge_shakespeare_smoke",
-    "ABOVE_UNIGRAM", "BAND_ABOVE", "BAND_BELOW", "D_VOCAB", "FLOOR", "HALF", "N_SMOKE_VAL_WINDOWS",
+    "BAND_ABOVE", "BAND_BELOW", "BELOW_UNIGRAM", "D_VOCAB", "FLOOR", "HALF", "MIN_CONTEXT_GAIN",
+    "N_SMOKE_VAL_WINDOWS",
     "N_TEST_SEQUENCES", "N_UNPREDICTABLE", "N_VAL_WINDOWS", "REVERSAL_BATCH", "REVERSAL_EVAL_EVERY",
     "REVERSAL_LR", "REVERSAL_STEPS", "SEQ_LEN", "SHAKESPEARE_BATCH", "SHAKESPEARE_LR",
-    "SHAKESPEARE_STEPS", "SHAKESPEARE_WINDOW", "SMOKE_BELOW_UNIFORM", "SMOKE_STEPS",
+    "SHAKESPEARE_STEPS", "SHAKESPEARE_D_MODEL", "SHAKESPEARE_WINDOW", "SMOKE_BELOW_UNIFORM", "SMOKE_STEPS",
     "UNTRAINED_LOSS", "per_position", "random_windows", "reference_loss", "reference_reversal",
     "reversal_config", "shakespeare_config", "shakespeare_tokens", "unigram_entropy",
+    "compact_shakespeare_tokens", "shakespeare_vocab",
 ]
 
 
