@@ -474,7 +474,8 @@ class ContextBlindTransformer(components.DemoTransformer):
 
 def test_shakespeare_model_that_ignores_context_fails(shakespeare):
     """The graded run with the correct `train` on a model that cannot see its context: frequencies
-    alone do not reach the bar, and the message says the context is not used."""
+    alone do not reach the bar, and the message says the context is not used. It costs a whole
+    graded run (about 170 s of CPU time measured on a loaded machine)."""
     fails(nb07.check_shakespeare_training, make_train(), "it does not use the context",
           model_class=ContextBlindTransformer)
 
