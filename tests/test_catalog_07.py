@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from graders.reference import components
 from graders.exercises import nb07
+from graders.exercises.training.practice import role
 from graders.judging.compare import CheckFailed
 
 pytestmark = pytest.mark.xdist_group("nb07")
@@ -178,26 +179,38 @@ def test_generator_mistakes(fn, expected):
 
 @torch.no_grad()
 def eval_batched(model, tokens, batch_size=256):
+    was_training = model.training
+    model.eval()
     total = 0.0
     for chunk in tokens.split(batch_size):
         total += loss_gather(model(chunk), chunk).item() * len(chunk)
+    model.train(was_training)
     return total / len(tokens)
 
 
 @torch.no_grad()
 def eval_whole(model, tokens):
     model.eval()
-    return loss_cross_entropy(model(tokens), tokens)
+    loss = loss_cross_entropy(model(tokens), tokens)
+    model.train()
+    return loss
 
 
 def eval_inference_mode(model, tokens):
-    with torch.inference_mode():
-        return float(loss_logsumexp(model(tokens), tokens))
+    was_training = model.training
+    try:
+        with torch.inference_mode():
+            return float(loss_logsumexp(model.eval()(tokens), tokens))
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
 def eval_per_sequence_loop(model, tokens):
+    mode = model.training
+    model.train(False)
     losses = [loss_gather(model(seq[None]), seq[None]) for seq in tokens]
+    model.train(mode)
     return float(torch.stack(losses).mean())
 
 
@@ -262,6 +275,17 @@ def eval_per_position(model, tokens):
         return per_position(model(tokens), tokens).mean(0)
 
 
+@torch.no_grad()
+def eval_in_training_mode(model, tokens):
+    return loss_gather(model(tokens), tokens).item()
+
+
+@torch.no_grad()
+def eval_leaves_eval_mode(model, tokens):
+    model.eval()
+    return loss_gather(model(tokens), tokens).item()
+
+
 EVAL_BUGS = [
     (eval_on_training_batch, "it ignores its `tokens` argument"),
     (eval_first_chunk_only, "only the first batch"),
@@ -272,6 +296,8 @@ EVAL_BUGS = [
     (eval_summed, "Likely mistake: evaluate's loss: the losses are summed instead of averaged"),
     (eval_returns_list, "return the mean loss as a float"),
     (eval_per_position, "return one number"),
+    (eval_in_training_mode, "Likely mistake: the model stays in training mode; call model.eval()"),
+    (eval_leaves_eval_mode, "evaluate left the model in eval mode"),
 ]
 
 
@@ -282,32 +308,77 @@ def test_evaluate_mistakes(fn, expected):
 
 # --- train (the reversal task) --------------------------------------------------------------------
 
+def course_groups(model, weight_decay):
+    """A learner's optimizer_groups: weight matrices decayed; biases, LayerNorm, embeddings not."""
+    decay, keep = [], []
+    for name, param in model.named_parameters():
+        leaf = name.split(".")[-1]
+        matrix = leaf.startswith("W_") and leaf not in ("W_E", "W_pos")
+        (decay if matrix else keep).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
+
+
+def course_lr(step, max_lr, warmup_steps, total_steps, min_lr):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
 def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, eval_on_train=False,
-               optimizer_each_step=False, use_lr=True, zero_grad_first=False, clip=False,
+               optimizer_each_step=False, use_lr=True, zero_grad_first=False, clip="between",
                optimizer_every_eval=False, other_parameters=False, zero_between=False,
-               model_zero_grad=False):
-    """A training loop with the mistakes (or harmless variations) switched on by the arguments."""
-    def train(model, make_batch, n_steps, lr, eval_tokens, eval_every=50, weight_decay=0.01,
-              progress=True):
-        lr_used = lr if use_lr else 1e-6
-        params = model.parameters() if not other_parameters else torch.nn.Linear(4, 4).parameters()
-        optimizer = torch.optim.AdamW(params, lr=lr_used, weight_decay=weight_decay)
+               model_zero_grad=False, groups=True, schedule="every_step", evaluate=eval_batched):
+    """A training loop with the mistakes (or harmless variations) switched on by the arguments.
+    clip: "between" (backward and step), "before_backward", "after_step" or "none"; schedule:
+    "every_step", "none", "after_step", "first_group" or "every_eval"."""
+    def train(model, make_batch, n_steps, max_lr, eval_tokens, eval_every=50, weight_decay=0.1,
+              warmup_steps=10, min_lr=1e-3, max_grad_norm=1.0, progress=True):
+        lr_used = max_lr if use_lr else 1e-6
+        model.train()
+
+        def new_optimizer():
+            if other_parameters:
+                return torch.optim.AdamW(torch.nn.Linear(4, 4).parameters(), lr=lr_used)
+            params = course_groups(model, weight_decay) if groups else model.parameters()
+            return torch.optim.AdamW(params, lr=lr_used, weight_decay=weight_decay)
+
+        def set_lr(i):
+            if schedule == "none" or not use_lr:
+                return
+            rate = course_lr(i - i % eval_every if schedule == "every_eval" else i, max_lr,
+                             warmup_steps, n_steps, min_lr)
+            for group in optimizer.param_groups[:1] if schedule == "first_group" else optimizer.param_groups:
+                group["lr"] = rate
+
+        def clip_now():
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+
+        optimizer = new_optimizer()
         train_losses, eval_losses = [], []
         for i in tqdm(range(n_steps), disable=not progress):
             if optimizer_each_step or (optimizer_every_eval and i % eval_every == 0):
-                optimizer = torch.optim.AdamW(model.parameters(), lr=lr_used)
+                optimizer = new_optimizer()
             if zero_grad_first:
                 optimizer.zero_grad(set_to_none=False)
             tokens = make_batch()
             loss = loss_fn(model(tokens), tokens)
+            if clip == "before_backward":
+                clip_now()
             if backward:
                 loss.backward()
-            if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if clip == "between":
+                clip_now()
             if zero_between:
                 optimizer.zero_grad()
+            if schedule != "after_step":
+                set_lr(i)
             if step:
                 optimizer.step()
+            if schedule == "after_step":
+                set_lr(i)
+            if clip == "after_step":
+                clip_now()
             if model_zero_grad:
                 model.zero_grad()
             elif zero_grad and not zero_grad_first and not zero_between:
@@ -315,7 +386,7 @@ def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, ev
             train_losses.append(loss.item())
             if (i + 1) % eval_every == 0:
                 held_out = make_batch() if eval_on_train else eval_tokens
-                eval_losses.append((i + 1, eval_batched(model, held_out)))
+                eval_losses.append((i + 1, evaluate(model, held_out)))
         return train_losses, eval_losses
     return train
 
@@ -348,7 +419,7 @@ TRAIN_CORRECT = {
     "solution": (make_train(), None),
     "cross_entropy_zero_grad_first": (make_train(loss_fn=loss_cross_entropy, zero_grad_first=True), None),
     "logsumexp_loss": (make_train(loss_fn=loss_logsumexp), None),
-    "clipped_gradients_model_zero_grad": (make_train(clip=True, model_zero_grad=True), None),
+    "model_zero_grad_whole_batch_eval": (make_train(model_zero_grad=True, evaluate=eval_whole), None),
 }
 
 
@@ -369,7 +440,21 @@ TRAIN_BUGS = {
                                             "or zero_grad() runs between backward() and step()"),
     "eval_on_training_data": (make_train(eval_on_train=True), None,
                               "Likely mistake: evaluation uses training batches"),
-    "lr_ignored": (make_train(use_lr=False), None, "Likely mistake: the lr argument is not used"),
+    "lr_ignored": (make_train(use_lr=False), None, "the max_lr argument and the schedule are not used"),
+    "decay_on_every_parameter": (make_train(groups=False), None,
+                                 "Likely mistake: decay is applied to every parameter"),
+    "no_schedule": (make_train(schedule="none"), None, "the rate never changes from max_lr"),
+    "lr_set_after_step": (make_train(schedule="after_step"), None,
+                          "the rate is set after optimizer.step()"),
+    "schedule_in_first_group_only": (make_train(schedule="first_group"), None,
+                                     "the param groups got different rates"),
+    "schedule_stepped_per_evaluation": (make_train(schedule="every_eval"), None,
+                                        "not at every step"),
+    "clip_before_backward": (make_train(clip="before_backward"), None,
+                             "Likely mistake: clip_grad_norm_ is called before loss.backward()"),
+    "clip_after_step": (make_train(clip="after_step"), None, "train does not clip the gradients"),
+    "evaluate_leaves_eval_mode": (make_train(evaluate=eval_leaves_eval_mode), None,
+                                  "the model was in eval mode at"),
     "optimizer_every_step": (make_train(optimizer_each_step=True), None,
                              "Likely mistake: the optimizer is re-created every step"),
     "optimizer_every_eval": (make_train(optimizer_every_eval=True), None,
@@ -386,7 +471,7 @@ def test_train_mistakes(name):
 
 
 def test_train_not_implemented():
-    def train(model, make_batch, n_steps, lr, eval_tokens, eval_every=50, progress=True):
+    def train(model, make_batch, n_steps, max_lr, eval_tokens, **settings):
         raise NotImplementedError
     fails(nb07.check_train, train, "not implemented yet")
 
@@ -402,7 +487,7 @@ def shakespeare(monkeypatch):
 
 def test_shakespeare_budget_is_enforced(shakespeare):
     """A loop that skips the budget fails fast (the full graded run is in the notebook's tests)."""
-    def lazy(model, make_batch, n_steps, lr, eval_tokens, eval_every=50, progress=True):
+    def lazy(model, make_batch, n_steps, max_lr, eval_tokens, **settings):
         return [], []
     fails(nb07.check_shakespeare_training, lazy, "drew 0 batches")
 
@@ -413,7 +498,8 @@ def test_shakespeare_short_run_passes(shakespeare):
 
 SHAKESPEARE_SHORT_RUN_BUGS = {
     "no_optimizer_step": (make_train(step=False), "Likely mistake: optimizer.step() is never called"),
-    "lr_ignored": (make_train(use_lr=False), "Likely mistake: the lr argument is not used"),
+    "lr_ignored": (make_train(use_lr=False), "the max_lr argument and the schedule are not used"),
+    "clip_before_backward": (make_train(clip="before_backward"), "clip_grad_norm_ is called before"),
     "eval_on_training_data": (make_train(eval_on_train=True), "Likely mistake: evaluation uses training batches"),
     "optimizer_every_step": (make_train(optimizer_each_step=True),
                              "Likely mistake: the optimizer is re-created every step"),
@@ -440,12 +526,30 @@ def test_unigram_baseline(shakespeare):
     assert torch.equal(compact_val == vocab.unknown, unseen) and 0 < unseen.float().mean() < 0.05
 
 
-def _judged_outputs(val: float, shuffled: float) -> dict:
-    """What the graded run's `produce` returns, for a model with these two mean losses."""
-    shape = (nb07.N_VAL_WINDOWS, nb07.SHAKESPEARE_WINDOW - 1)
+def _probed_correct_loop(recipe) -> dict:
+    """What the loop probe records for a correct `train` of `recipe` on the Shakespeare model:
+    one optimizer, every step with a fresh, clipped gradient and the scheduled rate, in training
+    mode, the course's groups."""
+    n = recipe.n_steps
+    rates = torch.tensor([recipe.lr(step) for step in range(n)], dtype=torch.float64)
+    decay = [recipe.weight_decay if role(name) == "matrix" else 0.0
+             for name, _ in components.DemoTransformer(nb07.shakespeare_config()).named_parameters()]
+    return {"optimizer_steps": torch.tensor([n]), "optimizer_lrs": rates[:1],
+            "optimizer_on_model": torch.tensor(True), "steps_without_grad": torch.tensor(0),
+            "steps_accumulated": torch.tensor(0), "steps_checked": torch.tensor(n),
+            "step_lr_low": rates, "step_lr_high": rates.clone(),
+            "step_training": torch.ones(n, dtype=torch.float64),
+            "step_grad_norm": torch.full((n,), recipe.max_grad_norm, dtype=torch.float64),
+            "step_raw_norm": torch.full((n,), 3 * recipe.max_grad_norm, dtype=torch.float64),
+            "param_decay": torch.tensor(decay, dtype=torch.float64), "batches_drawn": torch.tensor(n)}
+
+
+def _judged_outputs(val: float, shuffled: float, recipe=nb07.SHAKESPEARE, n_windows=nb07.N_VAL_WINDOWS) -> dict:
+    """What a run's `produce` returns for a correct loop whose model has these two mean losses."""
+    shape = (n_windows, nb07.SHAKESPEARE_WINDOW - 1)
     return {"val_token_losses": torch.full(shape, val, dtype=torch.float64),
             "shuffled_token_losses": torch.full(shape, shuffled, dtype=torch.float64),
-            "batches_drawn": torch.tensor(nb07.SHAKESPEARE_STEPS)}
+            **_probed_correct_loop(recipe)}
 
 
 def test_shakespeare_bar_is_below_the_unigram_entropy(shakespeare):
@@ -460,9 +564,7 @@ def test_shakespeare_bar_is_below_the_unigram_entropy(shakespeare):
         nb07.judge_shakespeare(None, _judged_outputs(bar + 0.01, bar + 1.0))
     with pytest.raises(CheckFailed, match="learned token frequencies only"):    # below the bar,
         nb07.judge_shakespeare(None, _judged_outputs(bar - 0.01, bar + 0.05))  # context unused
-    nb07.judge_shakespeare_smoke(None, {**_judged_outputs(7.0, 7.0), "batches_drawn": torch.tensor(
-        nb07.SMOKE_STEPS), "val_token_losses": torch.full((nb07.N_SMOKE_VAL_WINDOWS, 63), 7.0),
-        "shuffled_token_losses": torch.full((nb07.N_SMOKE_VAL_WINDOWS, 63), 7.0)})
+    nb07.judge_shakespeare_smoke(None, _judged_outputs(7.0, 7.0, nb07.SMOKE, nb07.N_SMOKE_VAL_WINDOWS))
 
 
 class ContextBlindTransformer(components.DemoTransformer):

@@ -14,9 +14,9 @@ from graders.exercises.training.shakespeare import (check_shakespeare_smoke,
                                                     judge_shakespeare_smoke)
 from graders.exercises.training.tasks import (
     BAND_ABOVE, BAND_BELOW, BELOW_UNIGRAM, D_VOCAB, FLOOR, HALF, MIN_CONTEXT_GAIN, N_SMOKE_VAL_WINDOWS,
-    N_TEST_SEQUENCES, N_UNPREDICTABLE, N_VAL_WINDOWS, REVERSAL_BATCH, REVERSAL_EVAL_EVERY,
-    REVERSAL_LR, REVERSAL_STEPS, SEQ_LEN, SHAKESPEARE_BATCH, SHAKESPEARE_LR, SHAKESPEARE_STEPS,
-    SHAKESPEARE_D_MODEL, SHAKESPEARE_WINDOW, SMOKE_BELOW_UNIFORM, SMOKE_STEPS, UNTRAINED_LOSS,
+    N_TEST_SEQUENCES, N_UNPREDICTABLE, N_VAL_WINDOWS, REVERSAL, REVERSAL_BATCH, REVERSAL_EVAL_EVERY,
+    SEQ_LEN, SHAKESPEARE, SHAKESPEARE_BATCH, SHAKESPEARE_D_MODEL, SHAKESPEARE_WINDOW, SMOKE,
+    SMOKE_BELOW_UNIFORM, UNTRAINED_LOSS, Recipe,
     compact_shakespeare_tokens, per_position, random_windows, reference_reversal, reversal_config,
     shakespeare_config, shakespeare_tokens, shakespeare_vocab, unigram_entropy)
 from graders.exercises.training.train import check_train, judge_train
@@ -30,9 +30,9 @@ __all__ = [
     "judge_train", "judge_shakespeare", "judge_shakespeare_smoke",
     "BAND_ABOVE", "BAND_BELOW", "BELOW_UNIGRAM", "D_VOCAB", "FLOOR", "HALF", "MIN_CONTEXT_GAIN",
     "N_SMOKE_VAL_WINDOWS",
-    "N_TEST_SEQUENCES", "N_UNPREDICTABLE", "N_VAL_WINDOWS", "REVERSAL_BATCH", "REVERSAL_EVAL_EVERY",
-    "REVERSAL_LR", "REVERSAL_STEPS", "SEQ_LEN", "SHAKESPEARE_BATCH", "SHAKESPEARE_LR",
-    "SHAKESPEARE_STEPS", "SHAKESPEARE_D_MODEL", "SHAKESPEARE_WINDOW", "SMOKE_BELOW_UNIFORM", "SMOKE_STEPS",
+    "N_TEST_SEQUENCES", "N_UNPREDICTABLE", "N_VAL_WINDOWS", "REVERSAL", "REVERSAL_BATCH",
+    "REVERSAL_EVAL_EVERY", "Recipe", "SEQ_LEN", "SHAKESPEARE", "SHAKESPEARE_BATCH",
+    "SHAKESPEARE_D_MODEL", "SHAKESPEARE_WINDOW", "SMOKE", "SMOKE_BELOW_UNIFORM",
     "UNTRAINED_LOSS", "per_position", "random_windows", "reference_loss", "reference_reversal",
     "reversal_config", "shakespeare_config", "shakespeare_tokens", "unigram_entropy",
     "compact_shakespeare_tokens", "shakespeare_vocab",

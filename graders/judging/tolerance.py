@@ -57,3 +57,7 @@ P_VALUE_FLOOR = 1e-6
 # (cosine 1 - 1e-7); one that still holds earlier steps' gradients (no zero_grad) points
 # elsewhere, far below this cosine after a few steps.
 GRADIENT_CLEARED_COSINE = 0.999
+# How far a clipped gradient's total norm may sit from min(norm, max_grad_norm) (07's loop
+# probe): fp32 norms of a few million numbers round at ~1e-6, and clip_grad_norm_ divides by
+# norm + 1e-6; a loop that does not clip, or clips each tensor alone, misses by far more.
+CLIPPED_NORM_SLACK = 1e-3

@@ -16,6 +16,7 @@ import torch
 
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.exercises.small_models import seeded_model
+from graders.exercises.training.tasks import reference_lr
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
@@ -131,13 +132,6 @@ def schedule_of(case: Case) -> tuple[float, int, int, float]:
     if case.seed == 0:
         return 1e-3, 10, 100, 1e-4
     return 3e-4 * (1 + case.seed % 3), 3 + case.seed % 5, 40 + 7 * case.seed, 0.0 if case.seed % 2 else 2e-5
-
-
-def reference_lr(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float) -> float:
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
-    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
 def _steps(case: Case) -> range:

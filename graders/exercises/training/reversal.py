@@ -149,6 +149,15 @@ def _evaluated_model(case: Case):
     return seeded_model(dataclasses.replace(reversal_config(), init_range=0.3), case.seed)
 
 
+def _model_with_dropout(case: Case):
+    """The evaluated model with dropout (p = 0.5) on its embeddings, in training mode: its loss
+    is the plain model's only in eval mode, where dropout passes activations through."""
+    model = _evaluated_model(case)
+    model.embed_dropout = torch.nn.Dropout(0.5)
+    model.embed.register_forward_hook(lambda module, args, out: model.embed_dropout(out))
+    return model
+
+
 def _eval_sets(case: Case) -> list[torch.Tensor]:
     return [tokens.clone() for tokens in _cached_eval_sets(case)]
 
@@ -178,6 +187,13 @@ def produce_evaluate(fn, case: Case, inputs: dict) -> dict:
         outputs[f"modified_{i}"] = torch.tensor(not torch.equal(copy, tokens))
     outputs["weights_changed"] = torch.tensor(any(not torch.equal(before[k], v)
                                                   for k, v in model.state_dict().items()))
+    dropout_model, tokens = _model_with_dropout(case), _eval_sets(case)[1]
+    with torch.random.fork_rng():
+        torch.manual_seed(case.seed)
+        outputs["dropout_losses"] = torch.stack([
+            _as_loss_number("evaluate", run_learner("evaluate", fn, dropout_model, tokens))
+            for _ in range(2)])
+    outputs["training_after"] = torch.tensor(dropout_model.training)
     return outputs
 
 
@@ -206,6 +222,24 @@ def judge_evaluate(case: Case, outputs: dict) -> None:
                                                                             _eval_sets(case)[1 - i]).items()},
                     hint="return the mean next-token loss of `model` on exactly `tokens`, "
                          "under torch.no_grad().")
+        _judge_modes(outputs, reference_loss(model(_eval_sets(case)[1]), _eval_sets(case)[1]))
+
+
+def _judge_modes(outputs: dict, expected: torch.Tensor) -> None:
+    """evaluate on a model with dropout, in training mode: dropout off while measuring, and the
+    training mode given back afterwards."""
+    losses = outputs["dropout_losses"]
+    if not close(losses, expected.reshape(1).expand(2)):
+        raise CheckFailed(
+            f"evaluate measured a model with dropout while the dropout was on: two calls gave "
+            f"{losses[0].item():.4f} and {losses[1].item():.4f}, where the model itself (dropout "
+            f"off) scores {expected.item():.4f}. Likely mistake: the model stays in training mode; "
+            "call model.eval() before measuring (dropout then passes every activation through).")
+    if not bool(outputs["training_after"]):
+        raise CheckFailed(
+            "evaluate left the model in eval mode: the training steps after the first evaluation "
+            "would run without dropout. Give the mode back before returning: was_training = "
+            "model.training at the start, model.train(was_training) at the end.")
 
 
 CHUNK_SIZES = (256, 128, 64, 32, 100, 200, 50, 16)   # batch sizes learners evaluate in

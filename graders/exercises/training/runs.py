@@ -15,14 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from graders.exercises.small_models import seeded_model
+from graders.exercises.training.habits import judge_habits
+from graders.exercises.training.tasks import Recipe
 from graders.judging.compare import CheckFailed
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import GRADIENT_CLEARED_COSINE
 from graders.reference.config import Config
 
 STUCK_HINT = ("Likely mistakes: optimizer.step() is never called; loss.backward() is missing; "
-              "the optimizer was built on other parameters than model.parameters() (or before "
-              "the model it trains); or the learning rate argument is not used.")
+              "the optimizer was built on other parameters than the trained model's (or before "
+              "the model it trains).")
 WATCHED_NUMEL = 100_000        # parameters this small are watched for gradient accumulation
 
 
@@ -32,13 +34,17 @@ class TrainingProbe:
     whether each step's gradient is the one backward just computed (zero_grad) or a pile-up."""
 
     def __init__(self, model: torch.nn.Module):
+        self.model = model
         self.model_params = {id(p) for p in model.parameters()}
         self.params = list(model.parameters())
         self.watched = [p for p in self.params if p.requires_grad and p.numel() <= WATCHED_NUMEL]
         self.incoming: dict[int, torch.Tensor] = {}
+        self.incoming_square = 0.0     # squared norm of the gradients backward computed since the last step
         self.steps_per_optimizer: list[int] = []
         self.lrs: list[float] = []
         self.on_model, self.without_grad, self.accumulated, self.checked = False, 0, 0, 0
+        self.per_step = {"lr_low": [], "lr_high": [], "training": [], "grad_norm": [], "raw_norm": []}
+        self.decay: list[float] | None = None
         self.handles = []
 
     def __enter__(self):
@@ -47,6 +53,9 @@ class TrainingProbe:
         self.handles.append(register_optimizer_step_pre_hook(self._step))
         for p in self.watched:
             self.handles.append(p.register_hook(lambda grad, key=id(p): self._incoming(key, grad)))
+        for p in self.params:
+            if p.requires_grad:
+                self.handles.append(p.register_hook(self._incoming_norm))
         return self
 
     def __exit__(self, *exc):
@@ -57,6 +66,25 @@ class TrainingProbe:
         grad = grad.detach()
         self.incoming[key] = grad.clone() if key not in self.incoming else self.incoming[key] + grad
 
+    def _incoming_norm(self, grad: torch.Tensor) -> None:
+        self.incoming_square += float(grad.detach().double().pow(2).sum())
+
+    def _record_step(self, optimizer) -> None:
+        """This step's learning rates, mode, gradient norm (as stepped, and as backward computed
+        it) and, at the first step, each parameter's weight decay (-1: in no group)."""
+        lrs = [float(group.get("lr", float("nan"))) for group in optimizer.param_groups]
+        grads = [p.grad.detach().double().pow(2).sum() for p in self.params if p.grad is not None]
+        for key, value in (("lr_low", min(lrs)), ("lr_high", max(lrs)),
+                           ("training", float(self.model.training)),
+                           ("grad_norm", float(sum(grads)) ** 0.5 if grads else 0.0),
+                           ("raw_norm", self.incoming_square ** 0.5)):
+            self.per_step[key].append(value)
+        self.incoming_square = 0.0
+        if self.decay is None:
+            decay = {id(p): float(group.get("weight_decay", optimizer.defaults.get("weight_decay", 0.0)))
+                     for group in optimizer.param_groups for p in group["params"]}
+            self.decay = [decay.get(id(p), -1.0) for p in self.params]
+
     def _step(self, optimizer, args, kwargs) -> None:
         tag = getattr(optimizer, "_course_training_probe", None)
         if tag is None:
@@ -65,6 +93,7 @@ class TrainingProbe:
             self.steps_per_optimizer.append(0)
             self.lrs.append(float(optimizer.param_groups[0].get("lr", float("nan"))))
         self.steps_per_optimizer[tag] += 1
+        self._record_step(optimizer)
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
         self.on_model = self.on_model or bool(stepped & self.model_params)
         if all(p.grad is None for p in self.params):
@@ -85,14 +114,17 @@ class TrainingProbe:
                 "optimizer_on_model": torch.tensor(self.on_model),
                 "steps_without_grad": torch.tensor(self.without_grad),
                 "steps_accumulated": torch.tensor(self.accumulated),
-                "steps_checked": torch.tensor(self.checked)}
+                "steps_checked": torch.tensor(self.checked),
+                **{f"step_{key}": torch.tensor(values, dtype=torch.float64)
+                   for key, values in self.per_step.items()},
+                "param_decay": torch.tensor(self.decay or [], dtype=torch.float64)}
 
 
-def judge_loop(outputs: dict, n_steps: int) -> None:
+def judge_loop(outputs: dict, recipe: Recipe, cfg: Config) -> None:
     """Mistakes the probe sees whatever the loss: an optimizer on other parameters, one
-    re-created during training, and gradients that are never cleared."""
-    if "optimizer_steps" not in outputs:
-        return
+    re-created during training, gradients that are never cleared, and a habit of 07 §5 skipped
+    (training mode, parameter groups, schedule, clipping: see habits.py)."""
+    n_steps = recipe.n_steps
     steps = outputs["optimizer_steps"].tolist()
     if sum(steps) and not bool(outputs["optimizer_on_model"]):
         raise CheckFailed(
@@ -113,12 +145,12 @@ def judge_loop(outputs: dict, n_steps: int) -> None:
             "used was not the one loss.backward() had just computed. Likely mistake: "
             "optimizer.zero_grad() is missing: PyTorch adds new gradients into .grad, so every "
             "update uses the sum of all gradients so far; clear them once per step.")
+    if sum(steps):
+        judge_habits(outputs, recipe, cfg)
 
 
-def stuck_diagnosis(outputs: dict, lr: float) -> str:
-    """Why a loop that hardly learns does not, from what the probe saw (or the usual suspects)."""
-    if "optimizer_steps" not in outputs:
-        return STUCK_HINT
+def stuck_diagnosis(outputs: dict) -> str:
+    """Why a loop that hardly learns does not, from what the probe saw."""
     steps = outputs["optimizer_steps"].tolist()
     if sum(steps) == 0:
         return ("Likely mistake: optimizer.step() is never called, so the weights never change "
@@ -129,11 +161,7 @@ def stuck_diagnosis(outputs: dict, lr: float) -> str:
                 "None.")
     if not bool(outputs["optimizer_on_model"]):
         return ("Likely mistake: the optimizer was built on other parameters than the trained "
-                "model's (build it from model.parameters(), after the model it trains).")
-    used = float(outputs["optimizer_lrs"][0])
-    if abs(used - lr) > 1e-3 * lr:
-        return (f"Likely mistake: the lr argument is not used: the optimizer's learning rate is "
-                f"{used:g}, train was called with lr={lr:g}.")
+                "model's (build it from optimizer_groups(model, ...), after the model it trains).")
     return STUCK_HINT
 
 
@@ -181,12 +209,13 @@ def reported_losses(result) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.float64)
 
 
-def run_training(run: TrainingRun, cfg: Config, seed: int, make_batch, n_steps: int, lr: float,
+def run_training(run: TrainingRun, cfg: Config, seed: int, make_batch, recipe: Recipe,
                  eval_tokens: torch.Tensor, eval_every: int):
     """A fresh model of `run.model_class` seeded with `seed`, trained by the learner's `train`:
     (the model, what `train` returned, what the `TrainingProbe` saw)."""
     model = seeded_model(cfg, seed, run.model_class)
     with one_thread(), TrainingProbe(model) as probe:
-        result = run_learner("train", with_grad, run.train, model, make_batch, n_steps=n_steps,
-                             lr=lr, eval_tokens=eval_tokens, eval_every=eval_every, progress=False)
+        result = run_learner("train", with_grad, run.train, model, make_batch,
+                             eval_tokens=eval_tokens, eval_every=eval_every, progress=False,
+                             **recipe.train_kwargs())
     return model, result, probe.outputs()

@@ -11,8 +11,8 @@ from graders.exercises.diagnosis import diagnosis_first
 from graders.exercises.training.runs import (CountingBatches, TrainingRun, judge_loop, one_thread,
                                              run_training, stuck_diagnosis)
 from graders.exercises.training.tasks import (
-    BELOW_UNIGRAM, MIN_CONTEXT_GAIN, N_SMOKE_VAL_WINDOWS, N_VAL_WINDOWS, SHAKESPEARE_BATCH,
-    SHAKESPEARE_LR, SHAKESPEARE_STEPS, SHAKESPEARE_WINDOW, SMOKE_BELOW_UNIFORM, SMOKE_STEPS,
+    BELOW_UNIGRAM, MIN_CONTEXT_GAIN, N_SMOKE_VAL_WINDOWS, N_VAL_WINDOWS, SHAKESPEARE,
+    SHAKESPEARE_BATCH, SHAKESPEARE_WINDOW, SMOKE, SMOKE_BELOW_UNIFORM, Recipe,
     compact_shakespeare_tokens, random_windows, shakespeare_config, unigram_entropy)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
@@ -40,8 +40,8 @@ def _shuffled(windows: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     return windows.gather(1, order)
 
 
-def _shakespeare_producer(n_steps: int, n_val_windows: int):
-    """`produce` for a run of `n_steps` steps, validated on `n_val_windows` random windows (and
+def _shakespeare_producer(recipe: Recipe, n_val_windows: int):
+    """`produce` for a run of `recipe`, validated on `n_val_windows` random windows (and
     on the same windows shuffled, which tells a model using context from one that does not)."""
     def produce(run: TrainingRun, case: Case, inputs: dict) -> dict:
         train_ids, val_ids = compact_shakespeare_tokens()
@@ -49,8 +49,8 @@ def _shakespeare_producer(n_steps: int, n_val_windows: int):
         generator = torch.Generator().manual_seed(case.seed)
         batches = CountingBatches(lambda: random_windows(train_ids, SHAKESPEARE_BATCH, generator))
         eval_tokens = random_windows(val_ids, 8, torch.Generator().manual_seed(60_000 + case.seed))
-        model, _, probe = run_training(run, cfg, case.seed, batches, n_steps,
-                                       SHAKESPEARE_LR, eval_tokens, n_steps)
+        model, _, probe = run_training(run, cfg, case.seed, batches, recipe, eval_tokens,
+                                       recipe.n_steps)
         model.eval()
         windows = random_windows(val_ids, n_val_windows,
                                  torch.Generator().manual_seed(50_000 + case.seed))
@@ -61,17 +61,17 @@ def _shakespeare_producer(n_steps: int, n_val_windows: int):
     return produce
 
 
-def _judge_run(outputs: dict, n_steps: int, n_val_windows: int, required: float, bar: str,
+def _judge_run(outputs: dict, recipe: Recipe, n_val_windows: int, required: float, bar: str,
                context_gain: float | None = None) -> None:
     """Fail unless `train` drew one batch a step and the validation loss is at most `required`
     (and, if `context_gain` is given, at least that much lower than on the shuffled windows)."""
-    drawn = int(outputs["batches_drawn"])
+    n_steps, drawn = recipe.n_steps, int(outputs["batches_drawn"])
     if drawn != n_steps:
         raise CheckFailed(f"train drew {drawn} batches for n_steps={n_steps}; it should draw "
                           "exactly one per step (evaluation uses eval_tokens, never make_batch)."
                           + (" Likely mistake: evaluation uses training batches (make_batch())."
                              if drawn > n_steps else ""))
-    judge_loop(outputs, n_steps)
+    judge_loop(outputs, recipe, shakespeare_config())
     token_losses = outputs["val_token_losses"]
     check_shape("validation losses", token_losses, (n_val_windows, SHAKESPEARE_WINDOW - 1),
                 ("window", "position"))
@@ -93,7 +93,7 @@ def _judge_run(outputs: dict, n_steps: int, n_val_windows: int, required: float,
                           f"gradients pile up across steps.\n  {message}")
     if val > uniform - 0.5:
         raise CheckFailed(f"train (tiny Shakespeare): the model has hardly learned. "
-                          f"{stuck_diagnosis(outputs, SHAKESPEARE_LR)}\n  {message}")
+                          f"{stuck_diagnosis(outputs)}\n  {message}")
     if not uses_context:
         raise CheckFailed(
             f"train (tiny Shakespeare): the model learned token frequencies only; it does not use "
@@ -103,7 +103,7 @@ def _judge_run(outputs: dict, n_steps: int, n_val_windows: int, required: float,
             f"split's frequencies alone score about the unigram entropy. Check what the model "
             f"is given: the tokens of each batch, in order, through model(tokens).\n  {message}")
     raise CheckFailed(f"train (tiny Shakespeare): it learned, but too slowly. "
-                      f"{stuck_diagnosis(outputs, SHAKESPEARE_LR)}\n  {message}\n  Other causes: "
+                      f"{stuck_diagnosis(outputs)}\n  {message}\n  Other causes: "
                       "the loss is not the mean next-token loss; too few updates.")
 
 
@@ -139,7 +139,7 @@ def judge_shakespeare(case: Case, outputs: dict) -> None:
     window's tokens are shuffled, while the solution's rises by 0.97-1.83 nats (above).
     tests/test_catalog_07.py trains a model blind to its input with the correct `train`.
     """
-    _judge_run(outputs, SHAKESPEARE_STEPS, N_VAL_WINDOWS, unigram_entropy() - BELOW_UNIGRAM,
+    _judge_run(outputs, SHAKESPEARE, N_VAL_WINDOWS, unigram_entropy() - BELOW_UNIGRAM,
                f"the unigram entropy - {BELOW_UNIGRAM}", context_gain=MIN_CONTEXT_GAIN)
 
 
@@ -152,18 +152,18 @@ def judge_shakespeare_smoke(case: Case, outputs: dict) -> None:
     7.3589 / 7.5615 for seeds 0-3, >= 0.26 nats of headroom;
     a loop that never steps, or ignores the lr, stays at ~9.3.
     """
-    _judge_run(outputs, SMOKE_STEPS, N_SMOKE_VAL_WINDOWS,
+    _judge_run(outputs, SMOKE, N_SMOKE_VAL_WINDOWS,
                math.log(shakespeare_config().d_vocab) - SMOKE_BELOW_UNIFORM,
                f"{SMOKE_BELOW_UNIFORM} below uniform guessing, for this short visible run; the "
-               f"graded run trains {SHAKESPEARE_STEPS} steps and requires the unigram entropy "
+               f"graded run trains {SHAKESPEARE.n_steps} steps and requires the unigram entropy "
                f"- {BELOW_UNIGRAM}")
 
 
 shakespeare_exercise = Exercise("07_training", "train (tiny Shakespeare)",
-                                _shakespeare_producer(SHAKESPEARE_STEPS, N_VAL_WINDOWS),
+                                _shakespeare_producer(SHAKESPEARE, N_VAL_WINDOWS),
                                 diagnosis_first(judge_shakespeare), defaults={"text": None})
 smoke_exercise = Exercise("07_training", "train (tiny Shakespeare, short run)",
-                          _shakespeare_producer(SMOKE_STEPS, N_SMOKE_VAL_WINDOWS),
+                          _shakespeare_producer(SMOKE, N_SMOKE_VAL_WINDOWS),
                           diagnosis_first(judge_shakespeare_smoke), defaults={"text": None})
 check_shakespeare_training = shakespeare_exercise.checker(
     "The graded run: train the 2-layer d_model-128 compact-vocabulary model on tiny Shakespeare "
