@@ -1,11 +1,12 @@
-"""Running a learner's training loop (notebook 07) on the grader's model, data and step budget.
+"""Running a learner's training loop (notebook 07) on the grader's model, data and settings.
 
 The training checks run the learner's `train` on the grader's model, seed, data and step budget,
 then judge the trained model with the grader's own held-out evaluation. Budgets are numbers of
 steps (not seconds), so a verdict never depends on how fast or loaded the machine is; the grader
 runs them on one thread, which is bit-for-bit reproducible. Two threads are not (two 2-thread
-runs of 3 Shakespeare steps gave different weights), though they are faster on an idle machine
-for the d_model-256 model (2.1 against 2.9 s a step measured).
+runs of 3 Shakespeare steps gave different weights), though they were faster on an idle machine
+for an earlier, larger Shakespeare model (d_model 256 over GPT-2's whole vocabulary: 2.1 against
+2.9 s a step measured).
 """
 from __future__ import annotations
 

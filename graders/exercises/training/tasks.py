@@ -77,14 +77,14 @@ SHAKESPEARE_BATCH = 32
 SHAKESPEARE_D_MODEL = 128
 SHAKESPEARE = Recipe(n_steps=80, max_lr=1e-2, warmup_steps=10, min_lr=1e-3, weight_decay=0.1,
                      max_grad_norm=0.5)       # a hidden test; see judge_shakespeare
-BELOW_UNIGRAM = 0.05              # nats: the bar is H - this; see judge_shakespeare
+BELOW_UNIGRAM = 0.05              # nats: the bar is H - this; worst of 4 seeds: H - 0.157
 N_VAL_WINDOWS = 128
 MIN_CONTEXT_GAIN = 0.1            # nats a model using context loses when its windows are shuffled
 # The visible check: a short run whose schedule has both parts (warmup, then decay), so that a
 # habit skipped shows in seconds; see judge_shakespeare_smoke.
 SMOKE = Recipe(n_steps=5, max_lr=1e-2, warmup_steps=2, min_lr=1e-3, weight_decay=0.1,
                max_grad_norm=0.5)
-SMOKE_BELOW_UNIFORM = 1.5
+SMOKE_BELOW_UNIFORM = 2.0
 N_SMOKE_VAL_WINDOWS = 32
 
 
