@@ -330,7 +330,8 @@ def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, ev
                optimizer_every_eval=False, other_parameters=False, zero_between=False,
                model_zero_grad=False, groups=True, schedule="every_step", evaluate=eval_batched):
     """A training loop with the mistakes (or harmless variations) switched on by the arguments.
-    clip: "between" (backward and step), "before_backward", "after_step" or "none"; schedule:
+    clip: "between" (backward and step), "before_backward", "after_step", "normalize" (scale
+    every gradient to max_grad_norm, not only larger ones) or "none"; schedule:
     "every_step", "none", "after_step", "first_group" or "every_eval"."""
     def train(model, make_batch, n_steps, max_lr, eval_tokens, eval_every=50, weight_decay=0.1,
               warmup_steps=10, min_lr=1e-3, max_grad_norm=1.0, progress=True):
@@ -352,7 +353,13 @@ def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, ev
                 group["lr"] = rate
 
         def clip_now():
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if clip == "normalize":      # every gradient scaled to norm max_grad_norm, small ones too
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                total = torch.cat([g.flatten() for g in grads]).norm()
+                for g in grads:
+                    g.mul_(max_grad_norm / total)
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
 
         optimizer = new_optimizer()
         train_losses, eval_losses = [], []
@@ -367,7 +374,7 @@ def make_train(loss_fn=loss_gather, zero_grad=True, step=True, backward=True, ev
                 clip_now()
             if backward:
                 loss.backward()
-            if clip == "between":
+            if clip in ("between", "normalize"):
                 clip_now()
             if zero_between:
                 optimizer.zero_grad()
@@ -453,6 +460,9 @@ TRAIN_BUGS = {
     "clip_before_backward": (make_train(clip="before_backward"), None,
                              "Likely mistake: clip_grad_norm_ is called before loss.backward()"),
     "clip_after_step": (make_train(clip="after_step"), None, "train does not clip the gradients"),
+    "no_clipping": (make_train(clip="none"), None, "train does not clip the gradients"),
+    "gradients_always_rescaled": (make_train(clip="normalize"), None,
+                                  "train changes the gradients other than clipping does"),
     "evaluate_leaves_eval_mode": (make_train(evaluate=eval_leaves_eval_mode), None,
                                   "the model was in eval mode at"),
     "optimizer_every_step": (make_train(optimizer_each_step=True), None,

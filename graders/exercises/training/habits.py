@@ -110,15 +110,16 @@ def judge_clipping(outputs: dict, recipe: Recipe) -> None:
             "and step(): torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).")
     wanted = torch.minimum(raw, torch.full_like(raw, limit))
     # no gradient at all at a step (norm 0) is another mistake, named by stuck_diagnosis
-    under = (raw > 0) & (norm > 0) & (norm < wanted * (1 - CLIPPED_NORM_SLACK))
-    if under.any():
-        step = int(under.nonzero()[0])
+    off = (raw > 0) & (norm > 0) & ((norm - wanted).abs() > CLIPPED_NORM_SLACK * wanted)
+    if off.any():
+        step = int(off.nonzero()[0])
         raise CheckFailed(
-            f"train shrinks the gradients more than clipping does: at step {step} their norm was "
-            f"{float(norm[step]):.4f}, where clipping the norm {float(raw[step]):.4f} of all "
+            f"train changes the gradients other than clipping does: at step {step} their norm "
+            f"was {float(norm[step]):.4f}, where clipping the norm {float(raw[step]):.4f} of all "
             f"gradients together to max_grad_norm={limit:g} gives {float(wanted[step]):.4f}. "
             "Clip all parameters' gradients as one vector, and only when its norm exceeds "
-            "max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).")
+            "max_grad_norm (smaller gradients stay as they are): "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).")
 
 
 def judge_habits(outputs: dict, recipe: Recipe, cfg: Config) -> None:
