@@ -29,6 +29,9 @@ def sandbox_env(home: Path) -> dict:
         env["GPT2_COURSE_CACHE"] = str(Path.home() / ".cache" / "gpt2-from-scratch")
     env.update(HOME=str(home), PYTHONUNBUFFERED="1", MPLBACKEND="Agg", HF_HUB_OFFLINE="1",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    # matplotlib's font list, kept in the course cache: under the fresh HOME every kernel
+    # rebuilt it (0.4 s). A confined kernel's course cache is a fresh tmpfs: it builds its own.
+    env["MPLCONFIGDIR"] = str(Path(env["GPT2_COURSE_CACHE"]) / "matplotlib")
     # The judge's reference, named for the kernel: it has another HOME (and, confined, another
     # file system), so left to `auto` it would pick other weights than the judge's.
     env["GPT2_COURSE_WEIGHTS"] = reference_id().source
