@@ -68,6 +68,7 @@ def _mergeable_ranks() -> dict[bytes, int]:
     notebook), so the ranks are kept once in the course cache in tiktoken's format, named by the
     sha256 of the files they come from and of their own content, and read back in 0.05 s."""
     import base64
+    import binascii
     import contextlib
     import hashlib
 
@@ -81,7 +82,8 @@ def _mergeable_ranks() -> dict[bytes, int]:
         with contextlib.suppress(OSError, ValueError):
             data = cached.read_bytes()
             if hashlib.sha256(data).hexdigest()[:16] == cached.stem.rsplit("-", 1)[1]:
-                return {base64.b64decode(token): int(rank)
+                # binascii directly: base64.b64decode's argument checks were a third of the time
+                return {binascii.a2b_base64(token): int(rank)
                         for token, rank in (line.split() for line in data.splitlines() if line)}
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(vocab_bpe),
