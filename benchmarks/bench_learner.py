@@ -131,14 +131,19 @@ def make_check() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-check-") as folder:
         path = Path(folder) / "01_layernorm.ipynb"
         nbformat.write(submission("01_layernorm", solved=True), path)
-        start = time.perf_counter()
-        run = subprocess.run(["make", "--no-print-directory", "check", f"NB={path}"], cwd=ROOT,
-                             capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        output = run.stdout + run.stderr
+        runs = []
+        for _ in range(3):  # the median of three: one run on a busy machine says little
+            start = time.perf_counter()
+            run = subprocess.run(["make", "--no-print-directory", "check", f"NB={path}"],
+                                 cwd=ROOT, capture_output=True, text=True)
+            runs.append((time.perf_counter() - start, run))
+        seconds = sorted(r[0] for r in runs)[1]
+        output = "".join(r.stdout + r.stderr for _, r in runs)
         tcp = "Kernel is running over TCP" in output
-        report("make check on a solved 01", seconds, MAKE_CHECK,
-               ("exit %d" % run.returncode) + ("; prints the TCP warning" if tcp else ""))
+        report("make check on a solved 01 (median of 3)", seconds, MAKE_CHECK,
+               ("exit %d" % max(r.returncode for _, r in runs))
+               + ("; prints the TCP warning" if tcp else "")
+               + "; load average %.1f" % os.getloadavg()[0])
         if tcp:
             rows.append(("make check prints the TCP warning", 1, 0))
 
