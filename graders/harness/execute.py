@@ -105,7 +105,7 @@ def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config) ->
             batch, timeout=limits.ordinary, timeout_func=limits.of, kernel_name=KERNEL_NAME, allow_errors=True,
             interrupt_on_timeout=True, startup_timeout=120,
             # Every cell has run and its outputs and records are in: a kernel asked to shut
-            # down took 2.5 s to exit (torch's teardown) and was then sent SIGTERM anyway.
+            # down took 1-2.5 s to exit (torch's teardown), at 2.5 s being sent SIGTERM.
             shutdown_kernel="immediate",
             resources={"metadata": {"path": str(workdir)}},
             on_cell_start=lambda cell, cell_index: current.update(index=order[cell_index]),
