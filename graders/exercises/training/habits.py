@@ -96,30 +96,33 @@ def judge_schedule(outputs: dict, recipe: Recipe) -> None:
         f"{_schedule_mistake(low, high, expected, recipe)}")
 
 
+CLIP_FIX = ("Clip all parameters' gradients as one vector, between backward() and step(), and "
+            "only when its norm exceeds max_grad_norm (smaller gradients stay as they are): "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).")
+
+
 def judge_clipping(outputs: dict, recipe: Recipe) -> None:
     norm, raw, limit = outputs["step_grad_norm"], outputs["step_raw_norm"], recipe.max_grad_norm
-    over = norm > limit * (1 + CLIPPED_NORM_SLACK)
-    if over.any():
-        step = int(over.nonzero()[0])
-        raise CheckFailed(
-            f"train does not clip the gradients: at {int(over.sum())} of {len(norm)} steps their "
-            f"norm at optimizer.step() was above max_grad_norm={limit:g} (step {step}: "
-            f"{float(norm[step]):.3f}). Likely mistake: clip_grad_norm_ is called before "
-            "loss.backward() (there is no gradient yet to clip) or after optimizer.step() (the "
-            "step already used the unclipped gradient), or not at all. Clip between backward() "
-            "and step(): torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).")
     wanted = torch.minimum(raw, torch.full_like(raw, limit))
+    over = norm > limit * (1 + CLIPPED_NORM_SLACK)
     # no gradient at all at a step (norm 0) is another mistake, named by stuck_diagnosis
     off = (raw > 0) & (norm > 0) & ((norm - wanted).abs() > CLIPPED_NORM_SLACK * wanted)
-    if off.any():
+    if over.any():
+        step = int(over.nonzero()[0])
+        problem = (f"train does not clip the gradients: at {int(over.sum())} of {len(norm)} steps "
+                   f"their norm at optimizer.step() was above max_grad_norm={limit:g} (step {step}: "
+                   f"{float(norm[step]):.3f}). Likely mistake: clip_grad_norm_ is called before "
+                   "loss.backward() (there is no gradient yet to clip) or after optimizer.step() "
+                   "(the step already used the unclipped gradient), or not at all.")
+    elif off.any():
         step = int(off.nonzero()[0])
-        raise CheckFailed(
-            f"train changes the gradients other than clipping does: at step {step} their norm "
-            f"was {float(norm[step]):.4f}, where clipping the norm {float(raw[step]):.4f} of all "
-            f"gradients together to max_grad_norm={limit:g} gives {float(wanted[step]):.4f}. "
-            "Clip all parameters' gradients as one vector, and only when its norm exceeds "
-            "max_grad_norm (smaller gradients stay as they are): "
-            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).")
+        problem = (f"train changes the gradients other than clipping does: at step {step} their "
+                   f"norm was {float(norm[step]):.4f}, where clipping the norm "
+                   f"{float(raw[step]):.4f} of all gradients together to max_grad_norm={limit:g} "
+                   f"gives {float(wanted[step]):.4f}.")
+    else:
+        return
+    raise CheckFailed(f"{problem} {CLIP_FIX}")
 
 
 def judge_habits(outputs: dict, recipe: Recipe, cfg: Config) -> None:
