@@ -33,7 +33,6 @@ from graders.exercises.training import tasks  # noqa: E402
 from graders.exercises.small_models import seeded_model  # noqa: E402
 from graders.exercises.training.practice import role  # noqa: E402
 from graders.exercises.training.shakespeare import _shuffled  # noqa: E402
-from graders.reference.components import DemoTransformer  # noqa: E402
 
 
 def lm_cross_entropy_loss(logits, tokens):
@@ -78,8 +77,7 @@ def train(model, make_batch, recipe, eval_tokens, eval_every=50, on_eval=None):
 def bench_reversal(seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     eval_tokens = nb07.reference_reversal(200, torch.Generator().manual_seed(40_000 + seed))
-    torch.manual_seed(seed)
-    model = DemoTransformer(nb07.reversal_config())
+    model = seeded_model(nb07.reversal_config(), seed)
     start, reached = time.perf_counter(), []
 
     def on_eval(step, loss):

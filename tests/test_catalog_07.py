@@ -544,7 +544,7 @@ def _probed_correct_loop(recipe) -> dict:
     rates = torch.tensor([recipe.lr(step) for step in range(n)], dtype=torch.float64)
     decay = [recipe.weight_decay if role(name) == "matrix" else 0.0
              for name, _ in components.DemoTransformer(nb07.shakespeare_config()).named_parameters()]
-    return {"optimizer_steps": torch.tensor([n]), "optimizer_lrs": rates[:1],
+    return {"optimizer_steps": torch.tensor([n]),
             "optimizer_on_model": torch.tensor(True), "steps_without_grad": torch.tensor(0),
             "steps_accumulated": torch.tensor(0), "steps_checked": torch.tensor(n),
             "step_lr_low": rates, "step_lr_high": rates.clone(),

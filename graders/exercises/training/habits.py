@@ -36,7 +36,8 @@ def judge_groups_used(outputs: dict, recipe: Recipe, cfg: Config) -> None:
     if len(decay) != len(roles):
         return       # a model of another shape than the course's: nothing to compare by role
     expected = [recipe.weight_decay if r == "matrix" else 0.0 for r in roles]
-    if all(abs(d - e) <= 1e-12 for d, e in zip(decay, expected)):
+    wrong = sum(abs(d - e) > 1e-12 for d, e in zip(decay, expected))
+    if not wrong:
         return
     if all(abs(d - recipe.weight_decay) <= 1e-12 for d in decay):
         mistake = ("decay is applied to every parameter: the optimizer was built from "
@@ -46,8 +47,7 @@ def judge_groups_used(outputs: dict, recipe: Recipe, cfg: Config) -> None:
     else:
         mistake = ("the groups are not optimizer_groups(model, weight_decay)'s (it is graded on "
                    "its own above; if it passes, build AdamW from what it returns).")
-    raise CheckFailed(f"train's optimizer gives the wrong weight decay to "
-                      f"{sum(abs(d - e) > 1e-12 for d, e in zip(decay, expected))} of "
+    raise CheckFailed(f"train's optimizer gives the wrong weight decay to {wrong} of "
                       f"{len(decay)} parameters (weight_decay={recipe.weight_decay}). Likely "
                       f"mistake: {mistake}")
 

@@ -222,7 +222,8 @@ def judge_evaluate(case: Case, outputs: dict) -> None:
                                                                             _eval_sets(case)[1 - i]).items()},
                     hint="return the mean next-token loss of `model` on exactly `tokens`, "
                          "under torch.no_grad().")
-        _judge_modes(outputs, reference_loss(model(_eval_sets(case)[1]), _eval_sets(case)[1]))
+        tokens = _eval_sets(case)[1]          # the set produce_evaluate gave the dropout model
+        _judge_modes(outputs, reference_loss(model(tokens), tokens))
 
 
 def _judge_modes(outputs: dict, expected: torch.Tensor) -> None:

@@ -42,7 +42,6 @@ class TrainingProbe:
         self.incoming: dict[int, torch.Tensor] = {}
         self.incoming_square = 0.0     # squared norm of the gradients backward computed since the last step
         self.steps_per_optimizer: list[int] = []
-        self.lrs: list[float] = []
         self.on_model, self.without_grad, self.accumulated, self.checked = False, 0, 0, 0
         self.per_step = {"lr_low": [], "lr_high": [], "training": [], "grad_norm": [], "raw_norm": []}
         self.decay: list[float] | None = None
@@ -92,7 +91,6 @@ class TrainingProbe:
             tag = len(self.steps_per_optimizer)
             optimizer._course_training_probe = tag
             self.steps_per_optimizer.append(0)
-            self.lrs.append(float(optimizer.param_groups[0].get("lr", float("nan"))))
         self.steps_per_optimizer[tag] += 1
         self._record_step(optimizer)
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -111,7 +109,6 @@ class TrainingProbe:
 
     def outputs(self) -> dict:
         return {"optimizer_steps": torch.tensor(self.steps_per_optimizer or [0], dtype=torch.long),
-                "optimizer_lrs": torch.tensor(self.lrs or [float("nan")], dtype=torch.float64),
                 "optimizer_on_model": torch.tensor(self.on_model),
                 "steps_without_grad": torch.tensor(self.without_grad),
                 "steps_accumulated": torch.tensor(self.accumulated),

@@ -71,12 +71,13 @@ def _judge_run(outputs: dict, recipe: Recipe, n_val_windows: int, required: floa
                           "exactly one per step (evaluation uses eval_tokens, never make_batch)."
                           + (" Likely mistake: evaluation uses training batches (make_batch())."
                              if drawn > n_steps else ""))
-    judge_loop(outputs, recipe, shakespeare_config())
+    cfg = shakespeare_config()
+    judge_loop(outputs, recipe, cfg)
     token_losses = outputs["val_token_losses"]
     check_shape("validation losses", token_losses, (n_val_windows, SHAKESPEARE_WINDOW - 1),
                 ("window", "position"))
     val = token_losses.mean().item()
-    d_vocab = shakespeare_config().d_vocab
+    d_vocab = cfg.d_vocab
     uniform = math.log(d_vocab)
     message = (f"After {n_steps} steps of {SHAKESPEARE_BATCH}x{SHAKESPEARE_WINDOW} tokens the "
                f"validation loss is {val:.3f} nats; uniform guessing over the {d_vocab:,} ids "
@@ -122,9 +123,10 @@ def judge_shakespeare(case: Case, outputs: dict) -> None:
     0.107 of headroom for it (two thirds of its gap).
     One run on one thread: seed 0 alone on a quiet machine (load 0.2) took 83.9 s wall, 83.7 s
     CPU, 1,954 tokens/s, inside the course's goal of 2 minutes; the four runs above, two at a
-    time beside other work (load 2.4-6), took 95.5-101.7 s of CPU. The schedule is what made it: the same model at a constant lr of 5e-3
-    without clipping needed 125 steps (150.9 s of CPU) to reach H - 0.117 on its worst seed (3),
-    where 80 scheduled steps reach H - 0.269 on that seed. 70 steps were measured too short
+    time beside other work (load 2.4-6), took 95.5-101.7 s of CPU. The schedule is what made
+    it: the same model at a constant lr of 5e-3 without clipping needed 125 steps (150.9 s of
+    CPU) to reach H - 0.117 on its worst seed (3), where 80 scheduled steps reach H - 0.269 on
+    that seed. 70 steps were measured too short
     (seed 0: H - 0.065).
     Choosing the size (constant lr, seed 0, validation loss at steps 25/50/75/100): d_model 256,
     batch 16, lr 3e-3: 6.747/6.569/6.316/6.212 but ~2.4x the FLOPs per token of d_model 128;

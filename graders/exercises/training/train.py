@@ -46,9 +46,9 @@ def judge_train(case: Case, outputs: dict) -> None:
     0.012-0.017 above the floor for seeds 0-4 (a constant lr of 5e-3 without groups or clipping,
     the loop before 07 taught them, ended 0.011-0.023 above it), so [floor - 0.05, floor + 0.05]
     keeps a 3x margin on the slow side, with 100% accuracy on every mirrored target against the
-    99% required. Going
-    below the floor is impossible without seeing the future (a loss 0.05 under the floor needs the
-    7 unpredictable tokens guessed far better than chance), hence the leak diagnosis.
+    99% required. Going below the floor is impossible without seeing the future (a loss 0.05
+    under the floor needs the 7 unpredictable tokens guessed far better than chance), hence the
+    leak diagnosis.
     """
     drawn, steps = int(outputs["batches_drawn"]), REVERSAL.n_steps
     if drawn != steps:
