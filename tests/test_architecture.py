@@ -125,11 +125,18 @@ def test_the_readme_table_lists_exactly_the_course_notebooks():
     assert listed == notebook_names()
 
 
-def test_every_graded_notebook_has_a_classic_bug_in_the_example_class():
-    from graders.course.example_class import BUGS
+def test_every_graded_notebook_is_declared_once_and_every_declaration_is_a_notebook():
+    from graders.exercises import declaration, declared_notebooks
 
     graded = [n for n in notebook_names() if cells.test_cells(cells.source_notebook(n))]
-    assert sorted({bug[0] for bug in BUGS}) == graded
+    for name in graded:
+        declaration(name)   # raises MissingGrader, naming the file to write
+    assert sorted(declared_notebooks()) == graded
+
+
+def test_every_declared_example_bug_edits_its_solution_answer_cell():
+    from graders.course.example_class import BUGS
+
     for name, cell, old, _ in BUGS:
         answers = {cells.nbgrader_meta(c).get("grade_id"): c.source for c in cells.source_notebook(name).cells}
         assert old in answers[cell], (name, cell)

@@ -10,39 +10,31 @@ from graders.harness import classroom
 from graders.course import example_class
 from graders.harness import grading
 from graders.course.notebooks import notebook_names
+from graders.exercises import declaration
 from graders.harness.cells import hidden_source
 
 # The grades each bundled student must get, per test cell (the specification of the example
 # class). The cells and their points come from the source notebooks, the one list of notebooks;
-# what the buggy student's classic mistakes cost is written here, and a notebook added without
-# its line makes this test fail.
+# what the buggy student's classic mistake costs comes from each notebook's declaration.
 NAMES = [n for n in notebook_names() if grading.test_cells(grading.source_notebook(n))]
 FULL = {f"{name}/{cell.metadata.nbgrader.grade_id}": cell.metadata.nbgrader.points
         for name in NAMES for cell in grading.test_cells(grading.source_notebook(name))}
-BUGGY_LOSES = {
-    "01_layernorm": ["layernorm_test"], "02_embeddings": ["pos_embed_test"],
-    "03_attention": ["attention_test"], "04_mlp": ["gelu_test", "mlp_test"],
-    "05_transformer_block": ["block_test"], "06_gpt2": ["model_test"],
-    # Gradients that pile up fail the reversal run and the graded Shakespeare run.
-    "07_training": ["train_test", "shakespeare_test"],
-    # Top-p one token short also costs sample_next_token, which calls it.
-    "08_sampling": ["top_p_test", "pipeline_test"],
-    "09_transformer_family": ["sinusoidal_test"],
-}
+BUGS = {name: declaration(name).example_bug for name in NAMES}
 NONE = {cell: 0 for cell in FULL}
 EXPECTED = {
     "perfect": FULL,
     "untouched": NONE,
     "partial": {cell: points if cell[:2] <= "03" else 0 for cell, points in FULL.items()},
-    "buggy": {**FULL, **{f"{name}/{cell}": 0 for name in NAMES for cell in BUGGY_LOSES.get(name, [])}},
+    "buggy": {**FULL, **{f"{name}/{cell}": 0 for name in NAMES for cell in BUGS[name].costs}},
     "crasher": {**FULL, "03_attention/attention_test": 0},
 }
 # The tests of the graded example class run on one pytest-xdist worker, which grades it once.
 ONE_GRADING = pytest.mark.xdist_group("classroom")
 
 
-def test_every_graded_notebook_says_what_its_classic_bug_costs():
-    assert sorted(BUGGY_LOSES) == NAMES
+def test_every_declared_example_bug_costs_test_cells_of_its_own_notebook():
+    for name, bug in BUGS.items():
+        assert bug.costs and set(bug.costs) <= {c.split("/")[1] for c in FULL if c.startswith(name + "/")}, name
 
 
 def _rows(out):
@@ -76,10 +68,8 @@ def test_each_example_student_gets_exactly_the_expected_grade_per_test_cell(grad
 def test_reports_say_why_each_point_was_lost(graded_example_class):
     reports = graded_example_class / "reports"
     buggy = (reports / "buggy.txt").read_text()
-    for named in ("sample variance", "offset by one", "sqrt(d_model)", "x**2 instead of x**3",
-                  "no residual connection around attention", "no positional embedding",
-                  "optimizer.zero_grad() is missing", "one token too few", "sin and cos are swapped"):
-        assert named in buggy, named
+    for name, bug in BUGS.items():
+        assert bug.named in buggy, (name, bug.named)
     crasher = (reports / "crasher.txt").read_text()
     lost = FULL["03_attention/attention_test"]
     assert f"attention_test: lost {lost:g} (crashed)" in crasher and crasher.count("lost") == 1, crasher

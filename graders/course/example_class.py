@@ -4,7 +4,7 @@
 - perfect: every answer cell holds the solution;
 - untouched: the released notebooks as they are;
 - partial: solved 01-03 only;
-- buggy: a typical mistake in each notebook (each grader's EXAMPLE_BUG);
+- buggy: a typical mistake in each notebook (each notebook's declared example bug);
 - crasher: perfect, except that Attention.forward kills its kernel with os._exit.
 """
 from __future__ import annotations
@@ -19,13 +19,12 @@ from graders.course.notebooks import EXERCISES, SOLUTIONS, notebook_names
 
 def _bugs() -> list[tuple[str, str, str, str]]:
     """(notebook, answer cell, text in the solution, replacement): the classic mistake each
-    graded notebook's grader module declares as its `EXAMPLE_BUG`."""
-    import importlib
-
+    graded notebook declares (graders.exercises.nbNN.NOTEBOOK.example_bug)."""
+    from graders.exercises import declaration
     from graders.harness.manifest import notebook_checks
 
-    return [(name, *importlib.import_module(f"graders.exercises.nb{name[:2]}").EXAMPLE_BUG)
-            for name in notebook_names() if notebook_checks(name)]
+    bugs = [(name, declaration(name).example_bug) for name in notebook_names() if notebook_checks(name)]
+    return [(name, bug.answer, bug.find, bug.replace) for name, bug in bugs]
 
 
 BUGS = _bugs()

@@ -1,4 +1,5 @@
 """Grader for 01_layernorm: `LayerNorm` against the reference's ln1 / ln2 / ln_final."""
+from graders.judging.notebook import ExampleBug, Notebook
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -116,6 +117,12 @@ check_layernorm = layernorm.checker(
     "Grade the learner's `LayerNorm` class (visible check: block 0 on the reference text).")
 
 
-# The classic mistake of the example class's buggy student (sample variance):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('layernorm_answer', 'centred.pow(2).mean(dim=-1, keepdim=True)', 'centred.var(dim=-1, keepdim=True)')
+NOTEBOOK = Notebook(
+    '01_layernorm',
+    # The classic mistake of the example class's buggy student: sample variance.
+    ExampleBug('layernorm_answer', 'centred.pow(2).mean(dim=-1, keepdim=True)',
+               'centred.var(dim=-1, keepdim=True)',
+               costs=('layernorm_test',), named='sample variance'),
+    pictures=1,
+    course_code=('reference/components.py',),
+)

@@ -1,4 +1,5 @@
 """Grader for 02_embeddings: `Embed` against hook_embed and `PosEmbed` against hook_pos_embed."""
+from graders.judging.notebook import ExampleBug, Notebook
 import math
 
 import torch
@@ -194,6 +195,12 @@ check_pos_embed = pos_embed.checker(
     "Grade the learner's `PosEmbed` class (visible check: the reference text).")
 
 
-# The classic mistake of the example class's buggy student (positions offset by one):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('pos_embed_answer', 'self.W_pos[:seq_len]', 'self.W_pos[1:seq_len + 1]')
+NOTEBOOK = Notebook(
+    '02_embeddings',
+    # The classic mistake of the example class's buggy student: positions offset by one.
+    ExampleBug('pos_embed_answer', 'self.W_pos[:seq_len]',
+               'self.W_pos[1:seq_len + 1]',
+               costs=('pos_embed_test',), named='offset by one'),
+    pictures=1,
+    course_code=('reference/components.py',),
+)

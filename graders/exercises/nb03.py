@@ -6,16 +6,23 @@ hook_k, the masked scores are judged through their softmax (hook_pattern), so -i
 negative constant both pass; the forward pass is fed blocks.{i}.ln1.hook_out and compared with
 blocks.{i}.hook_attn_out. The exercises live by topic in graders.exercises.attention.
 """
+from graders.judging.notebook import ExampleBug, Notebook
 from graders.exercises.attention.circuits import check_qk_ov_circuits
 from graders.exercises.attention.forward import (check_attention, inputs_attention,
                                                  judge_attention, produce_attention)
 from graders.exercises.attention.mask import check_apply_causal_mask
 
-__all__ = ["EXAMPLE_BUG", "check_apply_causal_mask", "check_attention", "check_qk_ov_circuits",
+__all__ = ["NOTEBOOK", "check_apply_causal_mask", "check_attention", "check_qk_ov_circuits",
            "inputs_attention",
            "judge_attention", "produce_attention"]
 
 
-# The classic mistake of the example class's buggy student (scores scaled by sqrt(d_model)):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('attention_answer', 'math.sqrt(self.cfg.d_head)', 'math.sqrt(self.cfg.d_model)')
+NOTEBOOK = Notebook(
+    '03_attention',
+    # The classic mistake of the example class's buggy student: scores scaled by sqrt(d_model).
+    ExampleBug('attention_answer', 'math.sqrt(self.cfg.d_head)',
+               'math.sqrt(self.cfg.d_model)',
+               costs=('attention_test',), named='sqrt(d_model)'),
+    pictures=1,
+    course_code=('reference/components.py',),
+)

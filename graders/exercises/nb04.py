@@ -4,6 +4,7 @@ The two are graded apart: `MLP` is compared with the reference MLP as a whole, s
 `gelu_new` costs the GELU exercise only; when the MLP output matches an MLP built with one of the
 usual wrong activations, the message says so and points back at `gelu_new`.
 """
+from graders.judging.notebook import ExampleBug, Notebook
 import math
 
 import torch
@@ -196,6 +197,11 @@ check_mlp = mlp.checker(
     "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")
 
 
-# The classic mistake of the example class's buggy student (x**2 in gelu_new's cubic term):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('gelu_answer', '0.044715 * x.pow(3)', '0.044715 * x.pow(2)')
+NOTEBOOK = Notebook(
+    '04_mlp',
+    # The classic mistake of the example class's buggy student: x**2 in gelu_new's cubic term.
+    ExampleBug('gelu_answer', '0.044715 * x.pow(3)',
+               '0.044715 * x.pow(2)',
+               costs=('gelu_test', 'mlp_test'), named='x**2 instead of x**3'),
+    course_code=('reference/components.py',),
+)

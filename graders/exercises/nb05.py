@@ -12,6 +12,8 @@ import copy
 from typing import Callable, Sequence
 
 import torch
+
+from graders.judging.notebook import ExampleBug, Notebook
 from torch import nn
 
 from graders.reference import components
@@ -223,6 +225,11 @@ check_transformer_block = block.checker(
     "Grade the learner's `TransformerBlock` class (visible check: block 0 on the reference text).")
 
 
-# The classic mistake of the example class's buggy student (no residual connection around attention):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('block_answer', 'resid_mid = resid_pre + self.attn(self.ln1(resid_pre))', 'resid_mid = self.attn(self.ln1(resid_pre))')
+NOTEBOOK = Notebook(
+    '05_transformer_block',
+    # The classic mistake of the example class's buggy student: no residual connection around attention.
+    ExampleBug('block_answer', 'resid_mid = resid_pre + self.attn(self.ln1(resid_pre))',
+               'resid_mid = self.attn(self.ln1(resid_pre))',
+               costs=('block_test',), named='no residual connection around attention'),
+    course_code=('reference/components.py',),
+)

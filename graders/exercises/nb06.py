@@ -8,6 +8,8 @@ ln_final.hook_out, logits.
 """
 from __future__ import annotations
 
+from graders.judging.notebook import ExampleBug, Notebook
+
 from functools import lru_cache
 
 import torch
@@ -318,6 +320,12 @@ check_loss = loss.checker(
     "Grade `next_token_loss(logits, tokens) -> scalar` on the reference model's logits.")
 
 
-# The classic mistake of the example class's buggy student (no positional embedding):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('model_answer', 'residual = self.embed(tokens) + self.pos_embed(tokens)', 'residual = self.embed(tokens)')
+NOTEBOOK = Notebook(
+    '06_gpt2',
+    # The classic mistake of the example class's buggy student: no positional embedding.
+    ExampleBug('model_answer', 'residual = self.embed(tokens) + self.pos_embed(tokens)',
+               'residual = self.embed(tokens)',
+               costs=('model_test',), named='no positional embedding'),
+    pictures=2,
+    course_code=('reference/components.py',),
+)

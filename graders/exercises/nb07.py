@@ -4,6 +4,7 @@ optimiser's parameter groups and learning-rate schedule, and training on tiny Sh
 The notebook's check functions and the helpers its cells and the course's tests and benchmarks
 use; the exercises themselves live by topic in graders.exercises.training.
 """
+from graders.judging.notebook import ExampleBug, Notebook
 from graders.exercises.training.accuracy import check_per_position_accuracy
 from graders.exercises.next_token import loss_mistakes, reference_loss
 from graders.exercises.training.practice import check_lr_at, check_optimizer_groups
@@ -22,7 +23,7 @@ from graders.exercises.training.tasks import (
 from graders.exercises.training.train import check_train, judge_train
 
 __all__ = [
-    "EXAMPLE_BUG",
+    "NOTEBOOK",
     "check_reversal_generator", "check_evaluate", "check_train",
     "check_shakespeare_training", "check_shakespeare_smoke",
     "check_per_position_accuracy", "check_optimizer_groups", "check_lr_at",
@@ -39,6 +40,12 @@ __all__ = [
 ]
 
 
-# The classic mistake of the example class's buggy student (gradients pile up: optimizer.zero_grad() forgotten):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('train_answer', '        optimizer.zero_grad()\n', '')
+NOTEBOOK = Notebook(
+    '07_training',
+    # The classic mistake of the example class's buggy student: optimizer.zero_grad() forgotten.
+    # The gradients that pile up fail the reversal run and the graded Shakespeare run.
+    ExampleBug('train_answer', '        optimizer.zero_grad()\n',
+               '',
+               costs=('train_test', 'shakespeare_test'), named='optimizer.zero_grad() is missing'),
+    course_code=('exercises/training/*.py',),
+)

@@ -5,6 +5,7 @@ The notebook's check functions; the exercises themselves live by topic in
 graders.exercises.sampling. The course's own implementations (sampling/reference.py) are not
 exported here: a learner who types `nb08.apply_top_p??` finds a check, not an answer.
 """
+from graders.judging.notebook import ExampleBug, Notebook
 from graders.exercises.sampling.beam import check_beam_search
 from graders.exercises.sampling.cache_size import check_kv_cache_bytes
 from graders.exercises.sampling.generation import check_generate
@@ -25,7 +26,7 @@ def _seeded_model(cfg, seed: int):
 
 
 __all__ = [
-    "EXAMPLE_BUG",
+    "NOTEBOOK",
     "check_greedy", "check_temperature", "check_frequency_penalty", "check_top_k", "check_top_p",
     "check_sampler", "check_sample_next_token", "check_generate", "check_beam_search",
     "check_forward_with_cache", "check_generate_with_cache", "check_kv_cache_bytes",
@@ -34,6 +35,12 @@ __all__ = [
 ]
 
 
-# The classic mistake of the example class's buggy student (top-p keeps one token too few):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ('top_p_answer', 'mass_before = probs.cumsum(dim=-1) - probs', 'mass_before = probs.cumsum(dim=-1)')
+NOTEBOOK = Notebook(
+    '08_sampling',
+    # The classic mistake of the example class's buggy student: top-p keeps one token too few,
+    # which also costs sample_next_token (it calls top-p).
+    ExampleBug('top_p_answer', 'mass_before = probs.cumsum(dim=-1) - probs',
+               'mass_before = probs.cumsum(dim=-1)',
+               costs=('top_p_test', 'pipeline_test'), named='one token too few'),
+    course_code=('exercises/sampling/reference.py',),
+)

@@ -5,6 +5,7 @@ loss, and a short MLM training run.
 The notebook's check functions and the definitions its cells use; the exercises themselves live
 by topic in graders.exercises.family.
 """
+from graders.judging.notebook import ExampleBug, Notebook
 from graders.exercises.family.encoder import check_bert, check_bert_embeddings, check_encoder_block
 from graders.exercises.family.mlm import check_mask_tokens, check_mlm_loss
 from graders.exercises.family.norms import check_post_norm_block
@@ -17,7 +18,7 @@ from graders.exercises.family.training import BATCH, LOSS_BAR, LR, STEPS, check_
 from graders.exercises.family.tying import check_tied_unembed
 
 __all__ = [
-    "EXAMPLE_BUG",
+    "NOTEBOOK",
     "check_sinusoidal", "check_post_norm_block", "check_tied_unembed", "check_bert_embeddings",
     "check_encoder_block", "check_bert", "check_mask_tokens", "check_mlm_loss", "check_mlm_training",
     "CLS", "SEP", "MASK", "N_ORDINARY", "D_VOCAB", "HALF", "SEQ_LEN", "IGNORE", "STEPS", "BATCH", "LR",
@@ -26,7 +27,11 @@ __all__ = [
 ]
 
 
-# The classic mistake of the example class's buggy student (sin and cos swapped):
-# (answer cell, text in the solution, replacement).
-EXAMPLE_BUG = ("sinusoidal_answer", "torch.stack([torch.sin(angles), torch.cos(angles)]",
-               "torch.stack([torch.cos(angles), torch.sin(angles)]")
+NOTEBOOK = Notebook(
+    '09_transformer_family',
+    # The classic mistake of the example class's buggy student: sin and cos swapped.
+    ExampleBug('sinusoidal_answer', 'torch.stack([torch.sin(angles), torch.cos(angles)]',
+               'torch.stack([torch.cos(angles), torch.sin(angles)]',
+               costs=('sinusoidal_test',), named='sin and cos are swapped'),
+    course_code=('exercises/family/*.py',),
+)

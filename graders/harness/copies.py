@@ -15,10 +15,6 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]
-# Where the course keeps code that solves an exercise: the components of 01-06 and the
-# reference implementations the judges of 07-09 compare with.
-COURSE_CODE = ("reference/components.py", "exercises/sampling/reference.py",
-               "exercises/training/*.py", "exercises/family/*.py")
 MIN_STATEMENTS = 5   # shorter ones (a mask, a loop over blocks) have one natural way to be written
 
 
@@ -78,9 +74,13 @@ def _fingerprint(function: ast.FunctionDef) -> str | None:
 
 @lru_cache(maxsize=1)
 def course_fingerprints() -> dict[str, str]:
-    """{fingerprint: "graders/<file>: <function>"} over the course's implementations."""
+    """{fingerprint: "graders/<file>: <function>"} over the course's implementations: the grader
+    files each notebook declares as its `course_code`."""
+    from graders.exercises import declared_notebooks
+
     prints = {}
-    for pattern in COURSE_CODE:
+    patterns = dict.fromkeys(p for notebook in declared_notebooks().values() for p in notebook.course_code)
+    for pattern in patterns:
         for path in sorted(PACKAGE.glob(pattern)):
             for name, function in _functions(ast.parse(path.read_text())):
                 key = _fingerprint(function)
