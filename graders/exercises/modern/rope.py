@@ -2,8 +2,9 @@
 `apply_rope(x, cos, sin)`, judged against transformers' LlamaRotaryEmbedding and
 apply_rotary_pos_emb, for Llama 2's base (10,000) and Llama 3's (500,000).
 
-First a property of the learner's own pair of functions: shifting every position by the same
-offset leaves the scores q·k unchanged (they depend on m - n only). Then the numbers.
+First the frequency table; then a property of the learner's two functions together: shifting
+every position by the same offset leaves the scores q·k unchanged (they depend on m - n only);
+then the rotation itself.
 """
 from __future__ import annotations
 
@@ -92,10 +93,6 @@ def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 def judge(case: Case, outputs: dict) -> None:
     positions = torch.arange(case.seq)
-    compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
-            "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
-            hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
-                 "only: the same rotation for both, a pure rotation of each pair.")
     for theta in THETAS:
         expected = ref.hf_rope(replace(ref.ModernConfig(), d_head=D_HEAD, rope_theta=theta), positions)
         mistakes = table_mistakes(positions, theta)
@@ -104,6 +101,10 @@ def judge(case: Case, outputs: dict) -> None:
                     outputs.get(f"{name}_{theta:g}"), expected[i], TABLE_DIMS,
                     mistakes={why: pair[i] for why, pair in mistakes.items()},
                     hint="angle[m, j] = m * theta ** (-2i / d_head) with i = j mod (d_head / 2).")
+    compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
+            "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
+            hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
+                 "only: the same rotation for both, a pure rotation of each pair.")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     q, k = _qk(case)
