@@ -68,7 +68,7 @@ def test_two_notebooks_grade_exercises_of_the_same_name_apart_in_any_import_orde
                 f"def judge(case, outputs): return {notebook!r}\n"
                 f"generate = Exercise({notebook!r}, 'generate', print, judge)\n")
         code = (f"import grader_{first}, grader_{second}\n"
-                "from graders.judging.exercise import find\n"
+                "from graders.judging.exercise import registered as find\n"
                 "print(find(('97_a', 'generate')).judge(None, None), find(('97_b', 'generate')).judge(None, None))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              cwd=tmp_path)

@@ -338,28 +338,33 @@ def test_no_solution_answer_trips_a_forbidden_word_of_its_notebook():
     a word another exercise of the notebook needs (08's beam search counts with .numel) is
     looked for in its own exercise's answer cells only."""
     from graders.course.notebooks import notebook_names
-    from graders.harness.cells import learner_code, source_notebook
+    from graders.exercises import find
+    from graders.harness.cells import learner_code, released_notebook, source_notebook
     from graders.harness.manifest import notebook_checks
+    from graders.judging.verdict import forbidden_use
 
     tripped = []
     for name in notebook_names():
-        source = source_notebook(name)
-        code = learner_code(source, source)
+        source, released = source_notebook(name), released_notebook(name)
         for grade_id, checks in notebook_checks(name).items():
-            own = learner_code(source, source, up_to=grade_id)
+            code = learner_code(source, released, grade_id)
+            assert code.before, (name, grade_id)   # the solution's answers above the test cell
             tripped += [(name, grade_id, used) for key, _ in checks
-                        if (used := grading.forbidden_use(key, code, own))]
+                        if (used := forbidden_use(find(key), code))]
     assert not tripped
 
 
 def test_a_word_forbidden_in_its_own_answer_is_still_refused_there():
-    key = ("08_sampling", "kv_cache_bytes")
+    from graders.exercises import find
+    from graders.judging.verdict import LearnerCode, forbidden_use
+
+    kv_cache_bytes = find(("08_sampling", "kv_cache_bytes"))
     counted = "def kv_cache_bytes(cfg, batch, seq_len, dtype):\n    return cache.numel() * 4\n"
-    assert grading.forbidden_use(key, counted, counted) == ".numel"
-    assert grading.forbidden_use(key, "scores.topk(min(3, candidates.numel()))", "return 0") is None
-    layer_norm = ("01_layernorm", "LayerNorm")
+    assert forbidden_use(kv_cache_bytes, LearnerCode(counted, counted)) == ".numel"
+    assert forbidden_use(kv_cache_bytes, LearnerCode("scores.topk(min(3, candidates.numel()))", "return 0")) is None
+    layer_norm = find(("01_layernorm", "LayerNorm"))
     smuggled = "SMUGGLED = torch.nn.functional.layer_norm"   # in a cell of its own, before the answer
-    assert grading.forbidden_use(layer_norm, smuggled, "return SMUGGLED(x)") is not None
+    assert forbidden_use(layer_norm, LearnerCode(smuggled, "return SMUGGLED(x)")) is not None
 
 
 # 13. A flood of output is truncated and grading goes on.
@@ -382,14 +387,15 @@ def test_a_changed_kernelspec_has_no_effect(tmp_path):
 
 # 15. Detecting the grading run and forging records gains nothing.
 def test_forged_records_in_grading_mode_gain_nothing(tmp_path):
-    forge = ("import json, pathlib, graders.judging.exercise as g\n"
-             "if g.Recorder.directory is not None:\n"
-             "    g.Exercise.check = lambda self, learner, **case: None\n"
-             "    for n, case in enumerate([{}, {'block': 7, 'text': None, 'seed': 11, 'batch': 3}]):\n"
-             "        c = g.Case(**case)\n"
-             "        record = {'cell': 'layernorm_test', 'exercise': 'LayerNorm', 'status': 'passed',\n"
-             "                  'case': __import__('dataclasses').asdict(c), 'message': '', 'tensors': False}\n"
-             "        (g.Recorder.directory / f'9999{n}.json').write_text(json.dumps(record))\n")
+    forge = ("import json\n"
+             "import graders.judging.exercise as g, graders.judging.session as s\n"
+             "session = s.current()\n"
+             "if session.recording:\n"
+             "    g.Exercise.check = lambda self, learner, case, answers=(): None\n"
+             "    for n in range(3):\n"
+             "        record = {'check': f'layernorm_test/{n}', 'exercise': ['01_layernorm', 'LayerNorm'],\n"
+             "                  'message': '', 'tensors': False}\n"
+             "        (session.records / f'0000{n}.json').write_text(json.dumps(record))\n")
     notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE], extra={"layernorm_answer": [forge]})
     cells, _, _ = grade(tmp_path, "01_layernorm", notebook)
     assert cells["layernorm_test"].points == 0
@@ -426,7 +432,8 @@ def test_only_checks_against_reference_activations_receive_reference_inputs():
     """Training and sampling checks run their own small models: computing GPT-2 activations for
     their cases (2,000 sequences in notebook 07) once took the grader out of memory."""
     from graders.harness.manifest import notebook_checks
-    from graders.judging.exercise import find, no_inputs
+    from graders.exercises import find
+    from graders.judging.exercise import no_inputs
 
     wanted = {name: [check for checks in notebook_checks(name).values() for check in checks]
               for name in ("01_layernorm", "07_training", "08_sampling")}

@@ -116,7 +116,7 @@ def test_make_check_prints_the_diagnosis_as_the_notebook_does_without_a_tcp_warn
 def test_make_check_skips_the_demonstrations_as_grading_does(tmp_path):
     """`make check` runs a notebook as the autograder will: the picture cell of a solved 01
     skips itself (it earns nothing, and computing it costs the check time)."""
-    from graders.harness.check import KERNEL_NAME
+    from graders.harness.cells import KERNEL_NAME
     from graders.harness.execute import run
     from graders.harness.limits import TimeLimits
 

@@ -134,7 +134,7 @@ def test_a_perfect_lookup_of_reference_activations_fails(name):
     import importlib
 
     from graders.harness.manifest import notebook_checks
-    from graders.judging.exercise import find
+    from graders.exercises import find
 
     test_cell = CHEATS[name][2]
     checks = notebook_checks(name)[test_cell]
@@ -154,7 +154,7 @@ UNSEEN = {"01_layernorm": ("LayerNorm", ["random_out", "unseen_out"]),
 @pytest.mark.parametrize("name", sorted(UNSEEN))
 def test_the_unseen_input_checks_alone_fail_a_wrong_implementation(name):
     """Right wherever a file could hold the answer, wrong on inputs made in the kernel: fails."""
-    from graders.judging.exercise import find
+    from graders.exercises import find
 
     exercise, keys = find((name, UNSEEN[name][0])), UNSEEN[name][1]
     case = Case()
@@ -167,7 +167,7 @@ def test_the_unseen_input_checks_alone_fail_a_wrong_implementation(name):
 
 
 def test_the_model_and_loss_checks_on_unseen_inputs_fail_a_wrong_implementation():
-    from graders.judging.exercise import find
+    from graders.exercises import find
 
     case = Case()
     model = find(("06_gpt2", "DemoTransformer"))

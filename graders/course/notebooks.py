@@ -13,14 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SOLUTIONS = ROOT / "solutions"
-EXERCISES = ROOT / "exercises"
-
-
-def notebook_names() -> list[str]:
-    """The course's notebooks in teaching order (their file stems)."""
-    return sorted(p.stem for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
+from graders.layout import EXERCISES, ROOT, SOLUTIONS, notebook_names  # noqa: F401  (the course's names)
 
 
 def venv_env() -> dict:
