@@ -55,20 +55,6 @@ def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
     return written
 
 
-def nbgrader_course(root: Path | None = None):
-    """(CourseDirectory, config) as nbgrader's own commands configure them: nbgrader_config.py in
-    the current folder and in Jupyter's config folders, with the course at `root` when given."""
-    from nbgrader.apps.baseapp import NbGrader
-    from nbgrader.coursedir import CourseDirectory
-
-    app = NbGrader()
-    app.load_config_file()
-    config = app.config
-    if root:
-        config.CourseDirectory.root = str(Path(root).resolve())
-    return CourseDirectory(config=config), config
-
-
 class ReleaseError(RuntimeError):
     """nbgrader refused to generate an assignment (the message has nbgrader's reason)."""
 
@@ -83,6 +69,8 @@ def release(course: Path, names: list[str] | None = None) -> list[Path]:
 
     gradable(names or notebook_names())
     os.environ["PATH"] = venv_env()["PATH"]  # a new gradebook asks the `alembic` command its version
+    from graders.harness.gradebook import nbgrader_course
+
     coursedir, config = nbgrader_course(course)
     released = []
     for name in names or notebook_names():

@@ -311,7 +311,7 @@ def main(argv=None) -> int:
 
 
 def _configured_course() -> Path:
-    from graders.course.notebooks import nbgrader_course
+    from graders.harness.gradebook import nbgrader_course
 
     return Path(nbgrader_course()[0].root)
 
