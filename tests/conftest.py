@@ -1,6 +1,7 @@
 """Shared fixtures: the synthetic reference, the course's 35-token text, a small GPT-2 in Hugging
 Face format, and a Jupyter server run for a test."""
 import contextlib
+import dataclasses
 import fcntl
 import os
 import signal
@@ -109,3 +110,35 @@ def served(command: list[str], log_path, answers, seconds: float, **popen):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def graded_as_shown(request, monkeypatch, tmp_path_factory):
+    """In the catalog tests, every verdict a check shows is also reached the grading way: its
+    outputs go through a record (safetensors, as from a grading kernel) and are judged as a
+    test cell by graders.harness.grading.judge_cell; the two must agree, point for point and
+    word for word (issue 25). Each catalog case thereby proves the contract once more."""
+    if not request.module.__name__.startswith("test_catalog_"):
+        yield
+        return
+    from graders.harness.grading import judge_cell
+    from graders.judging import exercise as exercise_module
+    from graders.judging.records import load_records
+    from graders.judging.session import Session, save_record
+
+    decide = exercise_module.decide
+    folder = tmp_path_factory.mktemp("records")
+
+    def decide_both_ways(exercise, case, outputs, failure, code):
+        shown = decide(exercise, case, outputs, failure, code)
+        records = folder / f"{len(list(folder.iterdir()))}"
+        records.mkdir()
+        save_record(Session(records=records), "cell/0", exercise.key, outputs, failure)
+        cell = {"metadata": {"nbgrader": {"grade_id": "cell", "points": 1}}}
+        graded = judge_cell(cell, [(exercise.key, dataclasses.asdict(case))], load_records(records),
+                            None, "", code)
+        assert (graded.points, graded.message) == (float(shown.passed), shown.message), (exercise.key, case)
+        return shown
+
+    monkeypatch.setattr(exercise_module, "decide", decide_both_ways)
+    yield

@@ -12,20 +12,42 @@ import stat
 from pathlib import Path
 
 
+# What a learner's output that is not a tensor was, so that the judge sees it as the learner's
+# kernel did (a numpy array stays one: a check that refuses it in the notebook refuses it here).
+_KINDS = {"ndarray": lambda t: t.numpy(), "float": lambda t: float(t.item()), "int": lambda t: int(t.item()),
+          "bool": lambda t: bool(t.item()), "list": lambda t: t.tolist(), "tuple": lambda t: tuple(t.tolist())}
+
+
+def _as_tensor(value):
+    """(the tensor to save, the kind of non-tensor it was, or None)."""
+    import numpy
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous().clone(), None
+    kind = "ndarray" if isinstance(value, numpy.ndarray) else type(value).__name__
+    exact = torch.float64 if kind == "float" else None   # Python floats are doubles
+    return torch.as_tensor(value, dtype=exact).contiguous().clone(), (kind if kind in _KINDS else None)
+
+
 def write_record(folder: Path, record: dict, outputs: dict | None) -> None:
     """Save one check's record as the next free `NNNNN.json` (+ `.safetensors` with `outputs`):
     a kernel restarted after a crash keeps the records of the one before."""
-    import torch   # here, not at the top: `make check`'s own process never needs torch
     from safetensors.torch import save_file
 
     number = len(list(folder.glob("*.json"))) + 1
     while (folder / f"{number:05d}.json").exists():
         number += 1
     stem = folder / f"{number:05d}"
+    kinds = {}
     if outputs is not None:
-        save_file({k: torch.as_tensor(v).detach().cpu().contiguous().clone()
-                   for k, v in outputs.items()}, f"{stem}.safetensors")
-    stem.with_suffix(".json").write_text(json.dumps({**record, "tensors": outputs is not None}))
+        saved = {}
+        for key, value in outputs.items():
+            saved[key], kind = _as_tensor(value)
+            if kind:
+                kinds[key] = kind
+        save_file(saved, f"{stem}.safetensors")
+    stem.with_suffix(".json").write_text(json.dumps({**record, "tensors": outputs is not None, "kinds": kinds}))
 
 
 def load_records(records: Path) -> dict[str, dict]:
@@ -47,7 +69,10 @@ def load_records(records: Path) -> dict[str, dict]:
             try:
                 record = json.loads(_regular_file(folder, name))
                 tensors = name[:-len(".json")] + ".safetensors"
-                record["outputs"] = load(_regular_file(folder, tensors)) if record.get("tensors") else None
+                outputs = load(_regular_file(folder, tensors)) if record.get("tensors") else None
+                for key, kind in (record.get("kinds") or {}).items() if outputs is not None else ():
+                    outputs[key] = _KINDS[kind](outputs[key])
+                record["outputs"] = outputs
             except Exception:  # a malformed record counts as a missing one
                 continue
             by_check.setdefault(str(record.get("check")), record)

@@ -21,7 +21,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from graders.judging.testcells import TestCell, released_course_sources, released_test_cells
+from graders.judging.testcells import TestCell, released_course_sources, released_test_cells, test_sources
 from graders.judging.verdict import LearnerCode
 
 
@@ -133,7 +133,8 @@ class CellHistory:
         """The learner's cells that ran before the running one (the course's given cells and
         tests left out), and those since the last test cell: what the grader reads in the
         notebook above the test cell when the notebook runs top to bottom."""
-        course, tests = released_course_sources(notebook), {c.source for c in released_test_cells(notebook)}
+        tests = test_sources(notebook)
+        course = released_course_sources(notebook) | tests
         earlier = list(self.cells.values())[:-1]
         last_test = max((i for i, s in enumerate(earlier) if s in tests), default=-1)
         theirs = [(i, code_only(s)) for i, s in enumerate(earlier) if s not in course]

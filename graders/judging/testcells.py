@@ -128,5 +128,18 @@ def released_course_sources(notebook: str) -> frozenset[str]:
                      and not c.get("metadata", {}).get("nbgrader", {}).get("solution"))
 
 
+@lru_cache(maxsize=None)
+def test_sources(notebook: str) -> frozenset[str]:
+    """The sources of the notebook's test cells as learners have them and as the solution has
+    them (hidden tests included): the reference run of a solution runs the latter."""
+    found = set()
+    for path in (EXERCISES / f"{notebook}.ipynb", SOLUTIONS / f"{notebook}.ipynb"):
+        if path.is_file():
+            found |= {_text(c["source"]) for c in json.loads(path.read_text())["cells"]
+                      if c.get("metadata", {}).get("nbgrader", {}).get("grade")
+                      and not c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    return frozenset(found)
+
+
 def _text(source) -> str:
     return "".join(source) if isinstance(source, list) else source
