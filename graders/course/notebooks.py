@@ -143,21 +143,23 @@ def main(argv=None) -> int:
     run.add_argument("out_dir", type=Path)
     run.add_argument("names", nargs="*", help="only these notebooks (file stems); default: all")
     args = parser.parse_args(argv)
-    if args.command == "exercises":
-        for path in generate(EXERCISES):
-            print(f"wrote {path.relative_to(ROOT)}")
-    elif args.command == "run-solutions":
-        failed = run_solutions(args.out_dir, args.names)
-        if failed:
-            print(f"{len(failed)} solution notebook(s) failed: {', '.join(failed)} (see their HTML)")
-            return 1
-    else:
-        try:
+    from graders.judging.testcells import UnreadableTestCell
+
+    try:
+        if args.command == "exercises":
+            for path in generate(EXERCISES):
+                print(f"wrote {path.relative_to(ROOT)}")
+        elif args.command == "run-solutions":
+            failed = run_solutions(args.out_dir, args.names)
+            if failed:
+                print(f"{len(failed)} solution notebook(s) failed: {', '.join(failed)} (see their HTML)")
+                return 1
+        else:
             for path in release(args.course_dir):
                 print(f"released {path}")
-        except ReleaseError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+    except (ReleaseError, UnreadableTestCell) as err:   # the instructor's to fix: the message alone
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
