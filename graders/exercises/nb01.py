@@ -51,8 +51,16 @@ def layernorm_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
         "the learned shift b is not added": centred / (pop_var + eps).sqrt() * w,
         "dividing by the variance instead of the standard deviation":
             centred / (pop_var + eps) * w + b,
-        "normalising over the wrong dimension (the last dimension, d_model, is the one)":
+        "normalising over the wrong dimension: the statistics are taken across positions "
+        "(dim=1 of [batch, posn, d_model]); take them over d_model, the last dimension":
             (x - x.mean(-2, keepdim=True)) / (x.var(-2, keepdim=True, unbiased=False) + eps).sqrt() * w + b,
+        "normalising over the wrong dimension: the mean and the (sample) variance are taken across "
+        "positions (dim=1 of [batch, posn, d_model]); take them over d_model, the last dimension":
+            (x - x.mean(-2, keepdim=True)) / (x.var(-2, keepdim=True, unbiased=True) + eps).sqrt() * w + b,
+        "normalising over the wrong dimension: the mean is taken across positions (dim=1 of "
+        "[batch, posn, d_model]); take it over d_model, the last dimension":
+            (x - x.mean(-2, keepdim=True)) / ((x - x.mean(-2, keepdim=True)).pow(2).mean(-1, keepdim=True)
+                                              + eps).sqrt() * w + b,
     }
 
 
