@@ -455,3 +455,27 @@ def test_count_parameters_must_return_ints_under_every_key():
     counts = _solution_count_parameters()
     with pytest.raises(CheckFailed, match="Python int"):
         nb06.check_count_parameters(lambda cfg: {**counts(cfg), "mlp": float(counts(cfg)["mlp"])})
+
+
+def test_a_wrong_unembed_costs_only_its_own_check():
+    """The model's check runs the course's Unembed in the learner's model (issue 28: 06 charged
+    a wrong or differently named Unembed twice)."""
+    for wrong in (unembed_variant(no_bias), RenamedUnembed):
+        with pytest.raises(CheckFailed):
+            nb06.check_unembed(wrong)
+
+        class WithWrongUnembed(ModelBase):
+            def __init__(self, cfg, wrong=wrong):
+                super().__init__(cfg)
+                self.unembed = wrong(cfg)
+
+        nb06.check_demo_transformer(model_variant(loop, base=WithWrongUnembed))
+
+
+class RenamedUnembed(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+
+    def forward(self, x):
+        return x @ self.W
