@@ -6,10 +6,9 @@ import zipfile
 import nbformat
 import pytest
 
-from graders.harness import classroom
 from graders.course import example_class
-from graders.harness import grading
 from graders.course.notebooks import notebook_names
+from graders.harness import classroom, grading
 from graders.harness.cells import hidden_source
 
 # The grades each bundled student must get, per test cell (the specification of the example

@@ -7,10 +7,10 @@ import nbformat
 import pytest
 
 from graders.course.example_class import submission
+from graders.course.notebooks import notebook_names
 from graders.harness import grading
 from graders.harness.cells import nbgrader_meta, released_notebook, source_notebook
 from graders.harness.copies import cell_notes, copy_flags
-from graders.course.notebooks import notebook_names
 from graders.reference import components
 
 

@@ -18,11 +18,10 @@ import pytest
 from nbgrader.api import Gradebook
 from nbgrader.utils import parse_utc
 
+from conftest import free_port, served
 from graders.course import example_class
 from graders.course.notebooks import ROOT, release, venv_env
-from graders.harness import classroom
-from graders.harness import cells
-from conftest import free_port, served
+from graders.harness import cells, classroom
 
 pytestmark = pytest.mark.xdist_group("gradebook")
 LN = "01_layernorm"
