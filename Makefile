@@ -30,8 +30,9 @@ lab: setup
 
 # Two tiers, both after the lint. `make test` is the whole suite (what CI runs); `make test-fast`
 # leaves out the tests marked slow (kernels, servers, graded training runs) for use between commits.
-# --dist loadgroup keeps each xdist_group's tests on the worker that built their shared fixture.
-PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup -q
+# --dist loadgroup keeps each xdist_group's tests on the worker that built their shared fixture;
+# --no-loadscope-reorder hands out work in the order tests/conftest.py gives (slow tests first).
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -q
 lint: setup
 	$(BIN)/ruff check .
 

@@ -19,6 +19,15 @@ TOKEN_IDS = [50256, 40, 716, 281, 4998, 1960, 382, 19741, 11, 875, 12342, 12, 88
              625, 262, 995, 0]
 
 
+def pytest_collection_modifyitems(items):
+    """Long work first: the tests marked slow, and within each tier the xdist groups (several
+    tests bound to one worker) before single tests. `make test` has pytest-xdist hand out work
+    in this order (--no-loadscope-reorder), so the long kernel and training runs start at once
+    and the many short in-process tests fill the gaps and even out the end."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("xdist_group") is None))
+
+
 @contextlib.contextmanager
 def cache_lock():
     """Serialise first-time generation in the shared cache across pytest-xdist workers."""

@@ -24,7 +24,7 @@ from graders.course.example_class import BUGS, submission
 from graders.course.notebooks import EXERCISES, ROOT
 from graders.harness import cells
 
-pytestmark = pytest.mark.xdist_group("browser")
+pytestmark = [pytest.mark.xdist_group("browser"), pytest.mark.slow]
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]

@@ -584,6 +584,7 @@ class ContextBlindTransformer(components.DemoTransformer):
         return super().forward(torch.zeros_like(tokens))
 
 
+@pytest.mark.slow
 def test_shakespeare_model_that_ignores_context_fails(shakespeare):
     """The graded run with the correct `train` on a model that cannot see its context: frequencies
     alone do not reach the bar, and the message says the context is not used. It costs a whole

@@ -83,6 +83,7 @@ def submission(name, cheat: bool):
 @ROOT_GRADER
 @pytest.mark.parametrize("cheat", [True, False], ids=["with lookup cell", "without"])
 @pytest.mark.parametrize("name", sorted(CHEATS))
+@pytest.mark.slow
 def test_a_wrong_implementation_scores_zero_with_or_without_a_lookup_cell(tmp_path, name, cheat):
     cells, _, executed = grade(tmp_path, name, submission(name, cheat))
     test_cell = CHEATS[name][2]
