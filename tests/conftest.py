@@ -20,6 +20,24 @@ TOKEN_IDS = [50256, 40, 716, 281, 4998, 1960, 382, 19741, 11, 875, 12342, 12, 88
              625, 262, 995, 0]
 
 
+def pytest_configure(config):
+    """torch computes on this process's share of the cores: with two pytest-xdist workers on two
+    cores, its default (a thread per core) made each worker's many small operations wait on the
+    other's threads (a KV-cache catalog test on a busy machine: 35 s of CPU on two threads,
+    4 s on one). Grading kernels and their judges are other processes, left as they are."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(items):
+    """Long work first: the tests marked slow, and within each tier the xdist groups (several
+    tests bound to one worker) before single tests. `make test` has pytest-xdist hand out work
+    in this order (--no-loadscope-reorder), so the long kernel and training runs start at once
+    and the many short in-process tests fill the gaps and even out the end."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("xdist_group") is None))
+
+
 @contextlib.contextmanager
 def cache_lock():
     """Serialise first-time generation in the shared cache across pytest-xdist workers."""

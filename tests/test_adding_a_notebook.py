@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import nbformat
+import pytest
 
 from graders.layout import ROOT
 
@@ -123,14 +124,16 @@ def _throwaway_notebook():
         _cell("code", "import torch\nfrom graders.exercises import nb99\nfrom graders.judging.progress import progress",
               grade_id="setup"),
         _cell("code", ANSWER, grade_id="unit_rows_answer", solution=True),
-        _cell("code", "nb99.check_unit_rows(unit_rows)\n### BEGIN HIDDEN TESTS\nnb99.check_unit_rows(unit_rows, seed=3)\n"
-                      "### END HIDDEN TESTS", grade_id="unit_rows_test", points=2, tags=("raises-exception",)),
+        _cell("code", "nb99.check_unit_rows(unit_rows)\n### BEGIN HIDDEN TESTS\n"
+                      "nb99.check_unit_rows(unit_rows, seed=3)\n### END HIDDEN TESTS",
+              grade_id="unit_rows_test", points=2, tags=("raises-exception",)),
         _cell("code", 'progress("99_throwaway")'),
     ])
     notebook.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     return notebook
 
 
+@pytest.mark.slow
 def test_a_notebook_added_in_three_files_is_built_released_graded_and_copy_checked(tmp_path):
     course = tmp_path / "course"
     shutil.copytree(ROOT / "graders", course / "graders", ignore=shutil.ignore_patterns("__pycache__"))

@@ -109,7 +109,8 @@ def test_the_course_is_not_built_with_an_unreadable_test_cell(monkeypatch, tmp_p
     test = next(c for c in broken.cells if cells.is_test_cell(c))
     test.source = "nb03.check_attention(Attention, block=cfg.n_layers - 1)"
     monkeypatch.setattr(manifest, "source_notebook", lambda name: broken)
-    with pytest.raises(UnreadableTestCell, match="03_attention, test cell causal_mask_test, line 1: the argument block= is computed"):
+    with pytest.raises(UnreadableTestCell,
+                       match="03_attention, test cell causal_mask_test, line 1: the argument block= is computed"):
         notebooks.generate(tmp_path, ["03_attention"])
     assert not list(tmp_path.iterdir())
 

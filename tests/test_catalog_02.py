@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises import nb02
-from graders.reference.config import Config
 from graders.judging.compare import CheckFailed
+from graders.reference.config import Config
 
 HIDDEN = dict(text=None, seed=7, batch=3)
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from graders.judging.tolerance import tolerance
 from graders.reference import model as ref
 from graders.reference import synthetic
-from graders.judging.tolerance import tolerance
 from graders.reference.paths import CACHE_ENV
 from graders.reference.weights import component, course_weights
 

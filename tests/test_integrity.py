@@ -65,6 +65,7 @@ def with_forward(name, grade_id, forward_source):
 
 
 # 1. Patching the comparison functions in the kernel turns nothing into points.
+@pytest.mark.slow
 def test_monkeypatched_comparisons_do_not_rescue_a_wrong_answer(tmp_path):
     patch = ("import torch, numpy, math, builtins\n"
              "torch.allclose = lambda *a, **k: True\n"
@@ -80,6 +81,7 @@ def test_monkeypatched_comparisons_do_not_rescue_a_wrong_answer(tmp_path):
 
 
 # 2. Rewriting the graders in the kernel's memory changes no verdict.
+@pytest.mark.slow
 def test_rewritten_graders_modules_in_the_kernel_change_nothing(tmp_path):
     patch = ("import sys, graders.judging.compare, graders.judging.tolerance, graders.judging.exercise\n"
              "graders.judging.compare.compare = lambda *a, **k: None\n"
@@ -92,6 +94,7 @@ def test_rewritten_graders_modules_in_the_kernel_change_nothing(tmp_path):
 
 
 # 3. Objects that lie about equality are judged by their numbers.
+@pytest.mark.slow
 def test_lying_tensor_subclass_fails(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        class Liar(torch.Tensor):\n"
@@ -107,6 +110,7 @@ def test_lying_tensor_subclass_fails(tmp_path):
 # 4. Solutions (and their hidden tests) and reference activations are out of reach, even the
 # activations of the notebook's own visible check (they hold its expected outputs).
 @ROOT_GRADER
+@pytest.mark.slow
 def test_solutions_and_reference_activations_cannot_be_read(tmp_path):
     from graders.course.notebooks import SOLUTIONS
     from graders.judging.cases import Case
@@ -138,6 +142,7 @@ def test_solutions_and_reference_activations_cannot_be_read(tmp_path):
 
 # 5. The grading output, other students' folders and the graders cannot be written.
 @ROOT_GRADER
+@pytest.mark.slow
 def test_grades_other_students_and_graders_cannot_be_written(tmp_path):
     out, other = tmp_path / "grading", tmp_path / "other-student" / "work" / "records"
     other.mkdir(parents=True)
@@ -171,6 +176,7 @@ def test_grades_other_students_and_graders_cannot_be_written(tmp_path):
 # 4 and 5. Under a root grader, learner code runs as an unprivileged user with no groups, and
 # without network: it cannot reach the grader's Dask cluster or anything else on this machine.
 @ROOT_GRADER
+@pytest.mark.slow
 def test_learner_code_runs_unprivileged_and_offline(tmp_path):
     import socket
 
@@ -214,6 +220,7 @@ def test_records_that_are_not_regular_files_are_ignored(tmp_path):
 
 # 6. A deleted test cell, or one stripped of its metadata, is restored and graded.
 @pytest.mark.parametrize("how", ["deleted", "metadata stripped"])
+@pytest.mark.slow
 def test_deleted_or_stripped_test_cell_is_restored_and_graded(tmp_path, how):
     notebook = example_class.submission("01_layernorm", True)
     test = next(c for c in notebook.cells if grading.is_test_cell(c))
@@ -227,6 +234,7 @@ def test_deleted_or_stripped_test_cell_is_restored_and_graded(tmp_path, how):
 
 
 # 7. An edited test cell or edited points are put back.
+@pytest.mark.slow
 def test_edited_test_cell_and_points_are_restored(tmp_path):
     notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE])
     test = next(c for c in notebook.cells if grading.is_test_cell(c))
@@ -244,6 +252,7 @@ def test_edited_test_cell_and_points_are_restored(tmp_path):
     ("        import os\n        os._exit(3)\n", "crashed"),
     ("        hog = bytearray(64 * 2**30)\n", "failed"),
 ], ids=["infinite loop", "segfault", "os._exit", "memory bomb"])
+@pytest.mark.slow
 def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status):
     forward = ("    def forward(self, tokens):\n" + sabotage +
                "        return self.W_E[tokens]\n")
@@ -258,6 +267,7 @@ def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status
     assert cells["pos_embed_test"].points == 3
 
 
+@pytest.mark.slow
 def test_a_crash_between_two_passing_tests_costs_neither(tmp_path):
     """The kernel restarted after a crash records again from the start; the records of the
     tests before the crash stay (03: the mask passes, forward crashes, the circuits pass)."""
@@ -268,6 +278,7 @@ def test_a_crash_between_two_passing_tests_costs_neither(tmp_path):
     assert cells["circuits_test"].points == cells["circuits_test"].max_points
 
 
+@pytest.mark.slow
 def test_only_cells_tagged_training_get_the_training_time_limit(tmp_path):
     """The same slow cell finishes when tagged `training` and is interrupted when not."""
     slow = "import time\ntime.sleep(15)\nprint('{} cell finished')"
@@ -294,6 +305,7 @@ def test_nbgrader_uses_the_same_time_limits_as_the_harness():
 
 
 # 10. Warnings and stderr output during a passing check do not zero it.
+@pytest.mark.slow
 def test_stderr_and_warnings_do_not_zero_a_passing_check(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        import sys, warnings\n"
@@ -304,6 +316,7 @@ def test_stderr_and_warnings_do_not_zero_a_passing_check(tmp_path):
 
 
 # 11. An answer tuned to the visible check fails the hidden variants.
+@pytest.mark.slow
 def test_answer_tuned_to_the_visible_check_fails_the_hidden_variants(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        if tuple(residual.shape) != (1, 35, 768):\n"
@@ -322,6 +335,7 @@ def test_answer_tuned_to_the_visible_check_fails_the_hidden_variants(tmp_path):
      "        return SMUGGLED(residual, (768,), self.w, self.b, 1e-5)\n",
      "import torch\nSMUGGLED = torch.nn.functional.layer_norm\n"),
 ], ids=["direct call", "reference saved before the check"])
+@pytest.mark.slow
 def test_library_layer_norm_is_refused(tmp_path, forward, extra):
     notebook = with_forward("01_layernorm", "layernorm_answer", forward)
     if extra:
@@ -368,6 +382,7 @@ def test_a_word_forbidden_in_its_own_answer_is_still_refused_there():
 
 
 # 13. A flood of output is truncated and grading goes on.
+@pytest.mark.slow
 def test_huge_output_is_truncated_and_grading_continues(tmp_path):
     flood = "print('x' * 5_000_000)"
     cells, _, executed = grade(tmp_path, "01_layernorm",
@@ -378,6 +393,7 @@ def test_huge_output_is_truncated_and_grading_continues(tmp_path):
 
 
 # 14. The notebook's kernelspec is ignored.
+@pytest.mark.slow
 def test_a_changed_kernelspec_has_no_effect(tmp_path):
     notebook = example_class.submission("01_layernorm", True)
     notebook.metadata["kernelspec"] = {"name": "evil-kernel", "display_name": "x", "language": "python"}
@@ -386,6 +402,7 @@ def test_a_changed_kernelspec_has_no_effect(tmp_path):
 
 
 # 15. Detecting the grading run and forging records gains nothing.
+@pytest.mark.slow
 def test_forged_records_in_grading_mode_gain_nothing(tmp_path):
     forge = ("import json\n"
              "import graders.judging.exercise as g, graders.judging.session as s\n"
@@ -402,6 +419,7 @@ def test_forged_records_in_grading_mode_gain_nothing(tmp_path):
 
 
 # 18. Grading the same submission twice gives the same result.
+@pytest.mark.slow
 def test_regrading_is_deterministic(tmp_path):
     notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE])
     first, _, _ = grade(tmp_path / "a", "01_layernorm", copy.deepcopy(notebook))

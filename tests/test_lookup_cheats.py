@@ -21,7 +21,8 @@ pytestmark = pytest.mark.xdist_group("lookup")
 
 # notebook: (answer cell, wrong edit (old, new), test cell, class patched, (input hook, output hook) pairs)
 CHEATS = {
-    "01_layernorm": ("layernorm_answer", ("centred.pow(2).mean(dim=-1, keepdim=True)", "centred.var(dim=-1, keepdim=True)"),
+    "01_layernorm": ("layernorm_answer",
+                     ("centred.pow(2).mean(dim=-1, keepdim=True)", "centred.var(dim=-1, keepdim=True)"),
                      "layernorm_test", "LayerNorm",
                      [("hook_resid_pre", "ln1.hook_out"), ("hook_resid_mid", "ln2.hook_out"),
                       ("blocks.11.hook_resid_post", "ln_final.hook_out")]),
@@ -82,6 +83,7 @@ def submission(name, cheat: bool):
 @ROOT_GRADER
 @pytest.mark.parametrize("cheat", [True, False], ids=["with lookup cell", "without"])
 @pytest.mark.parametrize("name", sorted(CHEATS))
+@pytest.mark.slow
 def test_a_wrong_implementation_scores_zero_with_or_without_a_lookup_cell(tmp_path, name, cheat):
     cells, _, executed = grade(tmp_path, name, submission(name, cheat))
     test_cell = CHEATS[name][2]
@@ -131,8 +133,6 @@ LOOKUP_TARGETS = ["01_layernorm", "03_attention", "04_mlp", "05_transformer_bloc
 @pytest.mark.parametrize("name", LOOKUP_TARGETS)
 def test_a_perfect_lookup_of_reference_activations_fails(name):
     """Every graded input of the visible and hidden checks answered from the reference."""
-    import importlib
-
     from graders.harness.manifest import notebook_checks
     from graders.exercises import find
 

@@ -61,6 +61,7 @@ def _words(text: str) -> str:
     return " ".join(text.replace("\N{BALLOT X}", " ").split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SUBMISSIONS))
 def test_the_verdict_before_submitting_is_the_grade(kind, tmp_path):
     notebook = SUBMISSIONS[kind]()

@@ -111,7 +111,8 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
     course = course_component("LayerNorm", prefix)
     for key, what, x in (("random_out", "a random [2, 4, d_model] input",
                           rand_float(case.seed, 2, 4, Config().d_model)),
-                         ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(acts[source], case.seed))):
+                         ("unseen_out", "a rescaled, noisy input that no file holds",
+                          unseen_variant(acts[source], case.seed))):
         with torch.no_grad():
             expected = course(x)
         compare(f"LayerNorm output ({prefix}) on {what}", outputs[key], expected, DIMS,
