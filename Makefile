@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB_ARGS ?=
 
-.PHONY: setup lab test exercises bench grade release formgrader solutions check
+.PHONY: setup lab lint test test-fast exercises bench grade release formgrader solutions check
 .DEFAULT_GOAL := lab
 
 setup: $(STAMP)
@@ -28,8 +28,19 @@ lab: setup
 	JUPYTER_CONFIG_PATH=$(LEARNER_LAB)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH)) \
 	  $(BIN)/jupyter lab --notebook-dir=$(LAB_DIR) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
-test: setup
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q --durations=30
+# Two tiers, both after the lint. `make test` is the whole suite (what CI runs); `make test-fast`
+# leaves out the tests marked slow (kernels, servers, graded training runs) for use between commits.
+# --dist loadgroup keeps each xdist_group's tests on the worker that built their shared fixture;
+# --no-loadscope-reorder hands out work in the order tests/conftest.py gives (slow tests first).
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -q
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup lint
+	$(PYTEST) --durations=30
+
+test-fast: setup lint
+	$(PYTEST) -m "not slow" --durations=10
 
 exercises: setup
 	$(BIN)/python -m graders.course.notebooks exercises

@@ -8,10 +8,9 @@ import time
 import torch
 
 from graders.judging.cases import Case
-from graders.reference import store
-from graders.reference.config import Config
-from graders.reference import components
+from graders.reference import components, store
 from graders.reference import model as reference
+from graders.reference.config import Config
 from graders.reference.weights import load_strict
 
 TARGET = 1.5

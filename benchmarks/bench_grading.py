@@ -81,8 +81,7 @@ def _perfect_class(folder: str, size: int, names: list[str]) -> Path:
 
 
 def _graded_class_wall(submissions: Path, out: Path, names: list[str], workers: int, course: Path) -> float:
-    from graders.harness import classroom
-    from graders.harness import grading
+    from graders.harness import classroom, grading
 
     start = time.perf_counter()
     classroom.grade_class(submissions, out, names, workers, None, grading.TimeLimits(), course)
@@ -152,8 +151,8 @@ def gradebook_overhead(names: list[str], students: int = 10) -> float:
 
 
 def main() -> None:
-    from graders.harness.classroom import graded_notebooks
     from graders.course.notebooks import notebook_names
+    from graders.harness.classroom import graded_notebooks
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--class-size", type=int, default=4)

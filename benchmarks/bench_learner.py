@@ -67,7 +67,6 @@ def run_timed(notebook, workdir: Path, keep=lambda cell: True) -> list[dict]:
         t["source"] = cell.source
 
     import nbformat
-
     from jupyter_client.manager import KernelManager
 
     cells = [c for c in notebook.cells if c.cell_type != "code" or keep(c)]

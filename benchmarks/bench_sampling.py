@@ -14,12 +14,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from graders.judging.cases import Case
-from graders.reference import store
-from graders.reference.config import Config
-from graders.reference import components
-from graders.reference import model as reference
 from graders.course.notebooks import SOLUTIONS
+from graders.judging.cases import Case
+from graders.reference import components, store
+from graders.reference import model as reference
+from graders.reference.config import Config
 from graders.reference.weights import load_strict
 
 N_NEW = 200

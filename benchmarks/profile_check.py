@@ -58,7 +58,7 @@ def fresh(code: str, env: dict | None = None) -> float:
 
 
 def main() -> None:
-    from graders.harness import check   # first: it spares nbformat's slow import
+    from graders.harness import check  # first: it spares nbformat's slow import
     mark("parent: graders.harness.check imported (nbformat with it)")
     import nbformat
     instrument()

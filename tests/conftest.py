@@ -1,6 +1,7 @@
 """Shared fixtures: the synthetic reference, the course's 35-token text, a small GPT-2 in Hugging
 Face format, and a Jupyter server run for a test."""
 import contextlib
+import dataclasses
 import fcntl
 import os
 import signal
@@ -17,6 +18,24 @@ TEXT = ("I am an amazing autoregressive, decoder-only, GPT-2 style transformer. 
 TOKEN_IDS = [50256, 40, 716, 281, 4998, 1960, 382, 19741, 11, 875, 12342, 12, 8807, 11, 402, 11571,
              12, 17, 3918, 47385, 13, 1881, 1110, 314, 481, 7074, 1692, 1241, 4430, 290, 1011,
              625, 262, 995, 0]
+
+
+def pytest_configure(config):
+    """torch computes on this process's share of the cores: with two pytest-xdist workers on two
+    cores, its default (a thread per core) made each worker's many small operations wait on the
+    other's threads (a KV-cache catalog test on a busy machine: 35 s of CPU on two threads,
+    4 s on one). Grading kernels and their judges are other processes, left as they are."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(items):
+    """Long work first: the tests marked slow, and within each tier the xdist groups (several
+    tests bound to one worker) before single tests. `make test` has pytest-xdist hand out work
+    in this order (--no-loadscope-reorder), so the long kernel and training runs start at once
+    and the many short in-process tests fill the gaps and even out the end."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("xdist_group") is None))
 
 
 @contextlib.contextmanager
@@ -109,3 +128,35 @@ def served(command: list[str], log_path, answers, seconds: float, **popen):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def graded_as_shown(request, monkeypatch, tmp_path_factory):
+    """In the catalog tests, every verdict a check shows is also reached the grading way: its
+    outputs go through a record (safetensors, as from a grading kernel) and are judged as a
+    test cell by graders.harness.grading.judge_cell; the two must agree, point for point and
+    word for word (issue 25). Each catalog case thereby proves the contract once more."""
+    if not request.module.__name__.startswith("test_catalog_"):
+        yield
+        return
+    from graders.harness.grading import judge_cell
+    from graders.judging import exercise as exercise_module
+    from graders.judging.records import load_records
+    from graders.judging.session import Session, save_record
+
+    decide = exercise_module.decide
+    folder = tmp_path_factory.mktemp("records")
+
+    def decide_both_ways(exercise, case, outputs, failure, code):
+        shown = decide(exercise, case, outputs, failure, code)
+        records = folder / f"{len(list(folder.iterdir()))}"
+        records.mkdir()
+        save_record(Session(records=records), "cell/0", exercise.key, outputs, failure)
+        cell = {"metadata": {"nbgrader": {"grade_id": "cell", "points": 1}}}
+        graded = judge_cell(cell, [(exercise.key, dataclasses.asdict(case))], load_records(records),
+                            None, "", code)
+        assert (graded.points, graded.message) == (float(shown.passed), shown.message), (exercise.key, case)
+        return shown
+
+    monkeypatch.setattr(exercise_module, "decide", decide_both_ways)
+    yield

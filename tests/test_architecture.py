@@ -68,7 +68,7 @@ def test_two_notebooks_grade_exercises_of_the_same_name_apart_in_any_import_orde
                 f"def judge(case, outputs): return {notebook!r}\n"
                 f"generate = Exercise({notebook!r}, 'generate', print, judge)\n")
         code = (f"import grader_{first}, grader_{second}\n"
-                "from graders.judging.exercise import find\n"
+                "from graders.judging.exercise import registered as find\n"
                 "print(find(('97_a', 'generate')).judge(None, None), find(('97_b', 'generate')).judge(None, None))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              cwd=tmp_path)
@@ -109,7 +109,8 @@ def test_the_course_is_not_built_with_an_unreadable_test_cell(monkeypatch, tmp_p
     test = next(c for c in broken.cells if cells.is_test_cell(c))
     test.source = "nb03.check_attention(Attention, block=cfg.n_layers - 1)"
     monkeypatch.setattr(manifest, "source_notebook", lambda name: broken)
-    with pytest.raises(UnreadableTestCell, match="03_attention, test cell causal_mask_test, line 1: the argument block= is computed"):
+    with pytest.raises(UnreadableTestCell,
+                       match="03_attention, test cell causal_mask_test, line 1: the argument block= is computed"):
         notebooks.generate(tmp_path, ["03_attention"])
     assert not list(tmp_path.iterdir())
 
@@ -169,3 +170,35 @@ def test_tests_marked_for_one_worker_share_it(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (base / "first").read_text() == (base / "second").read_text()
+
+
+# The layers, lowest first: a module may import its own layer and those below, never above.
+LAYERS = ["layout", "reference", "judging", "exercises", "harness", "course"]
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[0] == "graders" and parts[1] in LAYERS else None
+
+
+def test_no_module_imports_a_higher_layer_even_inside_a_function():
+    import ast
+
+    upward = []
+    for path in sorted((ROOT / "graders").rglob("*.py")):
+        own = _layer("graders." + ".".join(path.relative_to(ROOT / "graders").with_suffix("").parts))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            upward += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                       if own is not None and (_layer(n) or 0) > own]
+    assert not upward, upward
+
+
+def test_a_missing_inputs_file_is_a_grader_error_naming_the_exercise_and_the_file(tmp_path):
+    from graders.exercises import find
+    from graders.judging.session import GraderError, Session, recorded_inputs
+
+    layer_norm = find(("01_layernorm", "LayerNorm"))
+    with pytest.raises(GraderError, match=r"inputs of LayerNorm for layernorm_test/0 .*layernorm_test\.0\.safetensors"):
+        recorded_inputs(Session(records=tmp_path, inputs=tmp_path), "layernorm_test/0", layer_norm)

@@ -19,12 +19,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import free_port, served
 from graders.course.example_class import BUGS, submission
 from graders.course.notebooks import EXERCISES, ROOT
 from graders.harness import cells
-from conftest import free_port, served
 
-pytestmark = pytest.mark.xdist_group("browser")
+pytestmark = [pytest.mark.xdist_group("browser"), pytest.mark.slow]
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -145,7 +145,8 @@ def test_a_failed_check_shows_the_diagnosis_in_the_notebook_and_in_validate(lab,
             for (const el of dialog.querySelectorAll('*'))
                 if (el.scrollHeight > el.clientHeight + 2 || el.scrollWidth > el.clientWidth + 2) {
                     const style = getComputedStyle(el);
-                    if (['auto', 'scroll', 'hidden'].some(v => [style.overflow, style.overflowX, style.overflowY].includes(v)))
+                    const overflows = [style.overflow, style.overflowX, style.overflowY];
+                    if (['auto', 'scroll', 'hidden'].some(v => overflows.includes(v)))
                         return 'a box needs scrolling: ' + el.tagName + '.' + el.className;
                 }
             return '';

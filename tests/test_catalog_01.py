@@ -143,6 +143,16 @@ def drops_keepdim(self, x):
     return (x - x.mean(-1, keepdim=True)).mean(-1)
 
 
+def positions_sample_variance(self, x):
+    mean, var = x.mean(dim=1, keepdim=True), x.var(dim=1, keepdim=True)
+    return (x - mean) / (var + self.cfg.layer_norm_eps).sqrt() * self.w + self.b
+
+
+def positions_mean(self, x):
+    centred = x - x.mean(dim=1, keepdim=True)
+    return centred / (centred.pow(2).mean(-1, keepdim=True) + self.cfg.layer_norm_eps).sqrt() * self.w + self.b
+
+
 def not_implemented(self, x):
     raise NotImplementedError()
 
@@ -159,7 +169,11 @@ BUGGY = [
     (no_scale, "Likely mistake: the learned scale w is not applied"),
     (no_shift, "Likely mistake: the learned shift b is not added"),
     (divides_by_variance, "Likely mistake: dividing by the variance"),
-    (wrong_dimension, "Likely mistake: normalising over the wrong dimension"),
+    (wrong_dimension,
+     "Likely mistake: normalising over the wrong dimension: the statistics are taken across positions"),
+    (positions_sample_variance,
+     "Likely mistake: normalising over the wrong dimension: the mean and the (sample) variance"),
+    (positions_mean, "Likely mistake: normalising over the wrong dimension: the mean is taken across positions"),
     (in_place, "changed its input tensor in place"),
     (library, "calls `torch.nn.functional.layer_norm`"),
     (library_module, "calls `LayerNorm.forward`"),

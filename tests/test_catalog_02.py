@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises import nb02
-from graders.reference.config import Config
 from graders.judging.compare import CheckFailed
+from graders.reference.config import Config
 
 HIDDEN = dict(text=None, seed=7, batch=3)
 
@@ -79,7 +79,9 @@ EMBED_BUGGY = {
     "scaled": (lambda self, t: self.W_E[t] * Config().d_model ** 0.5, "sqrt(d_model)"),
     "first_sequence": (lambda self, t: self.W_E[t[0]].expand(t.shape[0], -1, -1), "first sequence"),
     "drops_batch": (lambda self, t: self.W_E[t[0]], "batch dimension is missing"),
-    "off_by_one": (lambda self, t: self.W_E[t - 1], "off by one"),
+    "off_by_one": (lambda self, t: self.W_E[t - 1], "off by one (W_E[tokens - 1])"),
+    "off_by_one_up": (lambda self, t: self.W_E[t + 1], "off by one (W_E[tokens + 1]"),
+    "shifted_rows": (lambda self, t: self.W_E[1:][t], "off by one (W_E[tokens + 1]"),
     "numpy": (lambda self, t: self.W_E[t].detach().numpy(), "expected a torch.Tensor"),
 }
 

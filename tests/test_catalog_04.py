@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises import nb04
-from graders.reference.config import Config
 from graders.judging.compare import CheckFailed
+from graders.reference.config import Config
 
 HIDDEN = dict(block=9, text=None, seed=3, batch=2)
 C = math.sqrt(2 / math.pi)

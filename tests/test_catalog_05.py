@@ -4,8 +4,8 @@ import torch
 from torch import nn
 
 from graders.exercises import nb05
-from graders.reference.components import MLP, Attention, LayerNorm
 from graders.judging.compare import CheckFailed
+from graders.reference.components import MLP, Attention, LayerNorm
 
 
 class Base(nn.Module):
@@ -137,7 +137,8 @@ BUGGY = [
     (variant(sublayers_in_a_loop_post_norm), "the first activation in forward order", "post-norm"),
     (variant(mlp_given_the_layernorm), "the call self.mlp(...) failed; it was given LayerNorm",
      "self.mlp(...) takes the residual stream"),
-    (variant(attn_given_tokens_shape), "the call self.attn(...) failed; it was given a float32 tensor of shape [35, 768]",
+    (variant(attn_given_tokens_shape),
+     "the call self.attn(...) failed; it was given a float32 tensor of shape [35, 768]",
      "self.attn(...) takes the residual stream"),
 ]
 

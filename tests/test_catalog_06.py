@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises import nb06
-from graders.reference.components import Attention, Embed, LayerNorm, PosEmbed, TransformerBlock
 from graders.judging.compare import CheckFailed
+from graders.reference.components import Attention, Embed, LayerNorm, PosEmbed, TransformerBlock
 
 # --- Unembed ------------------------------------------------------------------------------
 
@@ -256,8 +256,10 @@ MODEL_BUGGY = [
     (model_variant(no_ln_final), "ln_final.hook_out", "Likely mistake: ln_final is missing"),
     (model_variant(reversed_blocks), "blocks.0.hook_resid_pre, the first", "Likely mistake: the blocks run in reverse"),
     (model_variant(one_block), "could not see blocks.1.hook_resid_pre", "Likely mistake: only the first block runs"),
-    (model_variant(first_block_repeated), "blocks.0 called 12x", "Likely mistake: blocks[0] is applied n_layers times"),
-    (model_variant(double_residual), "blocks.1.hook_resid_pre, the first", "Likely mistake: the residual is added twice"),
+    (model_variant(first_block_repeated), "blocks.0 called 12x",
+     "Likely mistake: blocks[0] is applied n_layers times"),
+    (model_variant(double_residual), "blocks.1.hook_resid_pre, the first",
+     "Likely mistake: the residual is added twice"),
     (model_variant(not_causal), "", "is not causal"),
     (model_variant(loop, SharedBlocks), "", "distinct block object"),
     (model_variant(pos_embed_of_the_embedding), "the call self.pos_embed(...) failed; it was given a float32 "
@@ -455,3 +457,27 @@ def test_count_parameters_must_return_ints_under_every_key():
     counts = _solution_count_parameters()
     with pytest.raises(CheckFailed, match="Python int"):
         nb06.check_count_parameters(lambda cfg: {**counts(cfg), "mlp": float(counts(cfg)["mlp"])})
+
+
+def test_a_wrong_unembed_costs_only_its_own_check():
+    """The model's check runs the course's Unembed in the learner's model (issue 28: 06 charged
+    a wrong or differently named Unembed twice)."""
+    for wrong in (unembed_variant(no_bias), RenamedUnembed):
+        with pytest.raises(CheckFailed):
+            nb06.check_unembed(wrong)
+
+        class WithWrongUnembed(ModelBase):
+            def __init__(self, cfg, wrong=wrong):
+                super().__init__(cfg)
+                self.unembed = wrong(cfg)
+
+        nb06.check_demo_transformer(model_variant(loop, base=WithWrongUnembed))
+
+
+class RenamedUnembed(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+
+    def forward(self, x):
+        return x @ self.W

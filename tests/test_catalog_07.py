@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from graders.reference import components
 from graders.exercises import nb07
 from graders.exercises.training.practice import role
 from graders.judging.compare import CheckFailed
+from graders.reference import components
 
 pytestmark = pytest.mark.xdist_group("nb07")
 
@@ -584,6 +584,7 @@ class ContextBlindTransformer(components.DemoTransformer):
         return super().forward(torch.zeros_like(tokens))
 
 
+@pytest.mark.slow
 def test_shakespeare_model_that_ignores_context_fails(shakespeare):
     """The graded run with the correct `train` on a model that cannot see its context: frequencies
     alone do not reach the bar, and the message says the context is not used. It costs a whole
@@ -666,7 +667,8 @@ def _wrong_decay(model, weight_decay):
 
 GROUP_BUGS = [
     (_groups(lambda n, p: True), "decay is applied to every parameter"),
-    (_groups(lambda n, p: _is_matrix(n, p) or n.split(".")[-1] in ("W_E", "W_pos")), "the embeddings W_E and W_pos are decayed"),
+    (_groups(lambda n, p: _is_matrix(n, p) or n.split(".")[-1] in ("W_E", "W_pos")),
+     "the embeddings W_E and W_pos are decayed"),
     (_groups(lambda n, p: _is_matrix(n, p) or n.split(".")[-2].startswith("ln")), "LayerNorm's w and b are decayed"),
     (_groups(lambda n, p: _is_matrix(n, p) or n.split(".")[-1].startswith("b_")), "the biases b_* are decayed"),
     (_groups(lambda n, p: p.dim() >= 2), "wrong weight decay"),     # nanoGPT's rule on this model

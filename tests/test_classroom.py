@@ -6,11 +6,10 @@ import zipfile
 import nbformat
 import pytest
 
-from graders.harness import classroom
 from graders.course import example_class
-from graders.harness import grading
 from graders.course.notebooks import notebook_names
 from graders.exercises import declaration
+from graders.harness import classroom, grading
 from graders.harness.cells import hidden_source
 
 # The grades each bundled student must get, per test cell (the specification of the example
@@ -54,6 +53,7 @@ def graded_example_class(tmp_path_factory):
 
 
 @ONE_GRADING
+@pytest.mark.slow
 def test_each_example_student_gets_exactly_the_expected_grade_per_test_cell(graded_example_class):
     rows = _rows(graded_example_class)
     assert sorted(rows) == sorted(EXPECTED)
@@ -65,6 +65,7 @@ def test_each_example_student_gets_exactly_the_expected_grade_per_test_cell(grad
 
 
 @ONE_GRADING
+@pytest.mark.slow
 def test_reports_say_why_each_point_was_lost(graded_example_class):
     reports = graded_example_class / "reports"
     buggy = (reports / "buggy.txt").read_text()
@@ -77,6 +78,7 @@ def test_reports_say_why_each_point_was_lost(graded_example_class):
 
 
 @ONE_GRADING
+@pytest.mark.slow
 def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class):
     hidden_lines = set()
     for name in NAMES:
@@ -94,36 +96,64 @@ def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class
 
 
 @ONE_GRADING
-def test_one_worker_in_the_reverse_order_writes_the_same_files_as_two_workers(graded_example_class,
-                                                                             tmp_path, monkeypatch):
-    """Full-class determinism: the perfect and the buggy student's nine notebooks, graded again
-    on one worker and in the reverse order, get the same grades, reports, feedback pages and
-    results as in the two-worker grading of the whole class."""
+@pytest.mark.slow
+def test_the_same_notebook_handed_in_by_two_students_gets_the_same_verdicts_and_page(graded_example_class):
+    """The perfect and the crasher student hand in the same notebooks but 03: graded in one
+    two-worker run, wherever and whenever the scheduler put each, every such pair gets the same
+    verdicts, messages, flags and feedback page (07's graded training runs included)."""
+    students = example_class.students()
+    same = [name for name in NAMES if students["perfect"][name] == students["crasher"][name]]
+    assert same == [name for name in NAMES if name != "03_attention"]
+    entries = {(e["student"], e["notebook"]): e
+               for e in json.loads((graded_example_class / "results.json").read_text())}
+    for name in same:
+        verdicts = [{k: entries[student, name][k] for k in ("cells", "flags", "notes")}
+                    for student in ("perfect", "crasher")]
+        assert verdicts[0] == verdicts[1], name
+        pages = [(graded_example_class / "feedback" / student / f"{name}.html").read_text()
+                 for student in ("perfect", "crasher")]
+        assert pages[0] == pages[1], name
+
+
+def _written(out) -> dict[str, str]:
+    """Every file a class grading wrote, by its path in `out`; results.json without the
+    seconds each notebook took (the one field that varies)."""
+    files = {str(path.relative_to(out)): path.read_text() for path in sorted(out.rglob("*")) if path.is_file()}
+    timed = json.loads(files["results.json"])
+    assert all(entry.pop("seconds") > 0 for entry in timed)
+    files["results.json"] = timed
+    return files
+
+
+@pytest.mark.slow
+def test_one_worker_in_the_reverse_order_writes_the_same_files_as_two_workers(tmp_path, monkeypatch):
+    """Determinism: the perfect and the buggy student's nine notebooks, graded on two workers in
+    order and on one worker in the reverse order, write the same files: grades, reports, feedback
+    pages, results. Their 07 answers only its quick exercises, so that this pair of runs trains
+    nothing; two gradings of 07 with its training runs are compared within the whole class
+    (test_the_same_notebook_handed_in_by_two_students_gets_the_same_verdicts_and_page)."""
     students = ("perfect", "buggy")
+    submissions = tmp_path / "class"
     for student in students:
         for name, notebook in example_class.students()[student].items():
-            target = tmp_path / "class" / "submitted" / student / name / f"{name}.ipynb"   # as write()
+            target = submissions / "submitted" / student / name / f"{name}.ipynb"   # as write()
             target.parent.mkdir(parents=True)
-            nbformat.write(notebook, target)
+            nbformat.write(_quick_07() if name == "07_training" else notebook, target)
+    two_workers, one_worker_reversed = tmp_path / "two-workers", tmp_path / "one-worker-reversed"
+    classroom.grade_class(submissions, two_workers, NAMES, workers=2, scheduler=None, limits=grading.TimeLimits())
     plan = classroom._plan
     monkeypatch.setattr(classroom, "_plan", lambda *args: plan(*args)[::-1])
-    out = tmp_path / "out"
-    classroom.grade_class(tmp_path / "class", out, NAMES, workers=1, scheduler=None,
+    classroom.grade_class(submissions, one_worker_reversed, NAMES, workers=1, scheduler=None,
                           limits=grading.TimeLimits())
-    both = (graded_example_class, out)
-    rows = [_rows(folder) for folder in both]
-    results = [{(e["student"], e["notebook"]): {k: v for k, v in e.items() if k != "seconds"}
-                for e in json.loads((folder / "results.json").read_text())} for folder in both]
-    for student in students:
-        assert rows[0][student] == rows[1][student], student
-        report = [(folder / "reports" / f"{student}.txt").read_text() for folder in both]
-        assert report[0] == report[1], student
-        for name in NAMES:
-            page = [(folder / "feedback" / student / f"{name}.html").read_text() for folder in both]
-            assert page[0] == page[1], (student, name)
-            assert results[0][student, name] == results[1][student, name], (student, name)
+    files = [_written(two_workers), _written(one_worker_reversed)]
+    assert sorted(files[0]) == sorted(files[1])
+    assert {"grades.csv", "results.json", "reports/buggy.txt", "reports/perfect.txt"} < files[0].keys()
+    assert len([path for path in files[0] if path.startswith("feedback/")]) == len(students) * len(NAMES)
+    for path in files[0]:
+        assert files[0][path] == files[1][path], path
 
 
+@pytest.mark.slow
 def test_regrading_locally_and_on_a_dask_scheduler_gives_identical_results(tmp_path):
     from distributed import LocalCluster
 
@@ -162,6 +192,7 @@ def _quick_07():
     return notebook
 
 
+@pytest.mark.slow
 def test_one_worker_grades_07_and_08_alike_in_either_order(tmp_path):
     """A long-lived worker that judged one notebook must judge the next with that notebook's
     own graders (07 and 08 once both graded a `generate`, and the one imported last judged
@@ -247,6 +278,7 @@ def test_release_writes_student_notebooks_without_solutions_or_hidden_tests(tmp_
         assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, path
 
 
+@pytest.mark.slow
 def test_learner_check_summarises_each_test_cell(tmp_path, capsys):
     from graders.harness.check import check
 
@@ -261,6 +293,7 @@ def test_learner_check_summarises_each_test_cell(tmp_path, capsys):
     assert "FAIL layernorm_test (5 points)" in out and "sample variance" in out
 
 
+@pytest.mark.slow
 def test_run_solutions_saves_each_executed_notebook_with_html_and_reports_failures(tmp_path, capsys, monkeypatch):
     from graders.course import notebooks
 

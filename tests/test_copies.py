@@ -7,10 +7,10 @@ import nbformat
 import pytest
 
 from graders.course.example_class import submission
+from graders.course.notebooks import notebook_names
 from graders.harness import grading
 from graders.harness.cells import nbgrader_meta, released_notebook, source_notebook
 from graders.harness.copies import cell_notes, copy_flags
-from graders.course.notebooks import notebook_names
 from graders.reference import components
 
 
@@ -54,6 +54,7 @@ def test_the_given_constructor_is_not_the_learners_copy():
     assert copy_flags(notebook, released_notebook("03_attention")) == []
 
 
+@pytest.mark.slow
 def test_a_pasted_attention_keeps_its_points_and_is_reported(tmp_path):
     notebook = _with_answer(submission("03_attention", solved=True), "attention_answer", _pasted_attention())
     path = tmp_path / "03_attention.ipynb"

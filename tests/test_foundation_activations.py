@@ -41,7 +41,6 @@ def test_hooks_see_the_plain_gpt2_forward(reference, reference_tokens, reference
     from transformers import GPT2LMHeadModel
 
     from graders.reference import synthetic
-
     from graders.reference.paths import cache_dir
 
     plain = GPT2LMHeadModel.from_pretrained(

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from graders.judging.tolerance import tolerance
 from graders.reference import model as ref
 from graders.reference import synthetic
-from graders.judging.tolerance import tolerance
 from graders.reference.paths import CACHE_ENV
 from graders.reference.weights import component, course_weights
 
@@ -239,7 +239,13 @@ def _no_boot(monkeypatch):
 
 
 def test_auto_falls_back_to_synthetic(tmp_path, monkeypatch, reference):  # reference: cache filled
-    monkeypatch.setenv(ref.PRETRAINED_DIR_ENV, str(tmp_path))
+    """No named folder and no GPT-2 in the Hugging Face cache: synthetic. (A named folder without
+    the weights is an error: tests/test_instructor_slips.py.)"""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv(ref.PRETRAINED_DIR_ENV, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv(ref.SOURCE_ENV, raising=False)
     _no_boot(monkeypatch)

@@ -8,7 +8,6 @@ from torch import nn
 from graders.reference.config import Config
 from graders.reference.weights import WeightLoadError, component, course_weights, load_strict
 
-
 # --- An independent minimal GPT-2, named like the course's modules ------------------------------
 
 class LayerNorm(nn.Module):
@@ -63,8 +62,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.W_in, self.b_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp)), nn.Parameter(torch.zeros(cfg.d_mlp))
-        self.W_out, self.b_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
 
     def forward(self, x):
         pre = x @ self.W_in + self.b_in

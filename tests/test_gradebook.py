@@ -18,13 +18,12 @@ import pytest
 from nbgrader.api import Gradebook
 from nbgrader.utils import parse_utc
 
+from conftest import free_port, served
 from graders.course import example_class
 from graders.course.notebooks import ROOT, release, venv_env
-from graders.harness import classroom
-from graders.harness import cells
-from conftest import free_port, served
+from graders.harness import cells, classroom
 
-pytestmark = pytest.mark.xdist_group("gradebook")
+pytestmark = [pytest.mark.xdist_group("gradebook"), pytest.mark.slow]
 LN = "01_layernorm"
 COURSE_ID = "gpt2-from-scratch"   # nbgrader_config.py's
 STAMP = "2026-11-20 10:00:00.000000 UTC"

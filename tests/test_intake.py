@@ -103,6 +103,7 @@ def _grade_command(submissions, out):
             "--out", str(out), "--plain", "--workers", "1", "--notebooks", LN]
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_keeps_its_work_resumes_and_merges_a_second_batch(tmp_path):
     first, late, out = tmp_path / "first", tmp_path / "late", tmp_path / "out"
     for student in ("alice", "bob", "carol"):

@@ -65,6 +65,7 @@ def with_forward(name, grade_id, forward_source):
 
 
 # 1. Patching the comparison functions in the kernel turns nothing into points.
+@pytest.mark.slow
 def test_monkeypatched_comparisons_do_not_rescue_a_wrong_answer(tmp_path):
     patch = ("import torch, numpy, math, builtins\n"
              "torch.allclose = lambda *a, **k: True\n"
@@ -80,6 +81,7 @@ def test_monkeypatched_comparisons_do_not_rescue_a_wrong_answer(tmp_path):
 
 
 # 2. Rewriting the graders in the kernel's memory changes no verdict.
+@pytest.mark.slow
 def test_rewritten_graders_modules_in_the_kernel_change_nothing(tmp_path):
     patch = ("import sys, graders.judging.compare, graders.judging.tolerance, graders.judging.exercise\n"
              "graders.judging.compare.compare = lambda *a, **k: None\n"
@@ -92,6 +94,7 @@ def test_rewritten_graders_modules_in_the_kernel_change_nothing(tmp_path):
 
 
 # 3. Objects that lie about equality are judged by their numbers.
+@pytest.mark.slow
 def test_lying_tensor_subclass_fails(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        class Liar(torch.Tensor):\n"
@@ -107,6 +110,7 @@ def test_lying_tensor_subclass_fails(tmp_path):
 # 4. Solutions (and their hidden tests) and reference activations are out of reach, even the
 # activations of the notebook's own visible check (they hold its expected outputs).
 @ROOT_GRADER
+@pytest.mark.slow
 def test_solutions_and_reference_activations_cannot_be_read(tmp_path):
     from graders.course.notebooks import SOLUTIONS
     from graders.judging.cases import Case
@@ -138,6 +142,7 @@ def test_solutions_and_reference_activations_cannot_be_read(tmp_path):
 
 # 5. The grading output, other students' folders and the graders cannot be written.
 @ROOT_GRADER
+@pytest.mark.slow
 def test_grades_other_students_and_graders_cannot_be_written(tmp_path):
     out, other = tmp_path / "grading", tmp_path / "other-student" / "work" / "records"
     other.mkdir(parents=True)
@@ -171,6 +176,7 @@ def test_grades_other_students_and_graders_cannot_be_written(tmp_path):
 # 4 and 5. Under a root grader, learner code runs as an unprivileged user with no groups, and
 # without network: it cannot reach the grader's Dask cluster or anything else on this machine.
 @ROOT_GRADER
+@pytest.mark.slow
 def test_learner_code_runs_unprivileged_and_offline(tmp_path):
     import socket
 
@@ -214,6 +220,7 @@ def test_records_that_are_not_regular_files_are_ignored(tmp_path):
 
 # 6. A deleted test cell, or one stripped of its metadata, is restored and graded.
 @pytest.mark.parametrize("how", ["deleted", "metadata stripped"])
+@pytest.mark.slow
 def test_deleted_or_stripped_test_cell_is_restored_and_graded(tmp_path, how):
     notebook = example_class.submission("01_layernorm", True)
     test = next(c for c in notebook.cells if grading.is_test_cell(c))
@@ -227,6 +234,7 @@ def test_deleted_or_stripped_test_cell_is_restored_and_graded(tmp_path, how):
 
 
 # 7. An edited test cell or edited points are put back.
+@pytest.mark.slow
 def test_edited_test_cell_and_points_are_restored(tmp_path):
     notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE])
     test = next(c for c in notebook.cells if grading.is_test_cell(c))
@@ -244,6 +252,7 @@ def test_edited_test_cell_and_points_are_restored(tmp_path):
     ("        import os\n        os._exit(3)\n", "crashed"),
     ("        hog = bytearray(64 * 2**30)\n", "failed"),
 ], ids=["infinite loop", "segfault", "os._exit", "memory bomb"])
+@pytest.mark.slow
 def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status):
     forward = ("    def forward(self, tokens):\n" + sabotage +
                "        return self.W_E[tokens]\n")
@@ -258,6 +267,7 @@ def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status
     assert cells["pos_embed_test"].points == 3
 
 
+@pytest.mark.slow
 def test_a_crash_between_two_passing_tests_costs_neither(tmp_path):
     """The kernel restarted after a crash records again from the start; the records of the
     tests before the crash stay (03: the mask passes, forward crashes, the circuits pass)."""
@@ -268,6 +278,7 @@ def test_a_crash_between_two_passing_tests_costs_neither(tmp_path):
     assert cells["circuits_test"].points == cells["circuits_test"].max_points
 
 
+@pytest.mark.slow
 def test_only_cells_tagged_training_get_the_training_time_limit(tmp_path):
     """The same slow cell finishes when tagged `training` and is interrupted when not."""
     slow = "import time\ntime.sleep(15)\nprint('{} cell finished')"
@@ -294,6 +305,7 @@ def test_nbgrader_uses_the_same_time_limits_as_the_harness():
 
 
 # 10. Warnings and stderr output during a passing check do not zero it.
+@pytest.mark.slow
 def test_stderr_and_warnings_do_not_zero_a_passing_check(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        import sys, warnings\n"
@@ -304,6 +316,7 @@ def test_stderr_and_warnings_do_not_zero_a_passing_check(tmp_path):
 
 
 # 11. An answer tuned to the visible check fails the hidden variants.
+@pytest.mark.slow
 def test_answer_tuned_to_the_visible_check_fails_the_hidden_variants(tmp_path):
     forward = ("    def forward(self, residual):\n"
                "        if tuple(residual.shape) != (1, 35, 768):\n"
@@ -322,6 +335,7 @@ def test_answer_tuned_to_the_visible_check_fails_the_hidden_variants(tmp_path):
      "        return SMUGGLED(residual, (768,), self.w, self.b, 1e-5)\n",
      "import torch\nSMUGGLED = torch.nn.functional.layer_norm\n"),
 ], ids=["direct call", "reference saved before the check"])
+@pytest.mark.slow
 def test_library_layer_norm_is_refused(tmp_path, forward, extra):
     notebook = with_forward("01_layernorm", "layernorm_answer", forward)
     if extra:
@@ -338,31 +352,37 @@ def test_no_solution_answer_trips_a_forbidden_word_of_its_notebook():
     a word another exercise of the notebook needs (08's beam search counts with .numel) is
     looked for in its own exercise's answer cells only."""
     from graders.course.notebooks import notebook_names
-    from graders.harness.cells import learner_code, source_notebook
+    from graders.exercises import find
+    from graders.harness.cells import learner_code, released_notebook, source_notebook
     from graders.harness.manifest import notebook_checks
+    from graders.judging.verdict import forbidden_use
 
     tripped = []
     for name in notebook_names():
-        source = source_notebook(name)
-        code = learner_code(source, source)
+        source, released = source_notebook(name), released_notebook(name)
         for grade_id, checks in notebook_checks(name).items():
-            own = learner_code(source, source, up_to=grade_id)
+            code = learner_code(source, released, grade_id)
+            assert code.before, (name, grade_id)   # the solution's answers above the test cell
             tripped += [(name, grade_id, used) for key, _ in checks
-                        if (used := grading.forbidden_use(key, code, own))]
+                        if (used := forbidden_use(find(key), code))]
     assert not tripped
 
 
 def test_a_word_forbidden_in_its_own_answer_is_still_refused_there():
-    key = ("08_sampling", "kv_cache_bytes")
+    from graders.exercises import find
+    from graders.judging.verdict import LearnerCode, forbidden_use
+
+    kv_cache_bytes = find(("08_sampling", "kv_cache_bytes"))
     counted = "def kv_cache_bytes(cfg, batch, seq_len, dtype):\n    return cache.numel() * 4\n"
-    assert grading.forbidden_use(key, counted, counted) == ".numel"
-    assert grading.forbidden_use(key, "scores.topk(min(3, candidates.numel()))", "return 0") is None
-    layer_norm = ("01_layernorm", "LayerNorm")
+    assert forbidden_use(kv_cache_bytes, LearnerCode(counted, counted)) == ".numel"
+    assert forbidden_use(kv_cache_bytes, LearnerCode("scores.topk(min(3, candidates.numel()))", "return 0")) is None
+    layer_norm = find(("01_layernorm", "LayerNorm"))
     smuggled = "SMUGGLED = torch.nn.functional.layer_norm"   # in a cell of its own, before the answer
-    assert grading.forbidden_use(layer_norm, smuggled, "return SMUGGLED(x)") is not None
+    assert forbidden_use(layer_norm, LearnerCode(smuggled, "return SMUGGLED(x)")) is not None
 
 
 # 13. A flood of output is truncated and grading goes on.
+@pytest.mark.slow
 def test_huge_output_is_truncated_and_grading_continues(tmp_path):
     flood = "print('x' * 5_000_000)"
     cells, _, executed = grade(tmp_path, "01_layernorm",
@@ -373,6 +393,7 @@ def test_huge_output_is_truncated_and_grading_continues(tmp_path):
 
 
 # 14. The notebook's kernelspec is ignored.
+@pytest.mark.slow
 def test_a_changed_kernelspec_has_no_effect(tmp_path):
     notebook = example_class.submission("01_layernorm", True)
     notebook.metadata["kernelspec"] = {"name": "evil-kernel", "display_name": "x", "language": "python"}
@@ -381,21 +402,24 @@ def test_a_changed_kernelspec_has_no_effect(tmp_path):
 
 
 # 15. Detecting the grading run and forging records gains nothing.
+@pytest.mark.slow
 def test_forged_records_in_grading_mode_gain_nothing(tmp_path):
-    forge = ("import json, pathlib, graders.judging.exercise as g\n"
-             "if g.Recorder.directory is not None:\n"
-             "    g.Exercise.check = lambda self, learner, **case: None\n"
-             "    for n, case in enumerate([{}, {'block': 7, 'text': None, 'seed': 11, 'batch': 3}]):\n"
-             "        c = g.Case(**case)\n"
-             "        record = {'cell': 'layernorm_test', 'exercise': 'LayerNorm', 'status': 'passed',\n"
-             "                  'case': __import__('dataclasses').asdict(c), 'message': '', 'tensors': False}\n"
-             "        (g.Recorder.directory / f'9999{n}.json').write_text(json.dumps(record))\n")
+    forge = ("import json\n"
+             "import graders.judging.exercise as g, graders.judging.session as s\n"
+             "session = s.current()\n"
+             "if session.recording:\n"
+             "    g.Exercise.check = lambda self, learner, case, answers=(): None\n"
+             "    for n in range(3):\n"
+             "        record = {'check': f'layernorm_test/{n}', 'exercise': ['01_layernorm', 'LayerNorm'],\n"
+             "                  'message': '', 'tensors': False}\n"
+             "        (session.records / f'0000{n}.json').write_text(json.dumps(record))\n")
     notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE], extra={"layernorm_answer": [forge]})
     cells, _, _ = grade(tmp_path, "01_layernorm", notebook)
     assert cells["layernorm_test"].points == 0
 
 
 # 18. Grading the same submission twice gives the same result.
+@pytest.mark.slow
 def test_regrading_is_deterministic(tmp_path):
     notebook = crafted("01_layernorm", edits=[SAMPLE_VARIANCE])
     first, _, _ = grade(tmp_path / "a", "01_layernorm", copy.deepcopy(notebook))
@@ -426,7 +450,8 @@ def test_only_checks_against_reference_activations_receive_reference_inputs():
     """Training and sampling checks run their own small models: computing GPT-2 activations for
     their cases (2,000 sequences in notebook 07) once took the grader out of memory."""
     from graders.harness.manifest import notebook_checks
-    from graders.judging.exercise import find, no_inputs
+    from graders.exercises import find
+    from graders.judging.exercise import no_inputs
 
     wanted = {name: [check for checks in notebook_checks(name).values() for check in checks]
               for name in ("01_layernorm", "07_training", "08_sampling")}

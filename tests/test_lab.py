@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 INSTRUCTOR_PLUGINS = {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:assignment-list",
                       "@jupyter/nbgrader:course-list", "@jupyter/nbgrader:create-assignment",
@@ -31,6 +33,7 @@ def _status(url: str) -> int:
         return err.code
 
 
+@pytest.mark.slow
 def test_make_lab_serves_the_exercises_with_validate_and_no_instructor_tools(tmp_path):
     port = _free_port()
     args = (f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token=testtoken "

@@ -54,6 +54,7 @@ def layernorm_runs(tmp_path_factory):
             for kind, edits in {"buggy": BUGS, "crash": [CRASH], "solved": []}.items()}
 
 
+@pytest.mark.slow
 def test_a_failed_check_shows_the_diagnosis_first_and_no_grader_line(layernorm_runs):
     cell = _test_cell(layernorm_runs["buggy"], "layernorm_test")
     [lines] = _errors(cell)
@@ -64,6 +65,7 @@ def test_a_failed_check_shows_the_diagnosis_first_and_no_grader_line(layernorm_r
     assert cell.outputs[-1].ename == "CheckFailed"   # still an error: the cell scores 0
 
 
+@pytest.mark.slow
 def test_a_crash_in_the_learners_code_shows_their_own_frame_only(layernorm_runs):
     [lines] = _errors(_test_cell(layernorm_runs["crash"], "layernorm_test"))
     text = "\n".join(lines)
@@ -75,6 +77,7 @@ def test_a_crash_in_the_learners_code_shows_their_own_frame_only(layernorm_runs)
     assert "graders/" not in text and "site-packages" not in text and "torch/" not in text, text
 
 
+@pytest.mark.slow
 def test_a_passing_check_names_its_points_and_the_last_cell_sums_up(layernorm_runs):
     solved = layernorm_runs["solved"]
     assert "\N{CHECK MARK} LayerNorm: correct on the reference text (5/5 points)" in \
@@ -101,6 +104,7 @@ def test_the_rendering_keeps_the_learners_frames_and_drops_the_graders():
     assert not [line for line in lines if "graders/" in line], lines
 
 
+@pytest.mark.slow
 def test_make_check_prints_the_diagnosis_as_the_notebook_does_without_a_tcp_warning(tmp_path):
     path = tmp_path / "01_layernorm.ipynb"
     nbformat.write(submission("01_layernorm", solved=True, edits=BUGS), path)
@@ -113,10 +117,11 @@ def test_make_check_prints_the_diagnosis_as_the_notebook_does_without_a_tcp_warn
     assert "without encryption" not in run.stdout + run.stderr, run.stderr
 
 
+@pytest.mark.slow
 def test_make_check_skips_the_demonstrations_as_grading_does(tmp_path):
     """`make check` runs a notebook as the autograder will: the picture cell of a solved 01
     skips itself (it earns nothing, and computing it costs the check time)."""
-    from graders.harness.check import KERNEL_NAME
+    from graders.harness.cells import KERNEL_NAME
     from graders.harness.execute import run
     from graders.harness.limits import TimeLimits
 
@@ -131,6 +136,7 @@ def test_make_check_skips_the_demonstrations_as_grading_does(tmp_path):
 
 
 @pytest.mark.parametrize("name", [n for n in notebook_names() if n != "00_tour"])
+@pytest.mark.slow
 def test_run_all_runs_an_untouched_notebook_to_the_end(name, tmp_path):
     """Only test cells may fail (tagged raises-exception: Run All goes on); each says in one line
     that its exercise is unsolved, each demonstration cell that needs an answer says which, and

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.xdist_group("lookup")
 
 # notebook: (answer cell, wrong edit (old, new), test cell, class patched, (input hook, output hook) pairs)
 CHEATS = {
-    "01_layernorm": ("layernorm_answer", ("centred.pow(2).mean(dim=-1, keepdim=True)", "centred.var(dim=-1, keepdim=True)"),
+    "01_layernorm": ("layernorm_answer",
+                     ("centred.pow(2).mean(dim=-1, keepdim=True)", "centred.var(dim=-1, keepdim=True)"),
                      "layernorm_test", "LayerNorm",
                      [("hook_resid_pre", "ln1.hook_out"), ("hook_resid_mid", "ln2.hook_out"),
                       ("blocks.11.hook_resid_post", "ln_final.hook_out")]),
@@ -82,6 +83,7 @@ def submission(name, cheat: bool):
 @ROOT_GRADER
 @pytest.mark.parametrize("cheat", [True, False], ids=["with lookup cell", "without"])
 @pytest.mark.parametrize("name", sorted(CHEATS))
+@pytest.mark.slow
 def test_a_wrong_implementation_scores_zero_with_or_without_a_lookup_cell(tmp_path, name, cheat):
     cells, _, executed = grade(tmp_path, name, submission(name, cheat))
     test_cell = CHEATS[name][2]
@@ -131,10 +133,8 @@ LOOKUP_TARGETS = ["01_layernorm", "03_attention", "04_mlp", "05_transformer_bloc
 @pytest.mark.parametrize("name", LOOKUP_TARGETS)
 def test_a_perfect_lookup_of_reference_activations_fails(name):
     """Every graded input of the visible and hidden checks answered from the reference."""
-    import importlib
-
     from graders.harness.manifest import notebook_checks
-    from graders.judging.exercise import find
+    from graders.exercises import find
 
     test_cell = CHEATS[name][2]
     checks = notebook_checks(name)[test_cell]
@@ -154,7 +154,7 @@ UNSEEN = {"01_layernorm": ("LayerNorm", ["random_out", "unseen_out"]),
 @pytest.mark.parametrize("name", sorted(UNSEEN))
 def test_the_unseen_input_checks_alone_fail_a_wrong_implementation(name):
     """Right wherever a file could hold the answer, wrong on inputs made in the kernel: fails."""
-    from graders.judging.exercise import find
+    from graders.exercises import find
 
     exercise, keys = find((name, UNSEEN[name][0])), UNSEEN[name][1]
     case = Case()
@@ -167,7 +167,7 @@ def test_the_unseen_input_checks_alone_fail_a_wrong_implementation(name):
 
 
 def test_the_model_and_loss_checks_on_unseen_inputs_fail_a_wrong_implementation():
-    from graders.judging.exercise import find
+    from graders.exercises import find
 
     case = Case()
     model = find(("06_gpt2", "DemoTransformer"))

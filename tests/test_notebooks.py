@@ -27,12 +27,14 @@ def _graded_cells(path) -> int:
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_solution_passes_every_test_cell(name):
     output = _validate(SOLUTIONS / f"{name}.ipynb")
     assert "Success! Your notebook passes all the tests." in output, output[-3000:]
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if _graded_cells(SOLUTIONS / f"{n}.ipynb")])
+@pytest.mark.slow
 def test_untouched_exercise_fails_every_test_cell(name):
     output = _validate(EXERCISES / f"{name}.ipynb", invert=True)
     assert "Success! The notebook does not pass any tests." in output, output[-3000:]
@@ -197,6 +199,7 @@ def test_picture_cells_are_where_the_course_says():
 
 
 @pytest.mark.parametrize("name", sorted(PICTURES))
+@pytest.mark.slow
 def test_each_picture_cell_draws_an_image_in_the_solution_run(name, tmp_path):
     """`make solutions` runs the solution offline; each picture cell leaves a PNG in the saved
     notebook and in its HTML."""

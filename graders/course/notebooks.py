@@ -13,14 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SOLUTIONS = ROOT / "solutions"
-EXERCISES = ROOT / "exercises"
-
-
-def notebook_names() -> list[str]:
-    """The course's notebooks in teaching order (their file stems)."""
-    return sorted(p.stem for p in SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
+from graders.layout import EXERCISES, ROOT, SOLUTIONS, notebook_names  # noqa: F401  (the course's names)
 
 
 def venv_env() -> dict:
@@ -62,20 +55,6 @@ def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
     return written
 
 
-def nbgrader_course(root: Path | None = None):
-    """(CourseDirectory, config) as nbgrader's own commands configure them: nbgrader_config.py in
-    the current folder and in Jupyter's config folders, with the course at `root` when given."""
-    from nbgrader.apps.baseapp import NbGrader
-    from nbgrader.coursedir import CourseDirectory
-
-    app = NbGrader()
-    app.load_config_file()
-    config = app.config
-    if root:
-        config.CourseDirectory.root = str(Path(root).resolve())
-    return CourseDirectory(config=config), config
-
-
 class ReleaseError(RuntimeError):
     """nbgrader refused to generate an assignment (the message has nbgrader's reason)."""
 
@@ -90,6 +69,8 @@ def release(course: Path, names: list[str] | None = None) -> list[Path]:
 
     gradable(names or notebook_names())
     os.environ["PATH"] = venv_env()["PATH"]  # a new gradebook asks the `alembic` command its version
+    from graders.harness.gradebook import nbgrader_course
+
     coursedir, config = nbgrader_course(course)
     released = []
     for name in names or notebook_names():
@@ -162,21 +143,23 @@ def main(argv=None) -> int:
     run.add_argument("out_dir", type=Path)
     run.add_argument("names", nargs="*", help="only these notebooks (file stems); default: all")
     args = parser.parse_args(argv)
-    if args.command == "exercises":
-        for path in generate(EXERCISES):
-            print(f"wrote {path.relative_to(ROOT)}")
-    elif args.command == "run-solutions":
-        failed = run_solutions(args.out_dir, args.names)
-        if failed:
-            print(f"{len(failed)} solution notebook(s) failed: {', '.join(failed)} (see their HTML)")
-            return 1
-    else:
-        try:
+    from graders.judging.testcells import UnreadableTestCell
+
+    try:
+        if args.command == "exercises":
+            for path in generate(EXERCISES):
+                print(f"wrote {path.relative_to(ROOT)}")
+        elif args.command == "run-solutions":
+            failed = run_solutions(args.out_dir, args.names)
+            if failed:
+                print(f"{len(failed)} solution notebook(s) failed: {', '.join(failed)} (see their HTML)")
+                return 1
+        else:
             for path in release(args.course_dir):
                 print(f"released {path}")
-        except ReleaseError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+    except (ReleaseError, UnreadableTestCell) as err:   # the instructor's to fix: the message alone
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -9,6 +9,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
+from graders.judging.exercise import Exercise, registered
 from graders.judging.notebook import Notebook
 
 
@@ -35,6 +36,12 @@ def declaration(notebook: str) -> Notebook:
         raise MissingGrader(f"graders/exercises/nb{notebook[:2]}.py must declare "
                             f"NOTEBOOK = Notebook({notebook!r}, ...) (see docs/adding-a-notebook.md)")
     return declared
+
+
+def find(key: tuple[str, str]) -> Exercise:
+    """The exercise with this (notebook, name) key, its notebook's grader imported first."""
+    grader_module(key[0])
+    return registered(key)
 
 
 def declared_notebooks() -> dict[str, Notebook]:

@@ -51,8 +51,16 @@ def layernorm_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
         "the learned shift b is not added": centred / (pop_var + eps).sqrt() * w,
         "dividing by the variance instead of the standard deviation":
             centred / (pop_var + eps) * w + b,
-        "normalising over the wrong dimension (the last dimension, d_model, is the one)":
+        "normalising over the wrong dimension: the statistics are taken across positions "
+        "(dim=1 of [batch, posn, d_model]); take them over d_model, the last dimension":
             (x - x.mean(-2, keepdim=True)) / (x.var(-2, keepdim=True, unbiased=False) + eps).sqrt() * w + b,
+        "normalising over the wrong dimension: the mean and the (sample) variance are taken across "
+        "positions (dim=1 of [batch, posn, d_model]); take them over d_model, the last dimension":
+            (x - x.mean(-2, keepdim=True)) / (x.var(-2, keepdim=True, unbiased=True) + eps).sqrt() * w + b,
+        "normalising over the wrong dimension: the mean is taken across positions (dim=1 of "
+        "[batch, posn, d_model]); take it over d_model, the last dimension":
+            (x - x.mean(-2, keepdim=True)) / ((x - x.mean(-2, keepdim=True)).pow(2).mean(-1, keepdim=True)
+                                              + eps).sqrt() * w + b,
     }
 
 
@@ -103,7 +111,8 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
     course = course_component("LayerNorm", prefix)
     for key, what, x in (("random_out", "a random [2, 4, d_model] input",
                           rand_float(case.seed, 2, 4, Config().d_model)),
-                         ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(acts[source], case.seed))):
+                         ("unseen_out", "a rescaled, noisy input that no file holds",
+                          unseen_variant(acts[source], case.seed))):
         with torch.no_grad():
             expected = course(x)
         compare(f"LayerNorm output ({prefix}) on {what}", outputs[key], expected, DIMS,

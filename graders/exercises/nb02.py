@@ -68,7 +68,9 @@ def embed_mistakes(W_E: torch.Tensor, tokens: torch.Tensor) -> dict:
         "this; GPT-2 does not)": W_E[tokens] * math.sqrt(W_E.shape[1]),
         "every sequence in the batch uses the first sequence's tokens (tokens[0])":
             W_E[tokens[0]].expand(batch, seq, -1),
-        "the token ids are off by one (W_E[tokens - 1] or W_E[tokens + 1])": W_E[tokens - 1],
+        "the token ids are off by one (W_E[tokens - 1]): row i of W_E is token i's": W_E[tokens - 1],
+        "the token ids are off by one (W_E[tokens + 1], or rows shifted as in W_E[1:][tokens]): "
+        "row i of W_E is token i's": W_E[(tokens + 1).clamp(max=W_E.shape[0] - 1)],
     }
 
 

@@ -182,8 +182,10 @@ def judge_mlp(case: Case, outputs: dict) -> None:
             hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
     # Inputs no file holds: the expected outputs are computed here, with the course's MLP.
     course = course_component("MLP", f"{b}.mlp")
-    for key, what, x in (("random_out", "a random [2, 4, d_model] input", rand_float(case.seed, 2, 4, Config().d_model)),
-                         ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(acts[f"{b}.ln2.hook_out"], case.seed))):
+    for key, what, x in (("random_out", "a random [2, 4, d_model] input",
+                          rand_float(case.seed, 2, 4, Config().d_model)),
+                         ("unseen_out", "a rescaled, noisy input that no file holds",
+                          unseen_variant(acts[f"{b}.ln2.hook_out"], case.seed))):
         with torch.no_grad():
             expected = course(x)
         compare(f"MLP output ({b}) on {what}", outputs[key], expected, dims,

@@ -211,8 +211,10 @@ def _judge_unseen_inputs(case: Case, outputs: dict) -> None:
     """Inputs no file holds: the expected outputs are computed here, with the course's block."""
     course = course_component("TransformerBlock", f"blocks.{case.block}")
     resid_pre = activations(case)[f"blocks.{case.block}.hook_resid_pre"]
-    for key, what, x in (("random_out", "a random [2, 4, d_model] input", rand_float(case.seed, 2, 4, Config().d_model)),
-                         ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(resid_pre, case.seed))):
+    for key, what, x in (("random_out", "a random [2, 4, d_model] input",
+                          rand_float(case.seed, 2, 4, Config().d_model)),
+                         ("unseen_out", "a rescaled, noisy input that no file holds",
+                          unseen_variant(resid_pre, case.seed))):
         with torch.no_grad():
             expected = course(x)
         compare(f"TransformerBlock output (blocks.{case.block}) on {what}", outputs.get(key), expected, DIMS,

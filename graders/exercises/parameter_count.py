@@ -77,8 +77,11 @@ def _transformers_count(cfg: Config) -> int:
     """transformers' GPT-2 with this config: its parameters, the tied matrix counted once."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    # Its special-token ids must lie in the vocabulary (GPT-2's 50256 does not in a small one).
+    last = cfg.d_vocab - 1
     config = GPT2Config(vocab_size=cfg.d_vocab, n_positions=cfg.n_ctx, n_embd=cfg.d_model,
-                        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_mlp)
+                        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_mlp,
+                        bos_token_id=last, eos_token_id=last)
     with torch.device("meta"):
         return _numel(GPT2LMHeadModel(config))
 

@@ -24,7 +24,7 @@ class CourseHarness(NbGraderPreprocessor):
     """Grade one notebook with graders.harness.grading and save the verdicts to the gradebook."""
 
     def preprocess(self, nb, resources):
-        from graders.course.notebooks import notebook_names
+        from graders.layout import notebook_names
         from graders.harness import grading
         from graders.harness.cells import is_test_cell, released_source
         from graders.harness.copies import is_copy_note

@@ -11,8 +11,10 @@ import copy
 
 import nbformat
 
-from graders.course.notebooks import EXERCISES, SOLUTIONS
-from graders.judging.progress import split_hidden
+from graders.layout import EXERCISES, SOLUTIONS
+from graders.judging.session import code_only
+from graders.judging.testcells import split_hidden
+from graders.judging.verdict import LearnerCode
 
 KERNEL_NAME = "gpt2-course-sandbox"
 
@@ -103,31 +105,27 @@ def _extra_cells(submission) -> dict:
     return extras
 
 
-def learner_code(notebook, source, up_to: str | None = None) -> str:
-    """The code the learner wrote: answer cells and cells that are not the course's, without
-    comments and strings. With `up_to` (a test cell's grade_id), only those between the test
-    cell before it and that test cell: the exercise's own answer."""
-    import io
-    import tokenize
-
-    course_cells = {c["source"] for c in source.cells}
-    cells = notebook.cells
-    if up_to is not None:
-        tests = [i for i, c in enumerate(cells) if is_test_cell(c)]
-        end = next(i for i in tests if nbgrader_meta(cells[i])["grade_id"] == up_to)
-        cells = cells[max([i for i in tests if i < end], default=-1) + 1:end]
-    parts = []
-    for cell in cells:
+def learner_code(notebook, released, grade_id: str) -> LearnerCode:
+    """The learner's code as the check of test cell `grade_id` is judged with: their cells above
+    it (answer cells, and added cells that are not the course's), and those since the test cell
+    before it (the exercise's own answer). A learner's kernel collects the same from the cells it
+    ran (graders.judging.session.CellHistory), so the two agree on a top-to-bottom run."""
+    course = {c["source"] for c in released.cells
+              if c["cell_type"] == "code" and not nbgrader_meta(c).get("solution")}
+    end = next(i for i, c in enumerate(notebook.cells)
+               if is_test_cell(c) and nbgrader_meta(c)["grade_id"] == grade_id)
+    before, own = [], []
+    for i, cell in enumerate(notebook.cells[:end]):
+        if is_test_cell(cell):
+            own = []
+            continue
         meta = nbgrader_meta(cell)
         if cell["cell_type"] == "code" and (
-                meta.get("solution") or (not meta.get("grade_id") and cell["source"] not in course_cells)):
-            try:
-                tokens = [t for t in tokenize.generate_tokens(io.StringIO(cell["source"]).readline)
-                          if t.type not in (tokenize.COMMENT, tokenize.STRING)]
-                parts.append(tokenize.untokenize(tokens))
-            except (tokenize.TokenError, IndentationError, SyntaxError):
-                parts.append(cell["source"])
-    return "\n".join(parts)
+                meta.get("solution") or (not meta.get("grade_id") and cell["source"] not in course)):
+            code = code_only(cell["source"])
+            before.append(code)
+            own.append(code)
+    return LearnerCode("\n".join(before), "\n".join(own))
 
 
 def cell_error(cell) -> str:

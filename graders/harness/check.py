@@ -1,8 +1,10 @@
 """A learner's check before submitting: `make check NB=exercises/03_attention.ipynb`.
 
-Runs the notebook top to bottom in a fresh kernel, as the autograder will, and prints one line
-per test cell with the diagnosis of every failure, as the notebook shows it (never the graders'
-traceback). It runs the visible checks only, and skips the demonstrations, as grading does.
+Runs the notebook top to bottom in a fresh kernel, as the autograder will (its locked cells put
+back first, as grading does), and prints one line per test cell with the diagnosis of every
+failure as the notebook shows it: the verdicts of `graders.judging.verdict.decide`, which also
+grades. It runs the visible checks only (the autograder adds hidden variants), and skips the
+demonstrations, as grading does.
 """
 import sys
 from pathlib import Path
@@ -19,7 +21,8 @@ _quick_nbformat()
 
 import nbformat  # noqa: E402
 
-from graders.harness.cells import KERNEL_NAME, cell_error, is_test_cell, nbgrader_meta  # noqa: E402
+from graders.harness.cells import (cell_error, is_test_cell, nbgrader_meta, points_of,  # noqa: E402
+                                   released_notebook, restore)
 from graders.harness.execute import run, scratch_dir  # noqa: E402
 from graders.harness.limits import TimeLimits  # noqa: E402
 
@@ -36,33 +39,49 @@ def diagnosis(cell) -> str:
     return cell_error(cell)
 
 
+def notebook_of(path: Path) -> str | None:
+    """The course notebook a file is (by its name, as grading finds it)."""
+    from graders.layout import notebook_names
+
+    return next((name for name in notebook_names() if path.stem.startswith(name)), None)
+
+
+def check_cells(path: Path, limits: TimeLimits = TimeLimits()) -> list[tuple[str, float, float, str]]:
+    """(grade_id, points earned, points, diagnosis) of each test cell, as the learner's kernel
+    judges it: the notebook with the released notebook's locked cells put back (a deleted or
+    edited test cell runs as grading runs it), top to bottom in a fresh kernel, demonstrations
+    skipped."""
+    notebook = nbformat.read(path, as_version=4)
+    name = notebook_of(path)
+    if name is not None:
+        notebook, _ = restore(notebook, released_notebook(name))
+    with scratch_dir() as workdir:
+        problems = run(notebook, None, workdir, limits, demonstrations=False)
+    verdicts = []
+    for index, cell in enumerate(notebook.cells):
+        if is_test_cell(cell):
+            error = problems.get(index) or diagnosis(cell)
+            points = points_of(cell)
+            verdicts.append((nbgrader_meta(cell)["grade_id"], 0.0 if error else points, points, error))
+    return verdicts
+
+
 def check(path: Path, limits: TimeLimits = TimeLimits()) -> int:
     notebook = nbformat.read(path, as_version=4)
-    notebook.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "sandbox",
-                                       "language": "python"}
     tests = [c for c in notebook.cells if is_test_cell(c)]
     print(f"Running {path} top to bottom in a fresh kernel, as the autograder will "
           f"({len(tests)} test cell{'s' if len(tests) != 1 else ''}, "
-          f"{sum(nbgrader_meta(c).get('points', 0) for c in tests):g} points) ...", flush=True)
-    with scratch_dir() as workdir:
-        problems = run(notebook, None, workdir, limits, demonstrations=False)
-    failures, total, earned, possible = 0, 0, 0.0, 0.0
-    for index, cell in enumerate(notebook.cells):
-        if not is_test_cell(cell):
-            continue
-        total += 1
-        meta = nbgrader_meta(cell)
-        error = problems.get(index) or diagnosis(cell)
-        points = meta.get("points", 0)
-        possible += points
+          f"{sum(points_of(c) for c in tests):g} points) ...", flush=True)
+    verdicts = check_cells(path, limits)
+    for grade_id, earned, points, error in verdicts:
         if error:
-            failures += 1
-            print(f"FAIL {meta['grade_id']} ({points} points)\n    " + error.replace("\n", "\n    "))
+            print(f"FAIL {grade_id} ({points:g} points)\n    " + error.replace("\n", "\n    "))
         else:
-            earned += points
-            print(f"pass {meta['grade_id']} ({points} points)")
-    print(f"{total - failures} of {total} test cells pass: {earned:g} of {possible:g} points.")
-    return 1 if failures else 0
+            print(f"pass {grade_id} ({points:g} points)")
+    passed = sum(1 for v in verdicts if not v[3])
+    print(f"{passed} of {len(verdicts)} test cells pass: {sum(v[1] for v in verdicts):g} of "
+          f"{sum(v[2] for v in verdicts):g} points.")
+    return 0 if passed == len(verdicts) else 1
 
 
 if __name__ == "__main__":

@@ -265,6 +265,8 @@ def main(argv=None) -> int:
 
     from graders.harness.limits import TimeLimits
     from graders.harness.gradebook import CourseError
+    from graders.reference.model import ReferenceUnavailable
+    from graders.reference.store import reference_id
 
     parser = argparse.ArgumentParser(prog="python -m graders.harness.classroom", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -296,6 +298,11 @@ def main(argv=None) -> int:
     course = None if args.plain else args.course or _configured_course()
     limits = TimeLimits(args.cell_timeout, args.training_cell_timeout)
     try:
+        reference_id()   # which weights grade the class, before any submission is read
+    except ReferenceUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
         entries = grade_class(args.submissions, args.out, args.notebooks or None, args.workers,
                               args.scheduler, limits, course)
     except (IntakeError, ResultsError, CourseError) as err:
@@ -311,7 +318,7 @@ def main(argv=None) -> int:
 
 
 def _configured_course() -> Path:
-    from graders.course.notebooks import nbgrader_course
+    from graders.harness.gradebook import nbgrader_course
 
     return Path(nbgrader_course()[0].root)
 

@@ -1,6 +1,7 @@
 """Running a restored notebook in a fresh sandbox kernel, cell by cell, within time limits.
 
-Test cells run in recording mode (graders.harness.records). A kernel that dies (os._exit, a
+The kernel's session (graders.judging.session) is made here and handed to the kernel at its
+start: a grading kernel's test cells record what the learner's code produced. A kernel that dies (os._exit, a
 segfault, memory) is restarted; the cell that killed it is skipped and the learner's other
 cells are replayed, so only the affected tests are lost.
 """
@@ -19,18 +20,20 @@ import nbformat
 
 from graders.harness.cells import KERNEL_NAME, is_test_cell, nbgrader_meta
 from graders.harness.limits import TimeLimits
-from graders.harness.records import recording_prelude
+from graders.harness.sandbox_kernel import SESSION_ARG
+from graders.judging.session import Session
 from graders.harness.sandbox import SANDBOX_UIDS, end_processes_of, sandbox_env, sandbox_plan
 
 MAX_RESTARTS = 6
 OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
 
 
-def _kernel_dir(root: Path) -> Path:
+def _kernel_dir(root: Path, session: Session) -> Path:
     spec = root / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "graders.harness.sandbox_kernel", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-m", "graders.harness.sandbox_kernel", SESSION_ARG, session.to_json(),
+                 "-f", "{connection_file}"],
         "display_name": "GPT-2 course sandbox", "language": "python"}))
     return root
 
@@ -46,18 +49,12 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     confined and sees those of the grader's files only (see graders.harness.sandbox). Without
     `demonstrations`, the demonstration cells skip themselves, as they do in grading.
     """
-    from graders.judging.progress import DEMONSTRATIONS_OFF_ENV
-    from graders.reference.paths import WITHHELD_ENV
-
+    session = Session(records, inputs_dir, demonstrations and records is None)
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
         # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
         # rewrite would start the next kernel as root.
-        os.environ["JUPYTER_PATH"] = str(_kernel_dir(Path(private)))
+        os.environ["JUPYTER_PATH"] = str(_kernel_dir(Path(private), session))
         env, config = sandbox_env(workdir), {}
-        if records is not None:
-            env[WITHHELD_ENV] = str(inputs_dir)
-        if not demonstrations:
-            env[DEMONSTRATIONS_OFF_ENV] = "1"
         if confined_to is not None:
             from graders.harness.sandbox_kernel import PLAN_ENV
 
@@ -80,6 +77,11 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         return _run_kernels(notebook, records, workdir, limits, env, config)
 
 
+def _test_cell_prelude(grade_id: str) -> str:
+    """The line a grading kernel runs before a test cell: its checks record under its id."""
+    return f"from graders.judging.session import enter_cell as _enter_cell; _enter_cell({grade_id!r})\n"
+
+
 def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config) -> dict[int, str]:
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
@@ -97,7 +99,7 @@ def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config) ->
         for i in order:
             cell = copy.deepcopy(notebook.cells[i])
             if i in test_indices and records is not None:
-                cell["source"] = recording_prelude(records, nbgrader_meta(cell)["grade_id"]) + cell["source"]
+                cell["source"] = _test_cell_prelude(nbgrader_meta(cell)["grade_id"]) + cell["source"]
             cells.append(cell)
         batch = nbformat.v4.new_notebook(cells=cells, metadata=notebook.metadata)
         current = {"index": None}

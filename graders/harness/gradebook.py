@@ -18,9 +18,22 @@ from pathlib import Path
 
 import nbformat
 
-from graders.course.notebooks import nbgrader_course
 from graders.harness.copies import cell_notes
 from graders.harness.feedback import answer_comments
+
+
+def nbgrader_course(root: Path | None = None):
+    """(CourseDirectory, config) as nbgrader's own commands configure them: nbgrader_config.py in
+    the current folder and in Jupyter's config folders, with the course at `root` when given."""
+    from nbgrader.apps.baseapp import NbGrader
+    from nbgrader.coursedir import CourseDirectory
+
+    app = NbGrader()
+    app.load_config_file()
+    config = app.config
+    if root:
+        config.CourseDirectory.root = str(Path(root).resolve())
+    return CourseDirectory(config=config), config
 
 
 class CourseError(ValueError):

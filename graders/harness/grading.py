@@ -7,9 +7,10 @@
 3. Prepare: each listed check's inputs, computed here from the reference and written where the
    kernel can read them. Expected outputs never leave this process.
 4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel; test cells record
-   what the learner's code produced (graders.harness.records).
-5. Judge: each recorded output with its exercise's `judge`. A test cell scores its points
-   only if all its checks pass.
+   what the learner's code produced (graders.judging.records).
+5. Judge: each recorded output, found by its check id, with `graders.judging.verdict.decide`
+   (what the learner's own check cell calls too). A test cell scores its points only if all
+   its checks pass.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from graders.harness.cells import (cell_error, is_test_cell, learner_code, nbgra
 from graders.harness.copies import copy_flags
 from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
-from graders.harness.records import load_records
+from graders.exercises import find
+from graders.judging.records import load_records
+from graders.judging.verdict import LearnerCode, decide
 from graders.harness.sandbox import confinement_unavailable, kernel_files
 
 
@@ -54,43 +57,27 @@ class NotebookResult:
 
 
 def prepare_inputs(wanted: dict[str, list[Check] | UnreadableTestCell], folder: Path) -> None:
-    """Write each listed check's inputs (and nothing else) where the kernel will look."""
+    """Write each listed check's inputs (and nothing else) where the kernel will look, under its
+    check id; a check with no inputs gets an empty file, so that a missing one is an error."""
     from safetensors.torch import save_file
 
     from graders.judging.cases import Case
-    from graders.judging.exercise import find, inputs_file
+    from graders.judging.session import inputs_name
 
     folder.mkdir(parents=True, exist_ok=True)
-    for checks in wanted.values():
+    for grade_id, checks in wanted.items():
         if isinstance(checks, UnreadableTestCell):
             continue
-        for key, fields in checks:
-            exercise, case = find(key), Case(**fields)
-            path = folder / inputs_file(key, case)
-            tensors = {k: v.contiguous() for k, v in exercise.inputs(case).items()}
-            if tensors and not path.exists():
-                save_file(tensors, path)
+        for index, (key, fields) in enumerate(checks):
+            tensors = {k: v.contiguous() for k, v in find(key).inputs(Case(**fields)).items()}
+            save_file(tensors, folder / inputs_name(f"{grade_id}/{index}"))
 
 
-def forbidden_use(key: tuple[str, str], code: str, own_code: str) -> str | None:
-    """The first library shortcut or grader internal the learner's code names, if any: in
-    `code` (the whole notebook's), or in `own_code` (the exercise's own answer cells) for words
-    that other exercises of the notebook use rightly (Forbidden.notebook_wide)."""
-    from graders.judging.exercise import find
-    from graders.judging.learner import ALWAYS_FORBIDDEN_WORDS, mentions
-
-    everywhere, own = set(ALWAYS_FORBIDDEN_WORDS) | {"graders"}, set()
-    for forbidden in find(key).forbidden:
-        (everywhere if forbidden.notebook_wide else own).update(forbidden.source_words)
-    return next((w for w in sorted(everywhere) if mentions(code, w)), None) \
-        or next((w for w in sorted(own) if mentions(own_code, w)), None)
-
-
-def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: list[dict],
-               problem: str | None, error: str, code: str = "", own_code: str = "") -> CellResult:
+def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: dict[str, dict],
+               problem: str | None, error: str, code: LearnerCode = LearnerCode()) -> CellResult:
+    """A test cell's result: its points when every check it lists has a record that `decide`
+    passes, judged with the learner's code above the cell."""
     from graders.judging.cases import Case
-    from graders.judging.compare import CheckFailed
-    from graders.judging.exercise import find
 
     grade_id, points = nbgrader_meta(cell)["grade_id"], points_of(cell)
 
@@ -99,27 +86,16 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: list[dic
 
     if isinstance(wanted, UnreadableTestCell):
         return failed("error", f"the course's test cell cannot be graded: {wanted}")
-    for key, case in wanted:
-        name = key[1]
-        found = next((r for r in records if r.get("exercise") == list(key) and r.get("case") == case), None)
-        if found is None:
+    for index, (key, case) in enumerate(wanted):
+        found = records.get(f"{grade_id}/{index}")
+        if found is None or found.get("exercise") != list(key):
             status = "crashed" if problem else "error"
             if problem and problem.startswith("timeout"):
                 status = "timeout"
-            return failed(status, problem or error or f"{name} did not run (an error before it?)")
-        if found["outputs"] is None:
-            return failed("failed", found.get("message", ""))
-        used = forbidden_use(key, code, own_code)
-        if used:
-            return failed("failed", f"{name}: your code uses `{used}`. Build it yourself from "
-                                    "tensor operations; library versions and the course's own "
-                                    "graders are not allowed in answers.")
-        try:
-            find(key).judge(Case(**case), found["outputs"])
-        except CheckFailed as failure:
-            return failed("failed", str(failure))
-        except Exception as err:  # malformed outputs (wrong keys, types): the learner's loss
-            return failed("failed", f"{name}: the recorded outputs are unusable ({type(err).__name__}: {err})")
+            return failed(status, problem or error or f"{key[1]} did not run (an error before it?)")
+        verdict = decide(find(key), Case(**case), found["outputs"], found.get("message", ""), code)
+        if not verdict.passed:
+            return failed("failed", verdict.message)
     if not wanted and error:
         return failed("error", error)
     return CellResult(grade_id, points, points, "passed")
@@ -141,7 +117,8 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         submission = nbformat.v4.new_notebook()
         result.flags.append(f"the notebook could not be read ({type(err).__name__}); graded as empty")
     notebook, restore_flags = restore(submission, source)
-    result.flags += restore_flags + copy_flags(notebook, released_notebook(name))
+    released = released_notebook(name)
+    result.flags += restore_flags + copy_flags(notebook, released)
     records, inputs = workdir / "records", workdir / "inputs"
     records.mkdir(parents=True, exist_ok=True)
     wanted = notebook_checks(name)
@@ -160,14 +137,13 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
                             "were judged by the grader as loaded before it ran; check those files "
                             "(e.g. `git status graders/`) before grading more.")
     recorded = load_records(records)
-    code = learner_code(notebook, source)
     sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
     for index, cell in enumerate(notebook.cells):
         if is_test_cell(cell):
             grade_id = nbgrader_meta(cell)["grade_id"]
-            result.cells.append(judge_cell(sources[grade_id], wanted[grade_id], recorded.get(grade_id, []),
-                                           problems.get(index), cell_error(cell), code,
-                                           learner_code(notebook, source, up_to=grade_id)))
+            result.cells.append(judge_cell(sources[grade_id], wanted[grade_id], recorded,
+                                           problems.get(index), cell_error(cell),
+                                           learner_code(notebook, released, grade_id)))
     return result, notebook
 
 

@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from graders.course.notebooks import notebook_names
+from graders.layout import notebook_names
 
 # Jupyter's "Make a copy" (`-Copy1`), a browser's second download (` (1)`), a file manager's ` copy`.
 COPY_SUFFIX = r"(?:-Copy\d*| ?\(\d+\)| copy(?: \d+)?)"

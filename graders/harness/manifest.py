@@ -1,71 +1,51 @@
-"""What each test cell grades, read from the source notebooks without executing their text.
+"""What each test cell of a source notebook grades: its checks, by id, read without running it.
 
-A test cell is a sequence of calls `nbNN.check_x(LearnerName, field=literal, ...)`, with
-comments and nbgrader's hidden-test markers between them. Each check function names its
-exercise (`check_x.exercise`); the keyword arguments that are `Case` fields, with the
-exercise's defaults, give the case. Anything else in a test cell (a computed argument, a
-loop) is refused with an error that names the notebook, the cell and the line, when the course
-is built and tested, so that no such cell can silently score 0 later.
+The calls come from the one reader of test cells (graders.judging.testcells); here each is
+resolved to its exercise and case. A cell that cannot be read (a computed argument, a loop, a
+function that is not a check) is refused with an error naming the notebook, the cell and the
+line, when the course is built and tested, so that no such cell can silently score 0 later.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib
-import re
 
-from graders.harness.cells import nbgrader_meta, source_notebook, test_cells
+from graders.harness.cells import source_notebook, test_cells
+from graders.judging.cases import CASE_FIELDS
+from graders.judging.testcells import CheckCall, UnreadableTestCell, read_calls, test_cells_of
 
-Check = tuple[tuple[str, str], dict]   # ((notebook, exercise name), case fields)
+Check = tuple[tuple[str, str], dict]   # ((notebook, exercise name), case fields); check i of cell g is "g/i"
+
+__all__ = ["Check", "UnreadableTestCell", "checks_of", "notebook_checks"]
 
 
-class UnreadableTestCell(ValueError):
-    """A source test cell that the harness cannot read without running it."""
+def _resolve(call: CheckCall, where: str) -> Check:
+    try:
+        module = importlib.import_module(f"graders.exercises.{call.module}")
+    except ModuleNotFoundError:
+        module = None
+    exercise = getattr(getattr(module, call.function, None), "exercise", None)
+    if exercise is None:
+        raise UnreadableTestCell(f"{where}, line {call.line}: {call.module}.{call.function} is not a "
+                                 "check function. A test cell may only call "
+                                 "nbNN.check_...(LearnerName, field=literal, ...).")
+    fields = {k: v for k, v in call.arguments.items() if k in CASE_FIELDS}
+    return exercise.key, dataclasses.asdict(exercise.case(**fields))
 
 
 def checks_of(source: str, where: str = "test cell") -> list[Check]:
     """The (exercise key, case) pairs a source test cell asks for, in order."""
-    from graders.judging.exercise import CASE_FIELDS
-
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as err:
-        raise UnreadableTestCell(f"{where}: not valid Python ({err.msg}, line {err.lineno})") from None
-    found = []
-    for statement in tree.body:
-        def refuse(why: str):
-            raise UnreadableTestCell(f"{where}, line {statement.lineno}: {why}. A test cell may only call "
-                                "nbNN.check_...(LearnerName, field=literal, ...).")
-
-        call = statement.value if isinstance(statement, ast.Expr) else None
-        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) \
-                or not isinstance(call.func.value, ast.Name) or not re.fullmatch(r"nb\d\d", call.func.value.id):
-            refuse("not a call of a notebook's check function")
-        module = importlib.import_module(f"graders.exercises.{call.func.value.id}")
-        exercise = getattr(getattr(module, call.func.attr, None), "exercise", None)
-        if exercise is None:
-            refuse(f"{call.func.value.id}.{call.func.attr} is not a check function")
-        fields = {}
-        for keyword in call.keywords:
-            if keyword.arg is None:
-                refuse("**arguments are not allowed")
-            try:
-                value = ast.literal_eval(keyword.value)
-            except ValueError:
-                refuse(f"the argument {keyword.arg}= is computed; write its value as a literal")
-            if keyword.arg in CASE_FIELDS:
-                fields[keyword.arg] = value
-        found.append((exercise.key, dataclasses.asdict(exercise.case(**fields))))
-    return found
+    return [_resolve(call, where) for call in read_calls(source, where)]
 
 
 def notebook_checks(name: str) -> dict[str, list[Check] | UnreadableTestCell]:
     """{grade_id: its checks, or why they could not be read} for one source notebook."""
     listed = {}
     for cell in test_cells(source_notebook(name)):
-        grade_id = nbgrader_meta(cell)["grade_id"]
+        grade_id = cell.metadata.nbgrader["grade_id"]
         try:
-            listed[grade_id] = checks_of(cell["source"], f"{name}, test cell {grade_id}")
+            (read,) = test_cells_of([cell], name)
+            listed[grade_id] = [_resolve(call, f"{name}, test cell {grade_id}") for call in read.calls]
         except UnreadableTestCell as err:
             listed[grade_id] = err
     return listed

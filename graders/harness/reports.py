@@ -9,7 +9,7 @@ import csv
 import re
 from pathlib import Path
 
-from graders.course.notebooks import notebook_names
+from graders.layout import notebook_names
 
 
 def safe(name: str) -> str:

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from graders.course.notebooks import ROOT, SOLUTIONS
+from graders.layout import ROOT, SOLUTIONS
 
 
 class ResultsError(ValueError):

@@ -28,7 +28,10 @@ def sandbox_env(home: Path) -> dict:
     if "GPT2_COURSE_CACHE" not in env:
         env["GPT2_COURSE_CACHE"] = str(Path.home() / ".cache" / "gpt2-from-scratch")
     env.update(HOME=str(home), PYTHONUNBUFFERED="1", MPLBACKEND="Agg", HF_HUB_OFFLINE="1",
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               # The kernel runs the graders this grader runs (a checkout's own, not another
+               # one an editable install points at), mounted where it is when confined.
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     # matplotlib's font list, kept in the course cache: under the fresh HOME every kernel
     # rebuilt it (0.4 s). A confined kernel's course cache is a fresh tmpfs: it builds its own.
     env["MPLCONFIGDIR"] = str(Path(env["GPT2_COURSE_CACHE"]) / "matplotlib")

@@ -1,7 +1,9 @@
 """The kernel a submission runs in during grading: an IPython kernel under a memory cap.
 
-Launched by the grading harness as `python -m graders.harness.sandbox_kernel -f CONNECTION_FILE`, with
-a scrubbed environment and its own working folder. A memory bomb then fails inside the kernel
+Launched by the grading harness as `python -m graders.harness.sandbox_kernel --session JSON -f
+CONNECTION_FILE`, with a scrubbed environment and its own working folder. The session (what the
+kernel's checks do: graders.judging.session) is installed before IPython starts, so no learner
+code runs before it. A memory bomb then fails inside the kernel
 (MemoryError, or the kernel dies) and costs only the cell that ran it.
 
 A root harness also passes a plan (`$GPT2_COURSE_SANDBOX_PLAN`, JSON, see `confine`): the
@@ -17,6 +19,7 @@ import resource
 import sys
 
 MEMORY_ENV = "GPT2_COURSE_SANDBOX_MEMORY_MB"
+SESSION_ARG = "--session"
 PLAN_ENV = "GPT2_COURSE_SANDBOX_PLAN"
 CLONE_NEWNS, CLONE_NEWNET, PR_SET_NO_NEW_PRIVS = 0x00020000, 0x40000000, 38
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
@@ -115,16 +118,23 @@ def main() -> None:
         return
     limit = int(os.environ.get(MEMORY_ENV, "8192")) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    args = sys.argv[1:]
+    at = args.index(SESSION_ARG)
+    session = args[at + 1]
+    del args[at:at + 2]
     plan = os.environ.pop(PLAN_ENV, None)
     if plan:
-        args = sys.argv[1:]
         at = args.index("-f") + 1
         args[at] = confine(json.loads(plan), args[at])
         # A new program: nothing of this root process stays in the learner's memory.
-        os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *args])
+        os.execv(sys.executable, [sys.executable, "-m", "graders.harness.sandbox_kernel",
+                                  SESSION_ARG, session, *args])
     from ipykernel import kernelapp
 
-    kernelapp.launch_new_instance(argv=sys.argv[1:])
+    from graders.judging.session import Session, install
+
+    install(Session.from_json(session))
+    kernelapp.launch_new_instance(argv=args)
 
 
 if __name__ == "__main__":

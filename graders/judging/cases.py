@@ -1,13 +1,13 @@
 """The inputs of one check (`Case`) and the reference activations a case is judged against."""
 from __future__ import annotations
 
-import os
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from graders.judging import session
 from graders.reference.config import Config
-from graders.reference.paths import WITHHELD_ENV
 
 REFERENCE_TEXT = ("I am an amazing autoregressive, decoder-only, GPT-2 style transformer. "
                   "One day I will exceed human level intelligence and take over the world!")
@@ -40,9 +40,13 @@ class Case:
         return f"{what}, batch {self.batch}" + (f", block {self.block}" if self.block else "")
 
 
+# The keyword arguments of a check function that choose its case (the others go to the learner).
+CASE_FIELDS = frozenset(f.name for f in dataclasses.fields(Case))
+
+
 def activations(case: Case) -> dict[str, torch.Tensor]:
     """The reference's graded activations on `case`'s tokens (judge side, and learners' demos)."""
-    if os.environ.get(WITHHELD_ENV):
+    if session.current().recording:
         raise ReferenceWithheld(
             "The reference activations are withheld while a notebook is graded, so this "
             "demonstration cell is skipped; it runs as usual in your own JupyterLab.")

@@ -9,29 +9,26 @@ Each `Exercise` declares, in one place, everything the harness needs to grade it
 - `judge(case, outputs)`: decides, in a process that never runs learner code.
 - `forbidden`: library versions of the thing being built, refused in the learner's code.
 - `defaults`: case fields its check functions use unless the test cell says otherwise.
-A test cell is linked to its exercises through the check functions it calls (`checker`).
+A test cell is linked to its exercises through the check functions it calls (`checker`). What a
+check does with the verdict depends on its kernel's session (graders.judging.session); the
+verdict itself is always `graders.judging.verdict.decide`'s.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import json
-import os
 import sys
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from graders.judging import progress
-from graders.judging.cases import WITHHELD_ENV, Case
+from graders.judging import progress, session
+from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
 from graders.judging.learner import Forbidden
+from graders.judging.verdict import LearnerCode, decide
 
-CASE_FIELDS = frozenset(f.name for f in dataclasses.fields(Case))
 _REGISTRY: dict[tuple[str, str], "Exercise"] = {}
 
 
@@ -73,34 +70,43 @@ class Exercise:
         """The case a check function's keyword arguments ask for, with this exercise's defaults."""
         return Case(**{**self.defaults, **fields})
 
-    def kernel_inputs(self, case: Case) -> dict[str, torch.Tensor]:
-        """What the learner's code is run on: prepared by the grader in a grading kernel."""
-        folder = os.environ.get(WITHHELD_ENV)
-        if not folder:
-            return self.inputs(case)
-        from safetensors.torch import load_file
+    def run(self, learner, case: Case, inputs: dict) -> tuple[dict | None, CheckFailed | None]:
+        """What `produce` made of the learner's code, or how it failed."""
+        try:
+            return self.produce(learner, case, inputs), None
+        except CheckFailed as failure:
+            return None, failure
 
-        path = Path(folder) / inputs_file(self.key, case)
-        return load_file(path) if path.is_file() else {}
-
-    def check(self, learner, case: Case) -> None:
-        """Grade `learner` on one case; print a line when it passes, raise with a diagnosis if not."""
-        from graders.harness.records import Recorder
-
+    def check(self, learner, case: Case, answers: tuple = ()) -> None:
+        """Grade `learner` on one case: in a grading kernel, record what it produced; otherwise
+        print the verdict, or raise it with its diagnosis."""
+        current = session.current()
         # Library warnings and progress bars go to stdout: nbgrader zeroes a test cell that
         # wrote anything to stderr, even when every check in it passed.
         with contextlib.redirect_stderr(sys.stdout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if not Recorder.active():
-                with progress.busy(f"Checking {self.name}"):
-                    self.judge(case, self.produce(learner, case, self.kernel_inputs(case)))
-                ok(f"{self.name}: correct on {_described(case)}{progress.points_note(self.key, case)}")
+            if current.recording:
+                self._record(current, learner, case)
                 return
-            try:
-                Recorder.save(self.key, case, self.produce(learner, case, self.kernel_inputs(case)))
-            except CheckFailed as failure:
-                Recorder.save(self.key, case, None, str(failure))
-            print(f"{self.name}: outputs recorded for grading on {case.describe()}.")
+            place = progress.place_of_check(self.notebook)
+            with progress.busy(f"Checking {self.name}"):
+                outputs, failure = self.run(learner, case, self.inputs(case))
+                history = session.history()
+                code = history.learner_code(self.notebook) if history else LearnerCode()
+                verdict = decide(self, case, outputs, str(failure or ""), code)
+            progress.record(self.key, place, answers, verdict.passed)
+        if not verdict.passed:   # the learner's own failure keeps its traceback (their line)
+            raise failure if failure is not None and str(failure) == verdict.message else CheckFailed(verdict.message)
+        ok(f"{self.name}: correct on {_described(case)}{progress.points_note(place)}")
+
+    def _record(self, current: session.Session, learner, case: Case) -> None:
+        check_id = session.next_check_id()
+        if check_id is None:   # a learner's own call outside a test cell: nothing to grade
+            print(f"{self.name}: not checked here; checks are graded in the test cells.")
+            return
+        outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self))
+        session.save_record(current, check_id, self.key, outputs, str(failure or ""))
+        print(f"{self.name}: outputs recorded for grading on {case.describe()}.")
 
     def checker(self, doc: str, learner: Callable | None = None) -> Callable:
         """The learner-facing check function of this exercise. Keyword arguments that are
@@ -112,12 +118,7 @@ class Exercise:
             if learner is None and (len(args) != 1 or extra):
                 raise TypeError(f"check for {self.name} takes your code and keyword arguments among "
                                 f"{sorted(CASE_FIELDS)}; got {len(args)} positional and {sorted(extra)}")
-            passed = False
-            try:
-                self.check(learner(*args, **extra) if learner else args[0], case)
-                passed = True
-            finally:  # what the notebook's progress line and demonstration cells go by
-                progress.record(self, case, args, passed)
+            self.check(learner(*args, **extra) if learner else args[0], case, args)
 
         check.__doc__, check.exercise = doc, self
         return check
@@ -130,19 +131,13 @@ def _described(case: Case) -> str:
     return re.sub(r", batch 1(?!\d)", "", case.describe())
 
 
-def find(key: tuple[str, str]) -> Exercise:
-    """The exercise with this (notebook, name) key. Notebook `NN_...` is graded by the module
-    graders.exercises.nbNN, imported here if it was not yet."""
-    if tuple(key) not in _REGISTRY:
-        import importlib
-
-        importlib.import_module(f"graders.exercises.nb{key[0][:2]}")
+def registered(key: tuple[str, str]) -> Exercise:
+    """The exercise registered under this (notebook, name) key (graders.exercises.find imports
+    the notebook's grader first)."""
     if tuple(key) not in _REGISTRY:
         raise KeyError(f"no exercise {tuple(key)} (imported: {sorted(_REGISTRY)})")
     return _REGISTRY[tuple(key)]
 
 
-def inputs_file(key: tuple[str, str], case: Case) -> str:
-    """The file name under which a grading kernel finds one check's inputs."""
-    text = json.dumps([list(key), dataclasses.asdict(case)], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32] + ".safetensors"
+# A learner's kernel watches which cells run from the moment a notebook imports its grader.
+session.history()

@@ -136,7 +136,12 @@ def _pretrained_folder() -> Path | None:
     """The local folder holding the pretrained GPT-2, if there is one."""
     named = os.environ.get(PRETRAINED_DIR_ENV)
     if named:
-        return Path(named) if (Path(named) / "config.json").is_file() else None
+        if not (Path(named) / "config.json").is_file():
+            raise ReferenceUnavailable(
+                f"${PRETRAINED_DIR_ENV} is {named}, which holds no GPT-2 weights (no config.json): "
+                f"correct the folder, or unset ${PRETRAINED_DIR_ENV} to use the Hugging Face cache "
+                "or the synthetic reference.")
+        return Path(named)
     from huggingface_hub import constants
 
     # try_to_load_from_cache answers None without this folder; importing it costs 0.4 s.
@@ -186,6 +191,7 @@ def load_reference(source: str | None = None, quiet: bool = False) -> Reference:
     """The reference model, its tokenizer, and a label saying which weights they are."""
     chosen = _chosen_source(source)
     if chosen == "auto":
+        _pretrained_folder()   # a mistyped $GPT2_COURSE_PRETRAINED_DIR is an error, not a fallback
         try:
             model, digest, label = _pretrained_model()
             chosen = "pretrained"

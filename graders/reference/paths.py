@@ -3,9 +3,6 @@ import os
 from pathlib import Path
 
 CACHE_ENV = "GPT2_COURSE_CACHE"
-# Set in a grading kernel to the folder of its checks' inputs: the reference's activations are
-# withheld there (a kernel that can read expected outputs can answer a check by lookup).
-WITHHELD_ENV = "GPT2_COURSE_INPUTS_DIR"
 
 
 def cache_dir(*parts: str) -> Path:

@@ -10,6 +10,10 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 PINNED_ENV = "GPT2_COURSE_REFERENCE_ID"
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 SEED = 20261122
 VERSION = 1  # bump when the recipe changes: it names the cache folder

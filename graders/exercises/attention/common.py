@@ -23,7 +23,8 @@ _FORBIDDEN_TARGETS = [
     (F, "multi_head_attention_forward"),
     (components.Attention, "forward"), (components.Attention, "apply_causal_mask"),
 ]
-# A bare word only matches when not preceded by "." (graders.judging.learner.mentions), so the dotted forms are listed too.
+# A bare word only matches when not preceded by "." (graders.judging.learner.mentions), so the
+# dotted forms are listed too.
 _FORBIDDEN_WORDS = ["scaled_dot_product_attention", "F.scaled_dot_product_attention",
                     "functional.scaled_dot_product_attention", "MultiheadAttention", "nn.MultiheadAttention",
                     "multi_head_attention_forward", "F.multi_head_attention_forward",

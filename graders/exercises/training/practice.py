@@ -194,4 +194,5 @@ def judge_lr(case: Case, outputs: dict) -> None:
 
 
 lr_exercise = Exercise("07_training", "lr_at", produce_lr, diagnosis_first(judge_lr), defaults={"text": None})
-check_lr_at = lr_exercise.checker("Grade `lr_at(step, max_lr, warmup_steps, total_steps, min_lr)` on every step of a schedule.")
+check_lr_at = lr_exercise.checker(
+    "Grade `lr_at(step, max_lr, warmup_steps, total_steps, min_lr)` on every step of a schedule.")

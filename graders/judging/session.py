@@ -1,0 +1,165 @@
+"""What a kernel's checks do, decided once by whoever starts the kernel.
+
+- `Session()` (the default, a learner's own kernel): a check runs the learner's code, then
+  `graders.judging.verdict.decide` judges it right there and the cell shows the verdict.
+- `Session(records=..., inputs=...)`: a grading kernel. A check runs the learner's code on the
+  inputs the grader prepared and records what it produced; the grader judges the records with
+  the same `decide`, in a process that never runs learner code.
+- `demonstrations=False`: demonstration cells skip themselves (grading, `make check`).
+
+The harness creates the session and hands it to the kernel it starts, before any learner code
+runs (graders.harness.sandbox_kernel); before each test cell it names the cell
+(`enter_cell`), so that a check's record carries its id in the course's manifest
+(graders.judging.testcells): `grade_id/index`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+from graders.judging.testcells import TestCell, released_course_sources, released_test_cells, test_sources
+from graders.judging.verdict import LearnerCode
+
+
+class GraderError(RuntimeError):
+    """The grading run itself is broken (not the learner's code): the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Session:
+    records: Path | None = None      # a grading kernel saves each check's outputs here ...
+    inputs: Path | None = None       # ... and finds each check's inputs here
+    demonstrations: bool = True
+
+    @property
+    def recording(self) -> bool:
+        return self.records is not None
+
+    def to_json(self) -> str:
+        return json.dumps({k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Session":
+        fields = json.loads(text)
+        return cls(**{k: (Path(v) if k in ("records", "inputs") and v else v) for k, v in fields.items()})
+
+
+_session = Session()
+_test_cell: str | None = None       # the test cell a grading kernel is running (enter_cell)
+_checks_in_cell = 0
+
+
+def current() -> Session:
+    return _session
+
+
+def install(session: Session) -> None:
+    """Called by the kernel's launcher, before any learner code runs."""
+    global _session
+    _session = session
+
+
+def enter_cell(grade_id: str) -> None:
+    """The harness's line before each test cell of a grading kernel."""
+    global _test_cell, _checks_in_cell
+    _test_cell, _checks_in_cell = grade_id, 0
+
+
+def next_check_id() -> str | None:
+    """The id of the check about to run in a grading kernel's test cell (None outside one)."""
+    global _checks_in_cell
+    if _test_cell is None:
+        return None
+    _checks_in_cell += 1
+    return f"{_test_cell}/{_checks_in_cell - 1}"
+
+
+def inputs_name(check_id: str) -> str:
+    """The file in which the grader leaves one check's inputs."""
+    return check_id.replace("/", ".") + ".safetensors"
+
+
+def recorded_inputs(session: Session, check_id: str, exercise) -> dict:
+    from safetensors.torch import load_file
+
+    path = session.inputs / inputs_name(check_id)
+    try:
+        return load_file(path)
+    except Exception as err:
+        raise GraderError(f"grader error: the inputs of {exercise.name} for {check_id} cannot be read "
+                          f"({path}: {type(err).__name__}). This is the grading run's fault, not your "
+                          "code's: tell your instructor.") from None
+
+
+def save_record(session: Session, check_id: str, key, outputs: dict | None, message: str) -> None:
+    from graders.judging.records import write_record
+
+    write_record(session.records, {"check": check_id, "exercise": list(key), "message": message}, outputs)
+
+
+def code_only(source: str) -> str:
+    """`source` without comments and strings: words there are not code the learner runs."""
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type not in (tokenize.COMMENT, tokenize.STRING)]
+        return tokenize.untokenize(tokens)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return source
+
+
+class CellHistory:
+    """The cells a learner's kernel has run, latest version of each last (JupyterLab names each
+    cell; a run without names, such as `make check`'s, lists every execution once)."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.cells: dict[str, str] = {f"#{n}": source for n, source
+                                      in enumerate(shell.history_manager.input_hist_raw) if n and source}
+        shell.events.register("pre_run_cell", self._ran)
+
+    def _ran(self, info) -> None:
+        key = info.cell_id or f"#{self.shell.execution_count - 1}"
+        self.cells.pop(key, None)
+        self.cells[key] = info.raw_cell
+
+    def running(self) -> str:
+        return next(reversed(self.cells.values()), "")
+
+    def learner_code(self, notebook: str) -> LearnerCode:
+        """The learner's cells that ran before the running one (the course's given cells and
+        tests left out), and those since the last test cell: what the grader reads in the
+        notebook above the test cell when the notebook runs top to bottom."""
+        tests = test_sources(notebook)
+        course = released_course_sources(notebook) | tests
+        earlier = list(self.cells.values())[:-1]
+        last_test = max((i for i, s in enumerate(earlier) if s in tests), default=-1)
+        theirs = [(i, code_only(s)) for i, s in enumerate(earlier) if s not in course]
+        return LearnerCode("\n".join(s for _, s in theirs), "\n".join(s for i, s in theirs if i > last_test))
+
+
+_history: CellHistory | None = None
+
+
+def history() -> CellHistory | None:
+    """The learner's kernel's cell history (None outside IPython), watched from the first call."""
+    global _history
+    if _history is None:
+        try:
+            shell = get_ipython()  # noqa: F821  (IPython's builtin, absent outside a kernel)
+        except NameError:
+            return None
+        _history = CellHistory(shell)
+    return _history
+
+
+def running_test_cell(notebook: str) -> TestCell | None:
+    """The released test cell the learner's kernel is running, if it is one."""
+    cells = history()
+    if cells is None:
+        return None
+    running = cells.running()
+    return next((c for c in released_test_cells(notebook) if c.source == running), None)

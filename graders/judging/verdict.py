@@ -1,0 +1,71 @@
+"""The one function that decides a check's verdict, wherever it is shown.
+
+`decide` takes what the learner's code produced (or the message of its failure) and the code
+the learner had run before the check. The learner's check cell, `make check` and nbgrader's
+Validate call it in the learner's kernel; `make grade` and `nbgrader autograde` call it in the
+grading process on the recorded outputs. Same inputs, same verdict, same words.
+
+It imports torch only when it judges: `make check`'s own process reads the learner's code with
+it and never needs torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GRADERS_WORD = "graders"
+
+
+@dataclass(frozen=True)
+class LearnerCode:
+    """The learner's code a check is judged with: every cell of theirs that ran before it
+    (`before`), and the exercise's own answer cells, between the previous test cell and its own
+    (`own`). Comments and strings are left out by whoever collects it."""
+    before: str = ""
+    own: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    message: str = ""
+
+
+def forbidden_use(exercise, code: LearnerCode) -> str | None:
+    """The first library shortcut or grader module the learner's code names, if any: anywhere
+    in their code before the check, or in the exercise's own answer cells for words that other
+    exercises of the notebook use rightly (Forbidden.notebook_wide=False)."""
+    from graders.judging.learner import ALWAYS_FORBIDDEN_WORDS, mentions
+
+    everywhere, own = set(ALWAYS_FORBIDDEN_WORDS) | {GRADERS_WORD}, set()
+    for forbidden in exercise.forbidden:
+        (everywhere if forbidden.notebook_wide else own).update(forbidden.source_words)
+    return next((w for w in sorted(everywhere) if mentions(code.before, w)), None) \
+        or next((w for w in sorted(own) if mentions(code.own, w)), None)
+
+
+def forbidden_message(name: str, word: str) -> str:
+    if word == GRADERS_WORD:
+        return (f"{name}: your code uses `graders` (an import or a name from the course's graders "
+                "package, e.g. `from graders.judging.cases import Case`). Answers may not use the "
+                "course's graders: delete that line from your cells, then run this check again.")
+    return (f"{name}: your code uses `{word}`. Build it yourself from tensor operations; library "
+            "versions of what you are building are not allowed in answers.")
+
+
+def decide(exercise, case, outputs: dict | None, failure: str, code: LearnerCode) -> Verdict:
+    """The verdict on one check: `outputs` is what `produce` returned, or None when it failed
+    with the message `failure` (the learner's crash, a missing method, a library call, ...)."""
+    from graders.judging.compare import CheckFailed
+
+    if outputs is None:
+        return Verdict(False, failure or f"{exercise.name}: your code produced nothing to check.")
+    used = forbidden_use(exercise, code)
+    if used:
+        return Verdict(False, forbidden_message(exercise.name, used))
+    try:
+        exercise.judge(case, outputs)
+    except CheckFailed as failed:
+        return Verdict(False, str(failed))
+    except Exception as err:  # malformed outputs (wrong keys, types): the learner's loss
+        return Verdict(False, f"{exercise.name}: the recorded outputs are unusable ({type(err).__name__}: {err})")
+    return Verdict(True)
