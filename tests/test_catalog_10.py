@@ -46,10 +46,12 @@ def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False
             x32 = x.float()
             if center:
                 x32 = x32 - x32.mean(-1, keepdim=True)
-            ms = torch.einsum("bpd,bpd->bp", x32, x32)[..., None] / x.shape[-1] if einsum else x32.pow(2).mean(-1, keepdim=True)
+            ms = (torch.einsum("bpd,bpd->bp", x32, x32)[..., None] / x.shape[-1] if einsum
+                  else x32.pow(2).mean(-1, keepdim=True))
             if norm:
                 ms = ms * x.shape[-1]
-            scaled = x32 / (ms.sqrt() + self.cfg.rms_norm_eps) if eps_outside else x32 * torch.rsqrt(ms + self.cfg.rms_norm_eps)
+            scaled = (x32 / (ms.sqrt() + self.cfg.rms_norm_eps) if eps_outside
+                      else x32 * torch.rsqrt(ms + self.cfg.rms_norm_eps))
             return scaled.to(x.dtype) * (self.w if weight else 1)
     return RMSNorm
 
@@ -238,6 +240,30 @@ class NoFinalNorm(ref.ModernDecoder):
             x, layer_cache = block(x, cos, sin, None if past is None else past[i])
             cache.append(layer_cache)
         return x @ self.W_U, cache
+
+
+def test_a_part_with_a_check_of_its_own_costs_only_that_check():
+    """One mistake, one exercise: a layer built on a wrong attention, norm or MLP passes the layer's
+    check, and a model built on wrong layers or a wrong final norm passes the model's; the parts'
+    own checks fail them."""
+    Attention = _attention(groups="repeat")
+    Norm = type("RMSNorm", (ref.RMSNorm,), {"forward": lambda self, x: x * self.w})
+
+    class WrongParts(ref.DecoderLayer):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.attn, self.ln1, self.mlp = Attention(cfg), Norm(cfg), _mlp("gelu")(cfg)
+
+    class WrongLayers(ref.ModernDecoder):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.blocks = nn.ModuleList([_layer("post")(cfg) for _ in range(cfg.n_layers)])
+            self.ln_final = Norm(cfg)
+
+    nb10.check_decoder_layer(WrongParts)
+    nb10.check_modern_decoder(WrongLayers)
+    fails_with(nb10.check_gq_attention, Attention, expected="`repeat` where `repeat_interleave` is needed")
+    fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
 
 
 def test_model_passes_and_its_mistakes_are_named():

@@ -24,7 +24,7 @@ NOTEBOOK = Notebook(
     '10_modern_decoder',
     # The classic mistake of the example class's buggy student: `repeat` for `repeat_interleave`.
     ExampleBug('gqa_answer', 't.repeat_interleave(group, dim=1)', 't.repeat(1, group, 1, 1)',
-               costs=('gqa_test', 'decoder_layer_test', 'model_test'),
+               costs=('gqa_test',),
                named='`repeat` where `repeat_interleave` is needed'),
     pictures=2,
     course_code=('exercises/modern/*.py',),

@@ -32,8 +32,11 @@ AS_MANY_KV_HEADS = ("the keys and values are used as if there were n_heads of th
                     "cfg.n_kv_heads heads, and each group of n_heads // n_kv_heads query heads shares one")
 
 
-def load_attention(cls, cfg: ref.ModernConfig, part: dict, what: str = "GQAttention") -> nn.Module:
-    module = build_module(what, cls, cfg)
+def load_attention(cls, cfg: ref.ModernConfig, part: dict, what: str = "GQAttention",
+                   course_parts=lambda module, cfg: module) -> nn.Module:
+    """The learner's module built from `cfg` (its parts swapped by `course_parts`), with `part`'s
+    weights loaded under the course's names."""
+    module = course_parts(build_module(what, cls, cfg), cfg)
     try:
         return load_strict(module, part, what)
     except WeightLoadError as err:
@@ -75,7 +78,8 @@ def produce(GQAttention, case: Case, inputs: dict) -> dict:
     for cfg in ref.variants():
         tag = f"kv{cfg.n_kv_heads}"
         what = f"GQAttention (n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads})"
-        attn = load_attention(GQAttention, cfg, component(weights(case.seed, cfg.n_kv_heads), f"blocks.{case.block}.attn"))
+        attn = load_attention(GQAttention, cfg,
+                              component(weights(case.seed, cfg.n_kv_heads), f"blocks.{case.block}.attn"))
         x, cos, sin = inputs_for(case, cfg)
         outputs[f"{tag}.full"] = _run(what, attn, cfg, x[:, :case.seq], cos[:case.seq], sin[:case.seq])[0]
         past, chunks = None, []

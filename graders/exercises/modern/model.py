@@ -29,6 +29,23 @@ DIMS, LOGIT_DIMS = ("batch", "position", "d_model"), ("batch", "position", "d_vo
 
 # --- DecoderLayer ------------------------------------------------------------------------------
 
+def with_course_parts(module: nn.Module, cfg: ref.ModernConfig) -> nn.Module:
+    """The learner's layer or model with the course's versions of the parts that have checks of
+    their own (the norms, attention and the MLP in a layer; the layers and the final norm in the
+    model), so that a mistake in a part costs that part's check, not the composite's too. A part
+    under another name is left alone: loading the weights then names it."""
+    parts = {"ln1": ref.RMSNorm, "attn": ref.GQAttention, "ln2": ref.RMSNorm, "mlp": ref.SwiGLU,
+             "ln_final": ref.RMSNorm}
+    for name, course in parts.items():
+        if isinstance(getattr(module, name, None), nn.Module):
+            setattr(module, name, course(cfg))
+    blocks = getattr(module, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        for i in range(len(blocks)):
+            blocks[i] = ref.DecoderLayer(cfg)
+    return module
+
+
 def _layer_input(case: Case, cfg: ref.ModernConfig):
     x = ref.seeded_input(case.seed + 90, case.batch, case.seq, cfg.d_model)
     return (x, *ref.rope_cos_sin(torch.arange(case.seq), cfg.d_head, cfg.rope_theta))
@@ -36,7 +53,8 @@ def _layer_input(case: Case, cfg: ref.ModernConfig):
 
 def produce_layer(DecoderLayer, case: Case, inputs: dict) -> dict:
     cfg = ref.ModernConfig()
-    layer = load_attention(DecoderLayer, cfg, component(weights(case.seed), f"blocks.{case.block}"), "DecoderLayer")
+    layer = load_attention(DecoderLayer, cfg, component(weights(case.seed), f"blocks.{case.block}"), "DecoderLayer",
+                           with_course_parts)
     result = run_learner("DecoderLayer", layer, *_layer_input(case, cfg), forbidden=FORBIDDEN)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CheckFailed(f"DecoderLayer returned {type(result).__name__}; return (x, (keys, values)).")
@@ -45,9 +63,15 @@ def produce_layer(DecoderLayer, case: Case, inputs: dict) -> dict:
 
 def layer_mistakes(x, w: dict, cos, sin) -> dict[str, torch.Tensor]:
     eps = ref.ModernConfig().rms_norm_eps
-    norm = lambda v, name: ref.rms_norm(v, w[f"{name}.w"], eps)
-    attn = lambda v: ref.attention(v, component(w, "attn"), cos, sin)[0]
-    mlp = lambda v: ref.swiglu(v, component(w, "mlp"))
+    def norm(v, name):
+        return ref.rms_norm(v, w[f"{name}.w"], eps)
+
+    def attn(v):
+        return ref.attention(v, component(w, "attn"), cos, sin)[0]
+
+    def mlp(v):
+        return ref.swiglu(v, component(w, "mlp"))
+
     mid = x + attn(norm(x, "ln1"))
     post = norm(x + attn(x), "ln1")
     return {
@@ -95,7 +119,7 @@ def _model_run(what, model, *args):
 
 def produce_model(ModernDecoder, case: Case, inputs: dict) -> dict:
     cfg = ref.ModernConfig()
-    model = load_attention(ModernDecoder, cfg, weights(case.seed), "ModernDecoder")
+    model = load_attention(ModernDecoder, cfg, weights(case.seed), "ModernDecoder", with_course_parts)
     tokens, split = tokens_for(case, cfg), case.seq // 2
     logits, _ = _model_run("ModernDecoder", model, tokens)
     first, past = _model_run("ModernDecoder", model, tokens[:, :split])

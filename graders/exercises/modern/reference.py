@@ -131,7 +131,9 @@ class GQAttention(nn.Module):
     def __init__(self, cfg: ModernConfig):
         super().__init__()
         self.cfg = cfg
-        shape = lambda *s: nn.Parameter(torch.randn(*s) * cfg.init_range)
+        def shape(*s):
+            return nn.Parameter(torch.randn(*s) * cfg.init_range)
+
         self.W_Q = shape(cfg.n_heads, cfg.d_model, cfg.d_head)
         self.W_K = shape(cfg.n_kv_heads, cfg.d_model, cfg.d_head)
         self.W_V = shape(cfg.n_kv_heads, cfg.d_model, cfg.d_head)
