@@ -1,0 +1,144 @@
+"""Notebook 10, exercise 4: grouped-query attention with a KV cache, `GQAttention(cfg)` with
+`forward(x, cos, sin, past=None) -> (out, (keys, values))`, judged against transformers'
+LlamaAttention (eager) loaded with the same seeded weights.
+
+Every check runs three configs: GQA (8 query heads, 2 KV heads), MQA (1 KV head) and MHA (8):
+`repeat` and `repeat_interleave` agree for the last two, so the first is the one that names
+that mistake. Each config is run whole, then in three chunks through the learner's own cache
+(the last chunk one token, as in generation), and the cache's shape is checked: KV heads only.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, mismatched_sizes
+from graders.exercises.modern import reference as ref
+from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
+from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.exercise import Exercise
+from graders.judging.learner import Forbidden, build_module, run_learner
+from graders.reference.weights import WeightLoadError, component, load_strict
+
+DIMS = ("batch", "position", "d_model")
+FORBIDDEN = Forbidden("grouped-query attention",
+                      targets=[(F, "scaled_dot_product_attention"), (nn.MultiheadAttention, "forward")],
+                      source_words=["scaled_dot_product_attention", "nn.MultiheadAttention", "repeat_kv"])
+AS_MANY_KV_HEADS = ("the keys and values are used as if there were n_heads of them: W_K and W_V have "
+                    "cfg.n_kv_heads heads, and each group of n_heads // n_kv_heads query heads shares one")
+
+
+def load_attention(cls, cfg: ref.ModernConfig, part: dict, what: str = "GQAttention",
+                   course_parts=lambda module, cfg: module) -> nn.Module:
+    """The learner's module built from `cfg` (its parts swapped by `course_parts`), with `part`'s
+    weights loaded under the course's names."""
+    module = course_parts(build_module(what, cls, cfg), cfg)
+    try:
+        return load_strict(module, part, what)
+    except WeightLoadError as err:
+        message = str(err)
+        if f"is [{cfg.n_heads}, {cfg.d_model}, {cfg.d_head}], expected [{cfg.n_kv_heads}," in message:
+            message = message.replace("\n", f". Likely mistake: {AS_MANY_KV_HEADS}.\n", 1)
+        raise CheckFailed(message) from None
+
+
+def splits(seq: int) -> list[tuple[int, int]]:
+    """The chunks a cached run feeds: the first half, the rest but one, then one token."""
+    first = max(1, seq // 2)
+    return [(0, first), (first, seq)] + ([(seq, seq + 1)])
+
+
+def inputs_for(case: Case, cfg: ref.ModernConfig):
+    """x [batch, seq + 1, d_model] (RMS-normed, as attention reads it) and its cos, sin."""
+    x = ref.seeded_input(case.seed + 60 + cfg.n_kv_heads, case.batch, case.seq + 1, cfg.d_model)
+    cos, sin = ref.rope_cos_sin(torch.arange(case.seq + 1), cfg.d_head, cfg.rope_theta)
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt(), cos, sin
+
+
+def _run(what, attn, cfg, *args):
+    try:
+        result = run_learner(what, attn, *args, forbidden=FORBIDDEN)
+    except CheckFailed as failure:
+        sizes = mismatched_sizes(failure)
+        if is_crash(failure) and cfg.n_kv_heads != cfg.n_heads and (
+                sizes and set(sizes) == {cfg.n_heads, cfg.n_kv_heads} or "invalid for input of size" in str(failure)):
+            raise crash(what, failure, "its inputs", AS_MANY_KV_HEADS) from failure.__cause__
+        raise
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], tuple) and len(result[1]) == 2):
+        raise CheckFailed(f"{what} returned {type(result).__name__}; return (out, (keys, values)).")
+    return result
+
+
+def produce(GQAttention, case: Case, inputs: dict) -> dict:
+    outputs = {}
+    for cfg in ref.variants():
+        tag = f"kv{cfg.n_kv_heads}"
+        what = f"GQAttention (n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads})"
+        attn = load_attention(GQAttention, cfg,
+                              component(weights(case.seed, cfg.n_kv_heads), f"blocks.{case.block}.attn"))
+        x, cos, sin = inputs_for(case, cfg)
+        outputs[f"{tag}.full"] = _run(what, attn, cfg, x[:, :case.seq], cos[:case.seq], sin[:case.seq])[0]
+        past, chunks = None, []
+        for start, stop in splits(case.seq):
+            out, past = _run(what, attn, cfg, x[:, start:stop], cos[start:stop], sin[start:stop], past)
+            chunks.append(out)
+        outputs[f"{tag}.cached"] = torch.cat(chunks, dim=1)
+        outputs[f"{tag}.keys"], outputs[f"{tag}.values"] = past
+    return outputs
+
+
+def attention_mistakes(x, w, cos, sin, cfg, seq: int | None = None) -> dict[str, torch.Tensor]:
+    """What the catalogued mistakes output, whole (seq None) or through a cache in `splits(seq)`."""
+    def run(**flags):
+        if seq is None:
+            return ref.attention(x, w, cos, sin, **flags)[0]
+        past, chunks = None, []
+        for start, stop in splits(seq):
+            out, past = ref.attention(x[:, start:stop], w, cos[start:stop], sin[start:stop], past, **flags)
+            chunks.append(out)
+        return torch.cat(chunks, dim=1)
+
+    found = {
+        "`repeat` where `repeat_interleave` is needed: query head h belongs to KV head "
+        "h // (n_heads // n_kv_heads) (heads 0-3 share KV head 0), not h % n_kv_heads": run(groups="repeat"),
+        "the scores are scaled by sqrt(d_model): divide by sqrt(d_head)": run(scale=math.sqrt(cfg.d_model)),
+        "RoPE is applied to the values too: it rotates queries and keys only": run(rope_values=True),
+        "RoPE is applied to the queries only: rotate the keys too (q·k then depends on m - n)":
+            run(rope_keys=False),
+    }
+    if seq is not None:
+        found["the causal mask ignores the cache: new query i sits at position past_len + i and may see "
+              "every key up to it (torch.ones(n_q, n_k).triu(1 + n_k - n_q))"] = run(offset_mask=False)
+    return found
+
+
+def judge(case: Case, outputs: dict) -> None:
+    for cfg in ref.variants():
+        tag, n = f"kv{cfg.n_kv_heads}", case.seq + 1
+        x, cos, sin = inputs_for(case, cfg)
+        w = component(weights(case.seed, cfg.n_kv_heads), f"blocks.{case.block}.attn")
+        hf_attn = hf_model(case.seed, cfg.n_kv_heads).model.layers[case.block].self_attn
+        with torch.no_grad():
+            expected = hf_attn(hidden_states=x, position_embeddings=(cos[None], sin[None]),
+                               attention_mask=ref.causal_mask(n, n))[0]
+        what = f"GQAttention (n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads})"
+        compare(f"{what} on {case.seq} positions at once", outputs.get(f"{tag}.full"), expected[:, :case.seq],
+                DIMS, mistakes=attention_mistakes(x[:, :case.seq], w, cos[:case.seq], sin[:case.seq], cfg),
+                hint="scores = q @ k.T / sqrt(d_head) with each query head reading its group's KV head.")
+        compare(f"{what} through your cache, in chunks {splits(case.seq)}", outputs.get(f"{tag}.cached"),
+                expected, DIMS, mistakes=attention_mistakes(x, w, cos, sin, cfg, case.seq),
+                hint="concatenate the cached keys and values before the new ones (dim 2), and let new "
+                     "query i see keys 0 .. past_len + i.")
+        for part in ("keys", "values"):
+            check_shape(f"{what}: the cached {part} after {n} positions", outputs.get(f"{tag}.{part}"),
+                        (case.batch, cfg.n_kv_heads, n, cfg.d_head), ("batch", "kv_head", "position", "d_head"))
+
+
+exercise = Exercise(NOTEBOOK, "GQAttention", produce, diagnosis_first(judge), forbidden=(FORBIDDEN,),
+                    defaults=DEFAULTS)
+check_gq_attention = exercise.checker(
+    "Grade `GQAttention` against transformers' LlamaAttention (GQA, MQA and MHA; whole and cached).")

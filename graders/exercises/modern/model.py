@@ -1,0 +1,234 @@
+"""Notebook 10, exercise 5: the decoder layer, the whole model and greedy generation with a KV
+cache, judged against transformers' LlamaDecoderLayer and LlamaForCausalLM (seeded weights,
+loaded into the learner's modules by the converter in `reference`).
+
+- `DecoderLayer(cfg)`, `forward(x, cos, sin, past=None) -> (x, (keys, values))`: pre-RMSNorm,
+  two residual additions.
+- `ModernDecoder(cfg)`, `forward(tokens, past=None) -> (logits, cache)`: whole, and in two chunks
+  through its own cache (the second chunk's positions continue from the cache's length).
+- `generate_greedy(model, tokens, n_new)`: run on the course's model; each step after the prompt
+  must feed one token and the cache.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graders.exercises.diagnosis import compare, diagnosis_first, judge_generated
+from graders.exercises.modern import reference as ref
+from graders.exercises.modern.attention import FORBIDDEN, load_attention
+from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
+from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.exercise import Exercise
+from graders.judging.learner import run_learner
+from graders.reference.weights import component
+
+DIMS, LOGIT_DIMS = ("batch", "position", "d_model"), ("batch", "position", "d_vocab")
+
+
+# --- DecoderLayer ------------------------------------------------------------------------------
+
+def with_course_parts(module: nn.Module, cfg: ref.ModernConfig) -> nn.Module:
+    """The learner's layer or model with the course's versions of the parts that have checks of
+    their own (the norms, attention and the MLP in a layer; the layers and the final norm in the
+    model), so that a mistake in a part costs that part's check, not the composite's too. A part
+    under another name is left alone: loading the weights then names it."""
+    parts = {"ln1": ref.RMSNorm, "attn": ref.GQAttention, "ln2": ref.RMSNorm, "mlp": ref.SwiGLU,
+             "ln_final": ref.RMSNorm}
+    for name, course in parts.items():
+        if isinstance(getattr(module, name, None), nn.Module):
+            setattr(module, name, course(cfg))
+    blocks = getattr(module, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        for i in range(len(blocks)):
+            blocks[i] = ref.DecoderLayer(cfg)
+    return module
+
+
+def _layer_input(case: Case, cfg: ref.ModernConfig):
+    x = ref.seeded_input(case.seed + 90, case.batch, case.seq, cfg.d_model)
+    return (x, *ref.rope_cos_sin(torch.arange(case.seq), cfg.d_head, cfg.rope_theta))
+
+
+def produce_layer(DecoderLayer, case: Case, inputs: dict) -> dict:
+    cfg = ref.ModernConfig()
+    layer = load_attention(DecoderLayer, cfg, component(weights(case.seed), f"blocks.{case.block}"), "DecoderLayer",
+                           with_course_parts)
+    result = run_learner("DecoderLayer", layer, *_layer_input(case, cfg), forbidden=FORBIDDEN)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise CheckFailed(f"DecoderLayer returned {type(result).__name__}; return (x, (keys, values)).")
+    return {"out": result[0]}
+
+
+def layer_mistakes(x, w: dict, cos, sin) -> dict[str, torch.Tensor]:
+    eps = ref.ModernConfig().rms_norm_eps
+    def norm(v, name):
+        return ref.rms_norm(v, w[f"{name}.w"], eps)
+
+    def attn(v):
+        return ref.attention(v, component(w, "attn"), cos, sin)[0]
+
+    def mlp(v):
+        return ref.swiglu(v, component(w, "mlp"))
+
+    mid = x + attn(norm(x, "ln1"))
+    post = norm(x + attn(x), "ln1")
+    return {
+        "post-norm: the RMSNorms go before each sublayer (x + attn(ln1(x))), not after the addition":
+            norm(post + mlp(post), "ln2"),
+        "attention and the MLP both read the layer's input (a parallel block): the MLP reads the stream "
+        "after attention's output is added": mid + mlp(norm(x, "ln2")),
+        "the residual is not added around attention: x = x + attn(ln1(x))":
+            attn(norm(x, "ln1")) + mlp(norm(attn(norm(x, "ln1")), "ln2")),
+        "ln1 and ln2 are swapped: ln1 before attention, ln2 before the MLP":
+            (x + attn(norm(x, "ln2"))) + mlp(norm(x + attn(norm(x, "ln2")), "ln1")),
+    }
+
+
+def judge_layer(case: Case, outputs: dict) -> None:
+    cfg = ref.ModernConfig()
+    x, cos, sin = _layer_input(case, cfg)
+    with torch.no_grad():
+        expected = hf_model(case.seed).model.layers[case.block](
+            x, attention_mask=ref.causal_mask(case.seq, case.seq), position_embeddings=(cos[None], sin[None]))
+    compare(f"DecoderLayer (blocks.{case.block})", outputs.get("out"), expected, DIMS,
+            mistakes=layer_mistakes(x, component(weights(case.seed), f"blocks.{case.block}"), cos, sin),
+            hint="x = x + attn(ln1(x)); x = x + mlp(ln2(x)).")
+
+
+layer_exercise = Exercise(NOTEBOOK, "DecoderLayer", produce_layer, diagnosis_first(judge_layer),
+                          forbidden=(FORBIDDEN,), defaults=DEFAULTS)
+check_decoder_layer = layer_exercise.checker(
+    "Grade `DecoderLayer` against transformers' LlamaDecoderLayer (seeded weights and inputs).")
+
+
+# --- ModernDecoder -----------------------------------------------------------------------------
+
+def tokens_for(case: Case, cfg: ref.ModernConfig) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(900 + case.seed)
+    return torch.randint(0, cfg.d_vocab, (case.batch, case.seq), generator=generator)
+
+
+def _model_run(what, model, *args):
+    result = run_learner(what, model, *args, forbidden=FORBIDDEN)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise CheckFailed(f"{what} returned {type(result).__name__}; return (logits, cache).")
+    return result
+
+
+def produce_model(ModernDecoder, case: Case, inputs: dict) -> dict:
+    cfg = ref.ModernConfig()
+    model = load_attention(ModernDecoder, cfg, weights(case.seed), "ModernDecoder", with_course_parts)
+    tokens, split = tokens_for(case, cfg), case.seq // 2
+    logits, _ = _model_run("ModernDecoder", model, tokens)
+    first, past = _model_run("ModernDecoder", model, tokens[:, :split])
+    second, cache = _model_run("ModernDecoder (with the cache of the first chunk)", model, tokens[:, split:], past)
+    outputs = {"logits": logits, "cached": torch.cat([first, second], dim=1)}
+    if not (isinstance(cache, (list, tuple)) and len(cache) == cfg.n_layers
+            and all(isinstance(c, (list, tuple)) and len(c) == 2 for c in cache)):
+        raise CheckFailed("ModernDecoder's cache: return one (keys, values) pair per layer, in a list.")
+    outputs.update({f"cache.{i}.{j}": t for i, pair in enumerate(cache) for j, t in enumerate(pair)})
+    return outputs
+
+
+def _course_model(cfg: ref.ModernConfig, seed: int) -> nn.Module:
+    model = ref.ModernDecoder(cfg)
+    model.load_state_dict(weights(seed))
+    return model.eval()
+
+
+def model_mistakes(case: Case, cached: bool) -> dict[str, torch.Tensor]:
+    cfg = ref.ModernConfig()
+    model, tokens, split = _course_model(cfg, case.seed), tokens_for(case, cfg), case.seq // 2
+    found = {}
+    with torch.no_grad():
+        if cached:
+            first, past = model(tokens[:, :split])
+            second, _ = model(tokens[:, split:])              # positions 0.. again, and no past
+            found["the cache is not used: the second chunk must see the first through `past`"] = \
+                torch.cat([first, second], 1)
+            cos, sin = ref.rope_cos_sin(torch.arange(case.seq - split), cfg.d_head, cfg.rope_theta)
+            x = model.W_E[tokens[:, split:]]
+            for block, layer_past in zip(model.blocks, past):
+                x, _ = block(x, cos, sin, layer_past)
+            found["positions restart at 0 in the cached chunk: its positions are past_len, past_len + 1, ... "
+                  "(past_len = the cached keys' length)"] = torch.cat([first, model.ln_final(x) @ model.W_U], 1)
+        else:
+            x = model.W_E[tokens]
+            cos, sin = ref.rope_cos_sin(torch.arange(case.seq), cfg.d_head, cfg.rope_theta)
+            for block in model.blocks:
+                x, _ = block(x, cos, sin)
+            found["the final RMSNorm is missing: logits = ln_final(x) @ W_U"] = x @ model.W_U
+    return found
+
+
+def judge_model(case: Case, outputs: dict) -> None:
+    cfg = ref.ModernConfig()
+    with torch.no_grad():
+        expected = hf_model(case.seed)(tokens_for(case, cfg)).logits
+    depth = cfg.n_layers + 1
+    compare("ModernDecoder logits, compared with LlamaForCausalLM's", outputs.get("logits"), expected,
+            LOGIT_DIMS, mistakes=model_mistakes(case, cached=False), depth=depth,
+            hint="embed, the layers, ln_final, then @ W_U; cos and sin from rope_cos_sin.")
+    compare(f"ModernDecoder logits in two chunks (positions 0-{case.seq // 2 - 1}, then the rest with "
+            "the cache)", outputs.get("cached"), expected, LOGIT_DIMS,
+            mistakes=model_mistakes(case, cached=True), depth=depth,
+            hint="with a cache, the new positions start at the cached keys' length.")
+    for i in range(cfg.n_layers):
+        for j, part in enumerate(("keys", "values")):
+            check_shape(f"ModernDecoder's cache, layer {i}: the {part}", outputs.get(f"cache.{i}.{j}"),
+                        (case.batch, cfg.n_kv_heads, case.seq, cfg.d_head),
+                        ("batch", "kv_head", "position", "d_head"))
+
+
+model_exercise = Exercise(NOTEBOOK, "ModernDecoder", produce_model, diagnosis_first(judge_model),
+                          forbidden=(FORBIDDEN,), defaults=DEFAULTS)
+check_modern_decoder = model_exercise.checker(
+    "Grade `ModernDecoder` against transformers' LlamaForCausalLM (whole, and through its cache).")
+
+
+# --- generate_greedy ---------------------------------------------------------------------------
+
+N_NEW = 8
+
+
+def produce_generate(generate_greedy, case: Case, inputs: dict) -> dict:
+    cfg = ref.ModernConfig()
+    model, fed = _course_model(cfg, case.seed), []
+    handle = model.register_forward_pre_hook(lambda module, args: fed.append(args[0].shape[-1]))
+    try:
+        out = run_learner("generate_greedy", generate_greedy, model, tokens_for(case, cfg), N_NEW,
+                          forbidden=FORBIDDEN)
+    finally:
+        handle.remove()
+    return {"out": out, "fed": torch.tensor(fed, dtype=torch.long)}
+
+
+def judge_generate(case: Case, outputs: dict) -> None:
+    cfg = ref.ModernConfig()
+    prompt, hf = tokens_for(case, cfg), hf_model(case.seed)
+    judge_generated("generate_greedy(model, tokens, 8)", outputs.get("out"), prompt, N_NEW)
+    fed = outputs["fed"].tolist()
+    if fed[1:] != [1] * (N_NEW - 1) or fed[:1] != [case.seq]:
+        raise CheckFailed(f"generate_greedy fed the model {fed} tokens per call; with a KV cache, the "
+                          f"prompt ({case.seq} tokens) goes in once, then each new token alone, with the "
+                          "cache: model(next_token, past). Likely mistake: "
+                          + ("the cache is not used: the whole sequence is fed again at every step."
+                             if len(fed) > 1 and fed[1] > 1 else "the model is called another number of times."))
+    tokens = prompt
+    with torch.no_grad():   # the reference: the full sequence each step, greedily
+        for _ in range(N_NEW):
+            tokens = torch.cat([tokens, hf(tokens).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    if not torch.equal(outputs["out"], tokens):
+        wrong = (outputs["out"] != tokens).nonzero()[0].tolist()
+        raise CheckFailed(f"generate_greedy: token {wrong[1]} of sequence {wrong[0]} is "
+                          f"{int(outputs['out'][tuple(wrong)])}, LlamaForCausalLM's greedy choice is "
+                          f"{int(tokens[tuple(wrong)])}. Pass the cache the model returned back in with the "
+                          "next token, and take the argmax of the last position's logits.")
+
+
+generate_exercise = Exercise(NOTEBOOK, "generate_greedy", produce_generate, judge_generate,
+                             forbidden=(FORBIDDEN,), defaults={**DEFAULTS, "batch": 2, "seq": 5})
+check_generate_greedy = generate_exercise.checker(
+    "Grade `generate_greedy` with a KV cache against LlamaForCausalLM's greedy continuation.")

@@ -1,0 +1,148 @@
+"""Notebook 10, exercises 1 and 3: `RMSNorm` and the `SwiGLU` MLP, judged against transformers'
+LlamaRMSNorm and LlamaMLP loaded with the same seeded weights."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.modern import reference as ref
+from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed
+from graders.judging.exercise import Exercise
+from graders.judging.learner import Forbidden, build_module, run_learner
+from graders.reference.weights import WeightLoadError, component, load_strict
+
+NOTEBOOK = "10_modern_decoder"
+DIMS = ("batch", "position", "d_model")
+DEFAULTS = {"text": None, "batch": 2, "seq": 12}
+NORM_FORBIDDEN = Forbidden("RMSNorm", targets=[(F, "rms_norm"), (torch, "rms_norm"), (nn.RMSNorm, "forward")],
+                           source_words=["F.rms_norm", "torch.rms_norm", "nn.RMSNorm"])
+MLP_FORBIDDEN = Forbidden("the SwiGLU MLP", targets=[(nn.Linear, "forward"), (F, "linear")],
+                          source_words=["nn.Linear", "F.linear"],
+                          instead="with matrix products of your parameters")
+
+
+def config(n_kv_heads: int = 2) -> ref.ModernConfig:
+    from dataclasses import replace
+
+    return replace(ref.ModernConfig(), n_kv_heads=n_kv_heads)
+
+
+@lru_cache(maxsize=6)
+def hf_weights(seed: int, n_kv_heads: int = 2) -> dict:
+    return ref.random_hf_weights(config(n_kv_heads), seed)
+
+
+@lru_cache(maxsize=6)
+def weights(seed: int, n_kv_heads: int = 2) -> dict:
+    """The seeded weights under the course's names (what the learner's modules are loaded with)."""
+    return ref.course_weights(hf_weights(seed, n_kv_heads), config(n_kv_heads))
+
+
+@lru_cache(maxsize=6)
+def hf_model(seed: int, n_kv_heads: int = 2):
+    """The judge's LlamaForCausalLM for a seed (and a number of KV heads)."""
+    return ref.hf_model(config(n_kv_heads), hf_weights(seed, n_kv_heads))
+
+
+def loaded(what: str, cls, cfg, part: dict) -> nn.Module:
+    module = build_module(what, cls, cfg)
+    try:
+        return load_strict(module, part, what)
+    except WeightLoadError as err:
+        raise CheckFailed(str(err)) from None
+
+
+# --- RMSNorm -----------------------------------------------------------------------------------
+
+def _quiet(x: torch.Tensor) -> torch.Tensor:
+    """`x` shrunk until its mean square is about eps: where eps's place in the formula shows."""
+    return x * (1e-6 / x.pow(2).mean(-1, keepdim=True)).sqrt()
+
+
+def _norm_inputs(case: Case) -> list[torch.Tensor]:
+    x = ref.seeded_input(case.seed, case.batch, case.seq, ref.ModernConfig().d_model)
+    return [x, _quiet(x)]
+
+
+def produce_rms_norm(RMSNorm, case: Case, inputs: dict) -> dict:
+    norm = loaded("RMSNorm", RMSNorm, ref.ModernConfig(), component(weights(case.seed), "blocks.1.ln1"))
+    return {f"out_{i}": run_learner("RMSNorm", norm, x, forbidden=NORM_FORBIDDEN)
+            for i, x in enumerate(_norm_inputs(case))}
+
+
+def rms_norm_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
+    ms = x.pow(2).mean(-1, keepdim=True)
+    centred = x - x.mean(-1, keepdim=True)
+    return {
+        "the mean is subtracted (that is LayerNorm): RMSNorm divides x itself by its root mean "
+        "square, with no centring and no bias": centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w,
+        "eps is added outside the square root: it belongs inside, sqrt(mean(x**2) + eps)":
+            x / (ms.sqrt() + eps) * w,
+        "the learned weight w is not applied": x / (ms + eps).sqrt(),
+        "dividing by the norm sqrt(sum(x**2)) instead of the root mean square sqrt(mean(x**2))":
+            x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt() * w,
+    }
+
+
+def judge_rms_norm(case: Case, outputs: dict) -> None:
+    hf_norm, eps = hf_model(case.seed).model.layers[1].input_layernorm, ref.ModernConfig().rms_norm_eps
+    w = weights(case.seed)["blocks.1.ln1.w"]
+    for i, (x, what) in enumerate(zip(_norm_inputs(case), ("a residual stream",
+                                                            "a residual stream with mean square close to eps"))):
+        with torch.no_grad():
+            expected = hf_norm(x)
+        compare(f"RMSNorm on {what} {list(x.shape)}", outputs.get(f"out_{i}"), expected, DIMS,
+                mistakes=rms_norm_mistakes(x, w, eps),
+                hint="x / sqrt(mean(x**2 over d_model) + eps) * w, in float32.")
+
+
+rms_norm_exercise = Exercise(NOTEBOOK, "RMSNorm", produce_rms_norm, diagnosis_first(judge_rms_norm),
+                             forbidden=(NORM_FORBIDDEN,), defaults=DEFAULTS)
+check_rms_norm = rms_norm_exercise.checker(
+    "Grade `RMSNorm` against transformers' LlamaRMSNorm (seeded weight and residual streams).")
+
+
+# --- SwiGLU ------------------------------------------------------------------------------------
+
+def _mlp_input(case: Case) -> torch.Tensor:
+    x = ref.seeded_input(case.seed + 50, case.batch, case.seq, ref.ModernConfig().d_model)
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt()     # what the MLP reads: an RMS-normed stream
+
+
+def produce_swiglu(SwiGLU, case: Case, inputs: dict) -> dict:
+    mlp = loaded("SwiGLU", SwiGLU, ref.ModernConfig(), component(weights(case.seed), f"blocks.{case.block}.mlp"))
+    return {"out": run_learner("SwiGLU", mlp, _mlp_input(case), forbidden=MLP_FORBIDDEN)}
+
+
+def swiglu_mistakes(x: torch.Tensor, w: dict) -> dict:
+    gate, up = x @ w["W_gate"], x @ w["W_up"]
+    return {
+        "gate and up are swapped: SiLU goes on the gate branch, silu(x @ W_gate) * (x @ W_up)":
+            (F.silu(up) * gate) @ w["W_down"],
+        "GELU instead of SiLU: SwiGLU's gate is silu(z) = z * sigmoid(z)":
+            (F.gelu(gate) * up) @ w["W_down"],
+        "the activation is applied to both branches: only the gate goes through SiLU":
+            (F.silu(gate) * F.silu(up)) @ w["W_down"],
+        "silu(gate) * gate (the SiLU formula z * sigmoid(z) mixed up with the gating): the gate's "
+        "SiLU multiplies the *up* branch, x @ W_up": (F.silu(gate) * gate) @ w["W_down"],
+    }
+
+
+def judge_swiglu(case: Case, outputs: dict) -> None:
+    x = _mlp_input(case)
+    with torch.no_grad():
+        expected = hf_model(case.seed).model.layers[case.block].mlp(x)
+    compare(f"SwiGLU on an input {list(x.shape)}", outputs.get("out"), expected, DIMS,
+            mistakes=swiglu_mistakes(x, component(weights(case.seed), f"blocks.{case.block}.mlp")),
+            hint="(silu(x @ W_gate) * (x @ W_up)) @ W_down, no biases.")
+
+
+swiglu_exercise = Exercise(NOTEBOOK, "SwiGLU", produce_swiglu, diagnosis_first(judge_swiglu),
+                           forbidden=(MLP_FORBIDDEN,), defaults=DEFAULTS)
+check_swiglu = swiglu_exercise.checker(
+    "Grade the `SwiGLU` MLP against transformers' LlamaMLP (seeded weights and inputs).")

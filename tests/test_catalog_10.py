@@ -1,0 +1,310 @@
+"""Notebook 10's graders: correct variants (in other styles) pass, each catalogued mistake fails with
+its name, and the course's decoder agrees with transformers' LlamaForCausalLM."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graders.exercises import nb10
+from graders.exercises.modern import reference as ref
+from graders.judging.compare import CheckFailed
+from graders.judging.tolerance import close
+
+
+def fails_with(check, *learner, expected, **case):
+    with pytest.raises(CheckFailed) as failure:
+        check(*learner, **case)
+    assert expected in str(failure.value), str(failure.value)
+
+
+def test_the_course_decoder_matches_llama_whole_and_cached():
+    from graders.exercises.modern.norm_mlp import hf_model, weights
+
+    for n_kv in (2, 1, 8):
+        cfg = nb10.ModernConfig(n_kv_heads=n_kv)
+        model = ref.ModernDecoder(cfg)
+        model.load_state_dict(weights(3, n_kv))
+        tokens = torch.randint(0, cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            expected = hf_model(3, n_kv)(tokens).logits
+            first, past = model(tokens[:, :4])
+            second, _ = model(tokens[:, 4:], past)
+        assert close(torch.cat([first, second], 1), expected, depth=cfg.n_layers + 1)
+
+
+# --- RMSNorm -----------------------------------------------------------------------------------
+
+def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False):
+    class RMSNorm(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
+
+        def forward(self, x):
+            x32 = x.float()
+            if center:
+                x32 = x32 - x32.mean(-1, keepdim=True)
+            ms = (torch.einsum("bpd,bpd->bp", x32, x32)[..., None] / x.shape[-1] if einsum
+                  else x32.pow(2).mean(-1, keepdim=True))
+            if norm:
+                ms = ms * x.shape[-1]
+            scaled = (x32 / (ms.sqrt() + self.cfg.rms_norm_eps) if eps_outside
+                      else x32 * torch.rsqrt(ms + self.cfg.rms_norm_eps))
+            return scaled.to(x.dtype) * (self.w if weight else 1)
+    return RMSNorm
+
+
+@pytest.mark.parametrize("cls", [ref.RMSNorm, _norm(), _norm(einsum=True)])
+def test_rms_norm_correct_variants_pass(cls):
+    nb10.check_rms_norm(cls)
+    nb10.check_rms_norm(cls, seed=3, batch=1, seq=30)
+
+
+@pytest.mark.parametrize("cls, expected", [
+    (_norm(center=True), "Likely mistake: the mean is subtracted (that is LayerNorm)"),
+    (_norm(eps_outside=True), "Likely mistake: eps is added outside the square root"),
+    (_norm(weight=False), "Likely mistake: the learned weight w is not applied"),
+    (_norm(norm=True), "Likely mistake: dividing by the norm"),
+])
+def test_rms_norm_mistakes_are_named(cls, expected):
+    fails_with(nb10.check_rms_norm, cls, expected=expected)
+
+
+# --- RoPE --------------------------------------------------------------------------------------
+
+def _table(exponent=2, base=None, interleaved=False, float64=False):
+    def rope_cos_sin(positions, d_head, theta):
+        dtype = torch.float64 if float64 else torch.float32
+        i = torch.arange(d_head // 2, dtype=dtype)
+        angles = positions.to(dtype)[:, None] * (base or theta) ** (-exponent * i / d_head)
+        angles = angles.repeat_interleave(2, -1) if interleaved else angles.repeat(1, 2)
+        return angles.cos().float(), angles.sin().float()
+    return rope_cos_sin
+
+
+def _apply(kind="halves"):
+    def apply_rope(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        if kind == "interleaved":
+            return ref.apply_rope_interleaved(x, cos, sin)
+        if kind == "wrong_way":
+            return x * cos + torch.cat([x2, -x1], -1) * sin
+        if kind == "cos_only":
+            return x * cos
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+    return apply_rope
+
+
+@pytest.mark.parametrize("table", [_table(), _table(float64=True), ref.rope_cos_sin])
+def test_rope_correct_variants_pass(table):
+    nb10.check_rope(table, _apply())
+    nb10.check_rope(table, _apply(), seed=2, batch=1, seq=30)
+
+
+@pytest.mark.parametrize("table, apply, expected", [
+    (_table(exponent=1), _apply(), "Likely mistake: the frequency exponent is off by a factor of 2"),
+    (_table(base=10000.0), _apply(), "Likely mistake: a wrong base"),
+    (_table(interleaved=True), _apply(), "Likely mistake: the frequencies are interleaved"),
+    (_table(), _apply("interleaved"), "Likely mistake: pairs interleaved where transformers' Llama rotates halves"),
+    (_table(), _apply("wrong_way"), "Likely mistake: the rotation turns the wrong way"),
+    (_table(), _apply("cos_only"), "every position shifted by 7"),
+])
+def test_rope_mistakes_are_named(table, apply, expected):
+    fails_with(nb10.check_rope, table, apply, expected=expected)
+
+
+# --- SwiGLU ------------------------------------------------------------------------------------
+
+def _mlp(kind="right"):
+    class SwiGLU(ref.SwiGLU):
+        def forward(self, x):
+            gate, up = x @ self.W_gate, x @ self.W_up
+            hidden = {"right": F.silu(gate) * up, "sigmoid": gate * torch.sigmoid(gate) * up,
+                      "swapped": F.silu(up) * gate, "gelu": F.gelu(gate) * up,
+                      "both": F.silu(gate) * F.silu(up), "self": F.silu(gate) * gate}[kind]
+            return hidden @ self.W_down
+    return SwiGLU
+
+
+@pytest.mark.parametrize("cls", [ref.SwiGLU, _mlp(), _mlp("sigmoid")])
+def test_swiglu_correct_variants_pass(cls):
+    nb10.check_swiglu(cls)
+    nb10.check_swiglu(cls, seed=4, batch=3, seq=7, block=2)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("swapped", "Likely mistake: gate and up are swapped"), ("gelu", "Likely mistake: GELU instead of SiLU"),
+    ("both", "Likely mistake: the activation is applied to both branches"),
+    ("self", "Likely mistake: silu(gate) * gate"),
+])
+def test_swiglu_mistakes_are_named(kind, expected):
+    fails_with(nb10.check_swiglu, _mlp(kind), expected=expected)
+
+
+# --- Grouped-query attention -------------------------------------------------------------------
+
+def _attention(**flags):
+    class GQAttention(ref.GQAttention):
+        def forward(self, x, cos, sin, past=None):
+            return ref.attention(x, dict(self.named_parameters()), cos, sin, past, **flags)
+    return GQAttention
+
+
+class ExpandAttention(ref.GQAttention):
+    """Another correct style: keys expanded per group with einops-like views, -1e9 mask."""
+
+    def forward(self, x, cos, sin, past=None):
+        q = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_Q), cos, sin)
+        k = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_K), cos, sin)
+        v = torch.einsum("bpd,ndh->bnph", x, self.W_V)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        b, n_kv, n_k, h = k.shape
+        group = self.cfg.n_heads // n_kv
+        k_all = k[:, :, None].expand(b, n_kv, group, n_k, h).reshape(b, n_kv * group, n_k, h)
+        v_all = v[:, :, None].expand(b, n_kv, group, n_k, h).reshape(b, n_kv * group, n_k, h)
+        scores = q @ k_all.transpose(-1, -2) / math.sqrt(h)
+        n_q = q.shape[2]
+        allowed = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]
+        z = scores.masked_fill(~allowed, -1e9).softmax(-1) @ v_all
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O), (k, v)
+
+
+class AsManyKVHeads(ref.GQAttention):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.W_K = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_model, cfg.d_head))
+        self.W_V = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_model, cfg.d_head))
+
+
+@pytest.mark.parametrize("cls", [ref.GQAttention, ExpandAttention])
+def test_attention_correct_variants_pass(cls):
+    nb10.check_gq_attention(cls)
+    nb10.check_gq_attention(cls, seed=5, batch=1, seq=9, block=3)
+
+
+@pytest.mark.parametrize("cls, expected", [
+    (_attention(groups="repeat"), "Likely mistake: `repeat` where `repeat_interleave` is needed"),
+    (_attention(scale=16.0), "Likely mistake: the scores are scaled by sqrt(d_model)"),
+    (_attention(rope_values=True), "Likely mistake: RoPE is applied to the values too"),
+    (_attention(rope_keys=False), "Likely mistake: RoPE is applied to the queries only"),
+    (_attention(offset_mask=False), "Likely mistake: the causal mask ignores the cache"),
+    (AsManyKVHeads, "Likely mistake: the keys and values are used as if there were n_heads of them"),
+])
+def test_attention_mistakes_are_named(cls, expected):
+    fails_with(nb10.check_gq_attention, cls, expected=expected)
+
+
+# --- The decoder layer, the model, generation ----------------------------------------------------
+
+def _layer(kind):
+    class DecoderLayer(ref.DecoderLayer):
+        def forward(self, x, cos, sin, past=None):
+            if kind == "post":
+                mid = self.ln1(x + self.attn(x, cos, sin, past)[0])
+                return self.ln2(mid + self.mlp(mid)), None
+            if kind == "parallel":
+                out, cache = self.attn(self.ln1(x), cos, sin, past)
+                return x + out + self.mlp(self.ln2(x)), cache
+            out, cache = self.attn(self.ln1(x), cos, sin, past)
+            return out + self.mlp(self.ln2(out)), cache
+    return DecoderLayer
+
+
+def test_decoder_layer_passes_and_its_mistakes_are_named():
+    nb10.check_decoder_layer(ref.DecoderLayer)
+    nb10.check_decoder_layer(ref.DecoderLayer, seed=2, batch=1, seq=17, block=3)
+    fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
+    fails_with(nb10.check_decoder_layer, _layer("parallel"), expected="Likely mistake: attention and the MLP both read")
+    fails_with(nb10.check_decoder_layer, _layer("no_residual"), expected="Likely mistake: the residual is not added")
+
+
+class RestartingPositions(ref.ModernDecoder):
+    def forward(self, tokens, past=None):
+        cos, sin = ref.rope_cos_sin(torch.arange(tokens.shape[1]), self.cfg.d_head, self.cfg.rope_theta)
+        x, cache = self.W_E[tokens], []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, cos, sin, None if past is None else past[i])
+            cache.append(layer_cache)
+        return self.ln_final(x) @ self.W_U, cache
+
+
+class NoFinalNorm(ref.ModernDecoder):
+    def forward(self, tokens, past=None):
+        start = 0 if past is None else past[0][0].shape[2]
+        cos, sin = ref.rope_cos_sin(torch.arange(start, start + tokens.shape[1]), self.cfg.d_head, self.cfg.rope_theta)
+        x, cache = self.W_E[tokens], []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, cos, sin, None if past is None else past[i])
+            cache.append(layer_cache)
+        return x @ self.W_U, cache
+
+
+def test_a_part_with_a_check_of_its_own_costs_only_that_check():
+    """One mistake, one exercise: a layer built on a wrong attention, norm or MLP passes the layer's
+    check, and a model built on wrong layers or a wrong final norm passes the model's; the parts'
+    own checks fail them."""
+    Attention = _attention(groups="repeat")
+    Norm = type("RMSNorm", (ref.RMSNorm,), {"forward": lambda self, x: x * self.w})
+
+    class WrongParts(ref.DecoderLayer):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.attn, self.ln1, self.mlp = Attention(cfg), Norm(cfg), _mlp("gelu")(cfg)
+
+    class WrongLayers(ref.ModernDecoder):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.blocks = nn.ModuleList([_layer("post")(cfg) for _ in range(cfg.n_layers)])
+            self.ln_final = Norm(cfg)
+
+    nb10.check_decoder_layer(WrongParts)
+    nb10.check_modern_decoder(WrongLayers)
+    fails_with(nb10.check_gq_attention, Attention, expected="`repeat` where `repeat_interleave` is needed")
+    fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
+
+
+def test_model_passes_and_its_mistakes_are_named():
+    nb10.check_modern_decoder(ref.ModernDecoder)
+    nb10.check_modern_decoder(ref.ModernDecoder, seed=6, batch=1, seq=20)
+    fails_with(nb10.check_modern_decoder, RestartingPositions, expected="Likely mistake: positions restart at 0")
+    fails_with(nb10.check_modern_decoder, NoFinalNorm, expected="Likely mistake: the final RMSNorm is missing")
+
+
+def _generate(cache=True):
+    def generate_greedy(model, tokens, n_new):
+        logits, past = model(tokens)
+        for step in range(n_new):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, token], dim=1)
+            if step < n_new - 1:
+                logits, past = model(token, past) if cache else model(tokens)
+        return tokens
+    return generate_greedy
+
+
+def test_generate_greedy_passes_and_its_mistakes_are_named():
+    nb10.check_generate_greedy(_generate())
+    nb10.check_generate_greedy(_generate(), seed=3, batch=3, seq=4)
+    fails_with(nb10.check_generate_greedy, _generate(cache=False),
+               expected="Likely mistake: the cache is not used: the whole sequence is fed again")
+    fails_with(nb10.check_generate_greedy, lambda model, tokens, n_new: _generate()(model, tokens, n_new)[:, -n_new:],
+               expected="Likely mistake: only the new tokens are returned")
+
+
+# --- kv_cache_bytes ------------------------------------------------------------------------------
+
+def _bytes(heads="n_kv_heads", factor=2):
+    def kv_cache_bytes(cfg, batch, seq_len, dtype):
+        element = torch.finfo(dtype).bits // 8
+        return factor * cfg.n_layers * batch * seq_len * getattr(cfg, heads) * cfg.d_head * element
+    return kv_cache_bytes
+
+
+def test_kv_cache_bytes_passes_and_its_mistakes_are_named():
+    for seed, batch in ((0, 1), (1, 3)):
+        nb10.check_kv_cache_bytes(_bytes(), seed=seed, batch=batch)
+    fails_with(nb10.check_kv_cache_bytes, _bytes(heads="n_heads"), expected="Likely mistake: n_heads is used")
+    fails_with(nb10.check_kv_cache_bytes, _bytes(factor=1), expected="Likely mistake: only the keys are counted")
