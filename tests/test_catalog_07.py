@@ -430,7 +430,10 @@ TRAIN_CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(TRAIN_CORRECT))
+# Each check of `train` is a graded training run (150 optimizer steps): the fast tier keeps the
+# solution's round trip, the full tier runs every variant and every mistake.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "solution" else pytest.mark.slow)
+                                  for name in TRAIN_CORRECT])
 def test_train_correct_variants(name):
     train, model_class = TRAIN_CORRECT[name]
     nb07.check_train(train, model_class)
@@ -474,6 +477,7 @@ TRAIN_BUGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TRAIN_BUGS))
 def test_train_mistakes(name):
     train, model_class, expected = TRAIN_BUGS[name]
@@ -517,6 +521,7 @@ SHAKESPEARE_SHORT_RUN_BUGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SHAKESPEARE_SHORT_RUN_BUGS))
 def test_shakespeare_short_run_mistakes(shakespeare, name):
     train, expected = SHAKESPEARE_SHORT_RUN_BUGS[name]

@@ -84,6 +84,7 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.slow   # each regenerates the 124M synthetic weights
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_corrupt_cache_is_regenerated(corrupt, generated_folder, tmp_path, monkeypatch, capsys):
     folder = tmp_path / SYNTHETIC_FOLDER
