@@ -308,3 +308,42 @@ def test_kv_cache_bytes_passes_and_its_mistakes_are_named():
         nb10.check_kv_cache_bytes(_bytes(), seed=seed, batch=batch)
     fails_with(nb10.check_kv_cache_bytes, _bytes(heads="n_heads"), expected="Likely mistake: n_heads is used")
     fails_with(nb10.check_kv_cache_bytes, _bytes(factor=1), expected="Likely mistake: only the keys are counted")
+
+
+# --- The demonstration's stated numbers ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_demonstration_prints_the_losses_its_text_states(monkeypatch, capsys):
+    """The sentence after notebook 10's training demonstration states two measured validation
+    losses: the demonstration, run on the solution's own modules, prints them."""
+    import re
+
+    import nbformat
+
+    from graders.layout import SOLUTIONS
+
+    shakespeare = SOLUTIONS.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
+    if not shakespeare.is_file():
+        pytest.skip(f"tiny Shakespeare is not at {shakespeare}")
+    monkeypatch.setenv("GPT2_COURSE_SHAKESPEARE", str(shakespeare))
+    cells = nbformat.read(SOLUTIONS / "10_modern_decoder.ipynb", as_version=4).cells
+    demo = next(i for i, cell in enumerate(cells) if "def train_and_validate" in cell.source)
+    given = [cell.source for cell in cells[:demo] if cell.cell_type == "code" and
+             cell.metadata.get("nbgrader", {}).get("grade_id", "").endswith(("setup", "_answer"))]
+    namespace, threads = {}, torch.get_num_threads()
+    try:
+        for source in given:
+            exec(source, namespace)
+        namespace["ready"] = lambda *answers: True
+        capsys.readouterr()
+        exec(cells[demo].source, namespace)
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    losses = [float(x) for x in re.findall(r"validation loss ([\d.]+) nats", printed)]
+    counts = [int(x.replace(",", "")) for x in re.findall(r"([\d,]+) parameters", printed)]
+    stated = re.search(r"validation loss of ([\d.]+) nats for the GPT-2-style model and ([\d.]+) for\s+"
+                       r"the modern decoder", cells[demo + 1].source)
+    assert stated, cells[demo + 1].source
+    assert [float(x) for x in stated.groups()] == losses, printed
+    assert len(counts) == 2 and abs(counts[0] - counts[1]) < 1000, printed

@@ -106,7 +106,10 @@ def _grade_command(submissions, out):
 @pytest.mark.slow
 def test_an_interrupted_run_keeps_its_work_resumes_and_merges_a_second_batch(tmp_path):
     first, late, out = tmp_path / "first", tmp_path / "late", tmp_path / "out"
-    for student in ("alice", "bob", "carol"):
+    # Six students graded one at a time, so that work is left when the Ctrl-C comes, even on a
+    # busy machine where this process wakes late (with three, all were once done before it).
+    students = ("alice", "bob", "carol", "erin", "frank", "grace")
+    for student in students:
         _write(first / student / f"{LN}.ipynb", _notebook("perfect" if student != "bob" else "buggy"))
     run = subprocess.Popen(_grade_command(first, out), cwd=ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -125,13 +128,13 @@ def test_an_interrupted_run_keeps_its_work_resumes_and_merges_a_second_batch(tmp
     assert run.returncode == 130 and "run the same command again to resume" in output, output
     interrupted = {e["student"]: e for e in json.loads((out / "results.json").read_text())}
     finished = [s for s, e in interrupted.items() if e["submission"]]
-    assert 1 <= len(finished) < 3
+    assert 1 <= len(finished) < len(students)
     assert "now: " in output and f"/{LN}" in output  # the progress display names the notebook in flight
 
     resumed = subprocess.run(_grade_command(first, out), cwd=ROOT, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{3 - len(finished)} to grade, {len(finished)} unchanged since the last run" in resumed.stdout
+    assert f"{len(students) - len(finished)} to grade, {len(finished)} unchanged since the last run" in resumed.stdout
     after = {e["student"]: e for e in json.loads((out / "results.json").read_text())}
     for student in finished:  # not graded again: same entry, same seconds
         assert after[student] == interrupted[student]
@@ -145,7 +148,7 @@ def test_an_interrupted_run_keeps_its_work_resumes_and_merges_a_second_batch(tmp
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert "2 to grade, 0 unchanged" in merged.stdout
     rows = (out / "grades.csv").read_text().splitlines()
-    assert rows[1:] == ["alice,5,5,5", "bob,5,5,5", "carol,5,5,5", "dave,5,5,5"]
+    assert rows[1:] == [f"{student},5,5,5" for student in sorted((*students, "dave"))]
     assert json.loads((out / "results.json").read_text())[0] == after["alice"]
 
 
