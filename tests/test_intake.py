@@ -111,8 +111,11 @@ def test_an_interrupted_run_keeps_its_work_resumes_and_merges_a_second_batch(tmp
     students = ("alice", "bob", "carol", "erin", "frank", "grace")
     for student in students:
         _write(first / student / f"{LN}.ipynb", _notebook("perfect" if student != "bob" else "buggy"))
+    # Ctrl-C as at an instructor's terminal: a test suite started in the background (as CI may be)
+    # inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt.
     run = subprocess.Popen(_grade_command(first, out), cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and run.poll() is None:  # Ctrl-C after the first notebook
