@@ -24,13 +24,13 @@ from graders.reference.store import course_component, part, weights
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.diagnosis import compare, diagnosis_first
-from graders.judging.learner import Forbidden, build_module, run_learner
+from graders.judging.learner import Forbidden, build_loaded, build_module, load_learner, run_learner
 from graders.judging.tolerance import CHANGED_RELATIVE, close
 from graders.exercises.nb05 import first_divergence
 from graders.exercises.next_token import judge_loss_value
 from graders.exercises.parameter_count import check_count_parameters  # noqa: F401 (the notebook's check)
 from graders.exercises.submodules import TAKES_RESIDUAL, TAKES_TOKENS, submodule_crash, watch
-from graders.reference.weights import WeightLoadError, load_strict
+from graders.reference.weights import load_strict
 
 DIMS = ("batch", "position", "d_model")
 LOGIT_DIMS = ("batch", "position", "d_vocab")
@@ -69,11 +69,8 @@ def produce_unembed(Unembed, case: Case, inputs: dict) -> dict:
     x_before = x.clone()
     out = run_learner("Unembed", unembed, x, forbidden=UNEMBED_FORBIDDEN)
     modified = not torch.equal(x, x_before)
-    biased = build_module("Unembed", Unembed, Config())
-    try:
-        load_strict(biased, {"W_U": part("unembed")["W_U"], "b_U": _random_bias(case.seed)}, "Unembed")
-    except WeightLoadError as err:
-        raise CheckFailed(str(err)) from None
+    biased = build_loaded("Unembed", Unembed, Config(),
+                          {"W_U": part("unembed")["W_U"], "b_U": _random_bias(case.seed)})
     random_in = rand_float(case.seed, 2, 4, Config().d_model)
     return {"out": out, "input_modified": torch.tensor(modified),
             "biased_out": run_learner("Unembed", biased, random_in, forbidden=UNEMBED_FORBIDDEN)}
@@ -230,10 +227,7 @@ def _loaded_model(DemoTransformer):
     model = build_module("DemoTransformer", DemoTransformer, Config())
     if isinstance(getattr(model, "unembed", None), nn.Module):
         model.unembed = components.Unembed(Config())
-    try:
-        return load_strict(model, weights(), "DemoTransformer")
-    except WeightLoadError as err:
-        raise CheckFailed(str(err)) from None
+    return load_learner("DemoTransformer", model, weights())
 
 
 def judge_model(case: Case, outputs: dict) -> None:

@@ -128,14 +128,25 @@ def build_module(what: str, cls, *args):
 
 
 
+def load_learner(what: str, module: torch.nn.Module, weights: dict, load=None) -> torch.nn.Module:
+    """`weights` loaded into the learner's module (strictly, unless another `load` is given); a
+    name or shape that does not fit fails the check with the loader's message."""
+    from graders.reference.weights import WeightLoadError, load_strict
+
+    try:
+        return (load or load_strict)(module, weights, what)
+    except WeightLoadError as err:
+        raise CheckFailed(str(err)) from None
+
+
+def build_loaded(what: str, cls, cfg, weights: dict, load=None) -> torch.nn.Module:
+    """The learner's module built with `cfg`, then loaded with `weights` (see load_learner)."""
+    return load_learner(what, build_module(what, cls, cfg), weights, load)
+
+
 def loaded(what: str, cls, prefix: str, cfg=None):
     """The learner's module built with `cfg` and strictly loaded with the reference `prefix`."""
     from graders.reference.config import Config
     from graders.reference.store import part
-    from graders.reference.weights import WeightLoadError, load_strict
 
-    module = build_module(what, cls, cfg or Config())
-    try:
-        return load_strict(module, part(prefix), what)
-    except WeightLoadError as err:
-        raise CheckFailed(str(err)) from None
+    return build_loaded(what, cls, cfg or Config(), part(prefix))

@@ -27,9 +27,9 @@ from graders.exercises.submodules import CallRecorder
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_module, run_learner
+from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.reference import bert, components
-from graders.reference.weights import WeightLoadError, component, load_strict
+from graders.reference.weights import component, load_strict
 
 DIMS = ("batch", "position", "d_model")
 LOGIT_DIMS = ("batch", "position", "d_vocab")
@@ -105,18 +105,10 @@ def sequences(case: Case, batch: int | None = None, seq: int | None = None):
     return tokens, (torch.arange(seq) >= boundary).long()
 
 
-def _loaded(what, cls, cfg, weights_: dict, tied: bool = False) -> nn.Module:
-    module = build_module(what, cls, cfg)
-    try:
-        return (bert.load_tied if tied else load_strict)(module, weights_, what)
-    except WeightLoadError as err:
-        raise CheckFailed(str(err)) from None
-
-
 # --- BertEmbeddings --------------------------------------------------------------------------
 
 def produce_embeddings(BertEmbeddings, case: Case, inputs: dict) -> dict:
-    embed = _loaded("BertEmbeddings", BertEmbeddings, mlm_config(), component(weights(case.seed), "embed"))
+    embed = build_loaded("BertEmbeddings", BertEmbeddings, mlm_config(), component(weights(case.seed), "embed"))
     outputs = {}
     for i, (tokens, types) in enumerate((sequences(case), sequences(case, 1, 5))):
         outputs[f"out_{i}"] = run_learner("BertEmbeddings", embed, tokens, types, forbidden=FORBIDDEN)
@@ -199,7 +191,7 @@ def _block_inputs(case: Case) -> list[torch.Tensor]:
 
 
 def produce_block(EncoderBlock, case: Case, inputs: dict) -> dict:
-    block = _loaded("EncoderBlock", EncoderBlock, mlm_config(),
+    block = build_loaded("EncoderBlock", EncoderBlock, mlm_config(),
                     component(weights(case.seed), f"blocks.{case.block}"))
     return norms.run_block(f"EncoderBlock (blocks.{case.block})", block, _block_inputs(case), FORBIDDEN)
 
@@ -227,7 +219,7 @@ def _order(n_layers: int) -> list[str]:
 
 def produce_model(BertForMLM, case: Case, inputs: dict) -> dict:
     cfg = mlm_config()
-    model = _loaded("BertForMLM", BertForMLM, cfg, weights(case.seed), tied=True)
+    model = build_loaded("BertForMLM", BertForMLM, cfg, weights(case.seed), load=bert.load_tied)
     blocks = getattr(model, "blocks", None)
     named = {"embed": getattr(model, "embed", None)}
     if isinstance(blocks, (nn.ModuleList, nn.Sequential)):

@@ -23,10 +23,10 @@ from graders.exercises.submodules import watch
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_module, run_learner
+from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close
 from graders.reference import bert
-from graders.reference.weights import WeightLoadError, load_strict
+from graders.reference.weights import load_strict
 
 DIMS = ("batch", "position", "d_model")
 SUBMODULES = ("attn", "ln1", "mlp", "ln2")
@@ -138,14 +138,6 @@ def judge_block(what: str, outputs: dict, inputs: list[torch.Tensor], reference:
                 expected_out[i], DIMS, hint=hints["resid_post"])
 
 
-def loaded_block(what: str, cls, cfg, weights: dict) -> nn.Module:
-    block = build_module(what, cls, cfg)
-    try:
-        return load_strict(block, weights, what)
-    except WeightLoadError as err:
-        raise CheckFailed(str(err)) from None
-
-
 # --- The exercise ------------------------------------------------------------------------------
 
 def _setup(case: Case):
@@ -158,7 +150,7 @@ def _setup(case: Case):
 
 def produce_post_norm(PostNormBlock, case: Case, inputs: dict) -> dict:
     cfg, weights, xs = _setup(case)
-    block = loaded_block("PostNormBlock", PostNormBlock, cfg, weights)
+    block = build_loaded("PostNormBlock", PostNormBlock, cfg, weights)
     return run_block("PostNormBlock", block, xs, FORBIDDEN)
 
 

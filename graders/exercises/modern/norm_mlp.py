@@ -11,10 +11,9 @@ from torch import nn
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.exercises.modern import reference as ref
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_module, run_learner
-from graders.reference.weights import WeightLoadError, component, load_strict
+from graders.judging.learner import Forbidden, build_loaded, run_learner
+from graders.reference.weights import component
 
 NOTEBOOK = "10_modern_decoder"
 DIMS = ("batch", "position", "d_model")
@@ -49,14 +48,6 @@ def hf_model(seed: int, n_kv_heads: int = 2):
     return ref.hf_model(config(n_kv_heads), hf_weights(seed, n_kv_heads))
 
 
-def loaded(what: str, cls, cfg, part: dict) -> nn.Module:
-    module = build_module(what, cls, cfg)
-    try:
-        return load_strict(module, part, what)
-    except WeightLoadError as err:
-        raise CheckFailed(str(err)) from None
-
-
 # --- RMSNorm -----------------------------------------------------------------------------------
 
 def _quiet(x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +61,7 @@ def _norm_inputs(case: Case) -> list[torch.Tensor]:
 
 
 def produce_rms_norm(RMSNorm, case: Case, inputs: dict) -> dict:
-    norm = loaded("RMSNorm", RMSNorm, ref.ModernConfig(), component(weights(case.seed), "blocks.1.ln1"))
+    norm = build_loaded("RMSNorm", RMSNorm, ref.ModernConfig(), component(weights(case.seed), "blocks.1.ln1"))
     return {f"out_{i}": run_learner("RMSNorm", norm, x, forbidden=NORM_FORBIDDEN)
             for i, x in enumerate(_norm_inputs(case))}
 
@@ -115,7 +106,7 @@ def _mlp_input(case: Case) -> torch.Tensor:
 
 
 def produce_swiglu(SwiGLU, case: Case, inputs: dict) -> dict:
-    mlp = loaded("SwiGLU", SwiGLU, ref.ModernConfig(), component(weights(case.seed), f"blocks.{case.block}.mlp"))
+    mlp = build_loaded("SwiGLU", SwiGLU, ref.ModernConfig(), component(weights(case.seed), f"blocks.{case.block}.mlp"))
     return {"out": run_learner("SwiGLU", mlp, _mlp_input(case), forbidden=MLP_FORBIDDEN)}
 
 
