@@ -684,7 +684,42 @@ def _beam_best_child_after_first_loop(model, input_ids, num_beams, max_new_token
     return torch.tensor([t for t, _ in beams]), torch.tensor([s for _, s in beams])
 
 
+def _beam_from_copies(model, input_ids, num_beams, max_new_tokens):
+    """Starts from num_beams copies of the prompt, each scored 0: the first step's candidates
+    come num_beams times each, and so do the beams kept."""
+    beams, scores = input_ids.repeat(num_beams, 1), torch.zeros(num_beams)
+    for _ in range(max_new_tokens):
+        step = model(beams)[:, -1].log_softmax(-1)
+        scores, best = (scores[:, None] + step).flatten().topk(num_beams)
+        beams = torch.cat([beams[best // step.shape[-1]], (best % step.shape[-1])[:, None]], -1)
+    return beams, scores
+
+
+def _beam_two_children(model, input_ids, num_beams, max_new_tokens):
+    """Each beam offers only its two best children, so the beams double at each step at most."""
+    beams, scores = input_ids, torch.zeros(1)
+    for _ in range(max_new_tokens):
+        top, token = model(beams)[:, -1].log_softmax(-1).topk(2, dim=-1)
+        scores, best = (scores[:, None] + top).flatten().topk(min(num_beams, top.numel()))
+        beams = torch.cat([beams[best // 2], token.flatten()[best][:, None]], -1)
+    return beams, scores
+
+
+def _beam_no_repeat(model, input_ids, num_beams, max_new_tokens):
+    """Never extends a beam by its own last token: true scores, the right shape, other beams."""
+    beams, scores = input_ids, torch.zeros(1)
+    for _ in range(max_new_tokens):
+        step = model(beams)[:, -1].log_softmax(-1).scatter(-1, beams[:, -1:], -INF)
+        cand = (scores[:, None] + step).flatten()
+        scores, best = cand.topk(min(num_beams, int(cand.isfinite().sum())))
+        beams = torch.cat([beams[best // step.shape[-1]], (best % step.shape[-1])[:, None]], -1)
+    return beams, scores
+
+
 @pytest.mark.parametrize("fn, message", [
+    (_beam_from_copies, "(some beams are the same sequence). Likely mistake: the search starts from "
+                        "num_beams copies of the prompt"),
+    (_beam_two_children, "Likely mistake: each beam keeps only a few of its best children"),
     (_beam(score_update="last"), "Likely mistake: the scores are not accumulated"),
     (_beam(probabilities=True), "Likely mistake: the scores add probabilities"),
     (_beam(reverse=True), "the right beams, but return them best first"),
@@ -702,6 +737,18 @@ def _beam_best_child_after_first_loop(model, input_ids, num_beams, max_new_token
 ])
 def test_beam_search_mistakes_fail(fn, message):
     fails_with(nb08.check_beam_search, fn, message)
+
+
+def test_beams_that_differ_unnamed_are_shown_side_by_side():
+    """A search the catalog cannot name gets the first differing beam, expected and got, with
+    their scores: the best scores alone can agree and read as a contradiction."""
+    with pytest.raises(CheckFailed) as failure:
+        nb08.check_beam_search(_beam_no_repeat)
+    message = str(failure.value)
+    assert "Likely mistake" not in message, message
+    first = message.split("First difference in beam ")[1]
+    expected, got = first.split("expected ")[1].split(" with ")[0], first.split("got ")[1].split(" with ")[0]
+    assert expected.startswith("[") and got.startswith("[") and expected != got, message
 
 
 # --- the KV cache ------------------------------------------------------------------------------

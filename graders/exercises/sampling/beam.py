@@ -71,9 +71,11 @@ def beam_variant(model: MarkovModel, prompt: torch.Tensor, num_beams: int, n_new
                  rule: str) -> torch.Tensor:
     """The beams a known wrong search keeps (for diagnosis): "best_child" extends each beam by its
     own best token after the first step; "last_step" ranks candidates by the new token's
-    log-probability alone."""
+    log-probability alone; "copies" starts from num_beams copies of the prompt, each scored 0."""
     log_probs = model.table.double().log_softmax(-1)
     beams, scores = prompt, torch.zeros(1, dtype=torch.float64)
+    if rule == "copies":
+        beams, scores = prompt.expand(num_beams, -1), torch.zeros(num_beams, dtype=torch.float64)
     for _ in range(n_new):
         step = log_probs[beams[:, -1]]                                     # [beams, d_vocab]
         if rule == "best_child" and beams.shape[0] > 1:
@@ -93,7 +95,15 @@ BEAM_MISTAKES = {
                   "[num_beams, d_vocab] scores); a beam may have several children or none",
     "last_step": "the candidates are ranked by the new token's log-probability alone: rank them by "
                  "the beam's score PLUS it, the total log-probability of the whole continuation",
+    "copies": "the search starts from num_beams copies of the prompt, so every first-step candidate "
+              "comes num_beams times and the same beams are kept several times: start from the "
+              "prompt alone, one beam with score 0",
 }
+
+
+def _rows(tokens: torch.Tensor) -> list[tuple]:
+    """The beams as a sorted list of token tuples: the same beams in any order, repeats counted."""
+    return sorted(map(tuple, tokens.tolist()))
 
 
 def produce_beam(fn, case: Case, inputs: dict) -> dict:
@@ -120,9 +130,10 @@ def judge_beam(case: Case, outputs: dict) -> None:
             raise CheckFailed(
                 f"{where} tokens: {tokens.shape[0]} beams, expected {beams}. Likely mistake: "
                 + ("only the best continuation is kept" if tokens.shape[0] == 1 else
-                   "each beam keeps only its best child") + ", so the number of beams never grows: "
-                "extend every beam by every token and keep the num_beams best candidates overall; "
-                "a beam may have several children.")
+                   "each beam keeps only its best child" if tokens.shape[0] == min(beams, BEAM_VOCAB)
+                   else "each beam keeps only a few of its best children")
+                + ", so there are fewer beams than num_beams: extend every beam by every token and "
+                "keep the num_beams best candidates overall; a beam may have many children or none.")
         if tokens.ndim == 2 and tokens.shape == (beams, new):
             raise CheckFailed(f"{where} tokens: shape {list(tokens.shape)}, expected "
                               f"{[beams, n_prompt + new]}. Likely mistake: only the new tokens are "
@@ -164,21 +175,24 @@ def judge_beam(case: Case, outputs: dict) -> None:
                                             if key == "exact" else beam_search(model, prompt, beams, new))
         if torch.equal(tokens, expected_tokens):
             continue
-        if set(map(tuple, tokens.tolist())) == set(map(tuple, expected_tokens.tolist())):
+        if _rows(tokens) == _rows(expected_tokens):
             raise CheckFailed(f"{where}: the right beams, but return them best first "
                               "(log-probabilities in decreasing order).")
         versus = "exhaustive search" if key == "exact" else "the reference beam search"
+        repeated = len(set(_rows(tokens))) < beams
         for rule, description in BEAM_MISTAKES.items():
-            if set(map(tuple, tokens.tolist())) == set(map(tuple, beam_variant(
-                    model, prompt, beams, new, rule).tolist())):
-                raise CheckFailed(f"{where}: the beams differ from {versus}. Likely mistake: "
-                                  f"{description}.")
+            if _rows(tokens) == _rows(beam_variant(model, prompt, beams, new, rule)):
+                raise CheckFailed(f"{where}: the beams differ from {versus}"
+                                  + (" (some beams are the same sequence)" if repeated else "")
+                                  + f". Likely mistake: {description}.")
+        row = int((tokens != expected_tokens).any(-1).nonzero()[0])
         raise CheckFailed(
-            f"{where}: the beams differ from {versus} (first difference in beam "
-            f"{int((tokens != expected_tokens).any(-1).nonzero()[0])}). Expected best "
-            f"log-probability {float(expected_scores[0]):.5f}, got {float(scores[0]):.5f}. "
-            "At every step, extend each beam by every token, score each candidate by its "
-            "total log-probability, and keep the num_beams best candidates overall.")
+            f"{where}: the beams differ from {versus}"
+            + (" (some beams are the same sequence, which a search never keeps twice)" if repeated else "")
+            + f". First difference in beam {row}: expected {expected_tokens[row].tolist()} with "
+            f"log-probability {float(expected_scores[row]):.5f}, got {tokens[row].tolist()} with "
+            f"{float(scores[row]):.5f}. At every step, extend each beam by every token, score each "
+            "candidate by its total log-probability, and keep the num_beams best candidates overall.")
 
 
 beam_exercise = Exercise("08_sampling", "beam_search", produce_beam, diagnosis_first(judge_beam),
