@@ -297,7 +297,18 @@ def forward_scale_after_mask(self, x):
     return z @ einops.rearrange(self.W_O, "n h d -> (n h) d") + self.b_O
 
 
+def forward_relies_on_in_place_mask(self, x):
+    q = einops.einsum(x, self.W_Q, "b p d, n d h -> b p n h") + self.b_Q
+    k = einops.einsum(x, self.W_K, "b p d, n d h -> b p n h") + self.b_K
+    v = einops.einsum(x, self.W_V, "b p d, n d h -> b p n h") + self.b_V
+    scores = einops.einsum(q, k, "b q n h, b k n h -> b n q k") / math.sqrt(self.cfg.d_head)
+    self.apply_causal_mask(scores)          # the result ignored: right only for an in-place mask
+    z = einops.einsum(scores.softmax(-1), v, "b n q k, b k n h -> b q n h")
+    return einops.einsum(z, self.W_O, "b q n h, n h d -> b q d") + self.b_O
+
+
 ATTN_CORRECT = [
+    variant(forward_relies_on_in_place_mask, mask_in_place),
     variant(forward_einops), variant(forward_matmul), variant(forward_fancy),
     variant(forward_torch_einsum_per_head, mask_where_big_negative),
     variant(forward_scale_after_mask, mask_added_constant, ignore=-1e5),
@@ -311,6 +322,12 @@ def test_correct_attention_passes(cls):
 
 
 # --- Attention forward: mistakes -----------------------------------------------------------------
+
+INLINE_MASKS = {
+    "inline, diagonal hidden": lambda n: torch.ones(n, n, dtype=torch.bool).triu(),
+    "inline, past hidden": lambda n: torch.ones(n, n, dtype=torch.bool).tril(-1),
+}
+
 
 def _forward(scale=None, mask=True, softmax_dim=-1, drop=(), z_reshape="ok", heads=None, in_place=False,
              library=False, softmax_first=False, scale_power=0.5):
@@ -328,7 +345,9 @@ def _forward(scale=None, mask=True, softmax_dim=-1, drop=(), z_reshape="ok", hea
         if softmax_first:
             pattern = self.apply_causal_mask(scores.softmax(dim=softmax_dim))
         else:
-            if mask:
+            if mask in INLINE_MASKS:      # masked in forward itself, without the mask method
+                scores = scores.masked_fill(INLINE_MASKS[mask](scores.shape[-1]), self.IGNORE)
+            elif mask:
                 scores = self.apply_causal_mask(scores)
             pattern = scores.softmax(dim=softmax_dim)
         if z_reshape == "no-transpose":
@@ -396,10 +415,11 @@ ATTN_BUGS = [
     ("mask_after_softmax_matmul", variant(forward_matmul_softmax_first), {},
      "the causal mask is applied after the softmax"),
     ("zero_after_softmax", variant(forward_zero_after_softmax), {}, "the future is zeroed after the softmax"),
-    ("diagonal_hidden", variant(mask=mask_hides_diagonal), {}, "the mask hides the diagonal too"),
-    ("diagonal_hidden_finite", variant(mask=mask_hides_diagonal, ignore=-1e5), {},
+    ("diagonal_hidden", variant(_forward(mask="inline, diagonal hidden")), {}, "the mask hides the diagonal too"),
+    ("diagonal_hidden_finite", variant(_forward(mask="inline, diagonal hidden"), ignore=-1e5), {},
      "the mask hides the diagonal too"),
-    ("past_hidden", variant(mask=mask_hides_past), {}, "the mask hides the past instead of the future"),
+    ("past_hidden", variant(_forward(mask="inline, past hidden")), {},
+     "the mask hides the past instead of the future"),
     ("softmax_over_queries", variant(_forward(softmax_dim=-2)), {}, "softmax over the query axis"),
     ("mask_not_applied", variant(_forward(mask=False)), {}, "the causal mask is not applied"),
     ("no_b_Q", variant(_forward(drop=("b_Q",))), {}, "b_Q is not added"),
@@ -438,6 +458,16 @@ def test_localisation_points_after_the_mask():
     with pytest.raises(CheckFailed) as failure:
         nb03.check_attention(variant(_forward(drop=("b_V",))))
     assert "scores your forward passed to apply_causal_mask are right" in str(failure.value)
+
+
+@pytest.mark.parametrize("mask, message", [bug for bug in MASK_BUGS if bug[0] is not mask_library],
+                         ids=lambda v: getattr(v, "__name__", ""))
+def test_a_wrong_mask_costs_only_the_mask_check(mask, message):
+    """The forward's check runs the course's mask in place of the learner's, which has its own
+    check (issue 28: one mistake, one exercise), whether forward uses the mask's result or, as
+    with the classic in-place masked_fill_, relies on the scores being masked in place."""
+    nb03.check_attention(variant(mask=mask))
+    nb03.check_attention(variant(forward_relies_on_in_place_mask, mask=mask))
 
 
 def test_mask_never_called_is_reported():

@@ -33,20 +33,32 @@ def inputs_attention(case: Case) -> dict:
     return {"x": activations(case)[f"blocks.{case.block}.ln1.hook_out"]}
 
 
+def _course_mask(attn_scores: torch.Tensor) -> torch.Tensor:
+    """The course's causal mask, applied in place as well as returned (as the widely copied
+    masked_fill_ solutions do), so a forward that ignores the result still gets its scores masked."""
+    q_len, k_len = attn_scores.shape[-2:]
+    future = torch.triu(torch.ones(q_len, k_len, dtype=torch.bool, device=attn_scores.device), diagonal=1)
+    try:
+        return attn_scores.masked_fill_(future, float("-inf"))
+    except RuntimeError:   # e.g. an expanded tensor, which cannot be written in place
+        return attn_scores.masked_fill(future, float("-inf"))
+
+
 def produce_attention(Attention, case: Case, inputs: dict) -> dict:
+    """The learner's forward runs with the course's mask in place of their apply_causal_mask, which
+    has a check of its own: a mistake in the mask costs that check only, never the forward's."""
     prefix = prefix_of(case)
     attn = loaded("Attention", Attention, prefix)
     x = inputs["x"].clone()   # the learner's own copy
     x_before = x.clone()
     seen = []
-    method = getattr(attn, "apply_causal_mask", None)
 
     def recording(attn_scores, *args, **kwargs):
         if isinstance(attn_scores, torch.Tensor):
             seen.append(attn_scores.detach().clone())
-        return method(attn_scores, *args, **kwargs)
+        return _course_mask(attn_scores)
 
-    if method is not None:
+    if getattr(attn, "apply_causal_mask", None) is not None:
         attn.apply_causal_mask = recording  # instance attribute: records the scores forward passes it
     try:
         out = run_learner("Attention", attn, x, forbidden=FORBIDDEN)
@@ -55,17 +67,15 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
         if missing and "apply_causal_mask" in str(failure):
             raise CheckFailed(missing + " (Your forward calls self.apply_causal_mask.)") from failure.__cause__
         raise
-    finally:
-        if method is not None:
-            del attn.apply_causal_mask
+    calls = len(seen)
     outputs = {
         "random_out": run_learner("Attention", attn, rand_float(case.seed, 2, 4, Config().d_model),
                                   forbidden=FORBIDDEN),
         "out": out,
         "input_modified": torch.tensor(not torch.equal(x, x_before)),
         "unseen_out": run_learner("Attention", attn, unseen_variant(x, case.seed), forbidden=FORBIDDEN),
-        "mask_calls": torch.tensor(len(seen)),
-        "scores_seen": seen[0] if seen else torch.zeros(0),
+        "mask_calls": torch.tensor(calls),
+        "scores_seen": seen[0] if calls else torch.zeros(0),
     }
     # Causality: replace every position >= t; outputs before t must not move.
     t = _causal_split(x.shape[1])
