@@ -198,19 +198,56 @@ def test_picture_cells_are_where_the_course_says():
     assert {name: n for name, n in found.items() if n} == PICTURES
 
 
-@pytest.mark.parametrize("name", sorted(PICTURES))
-@pytest.mark.slow
-def test_each_picture_cell_draws_an_image_in_the_solution_run(name, tmp_path):
-    """`make solutions` runs the solution offline; each picture cell leaves a PNG in the saved
-    notebook and in its HTML."""
+# The tests that read what `make solutions` printed and drew share its run of each notebook.
+SOLUTION_RUNS = pytest.mark.xdist_group("solution-runs")
+
+
+@pytest.fixture(scope="session")
+def solution_run(tmp_path_factory):
+    """`make solutions`' run of a solution notebook, once per notebook on this worker: the saved
+    notebook (with its outputs) and its HTML, after asserting that no cell failed."""
     import nbformat
 
     from graders.course.notebooks import run_solutions
 
-    assert run_solutions(tmp_path, [name]) == []
-    executed = nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
+    folder, runs = tmp_path_factory.mktemp("solution-runs"), {}
+
+    def run(name: str):
+        if name not in runs:
+            assert run_solutions(folder, [name]) == [], name
+            runs[name] = (nbformat.read(folder / f"{name}.ipynb", as_version=4),
+                          (folder / f"{name}.html").read_text())
+        return runs[name]
+    return run
+
+
+@SOLUTION_RUNS
+@pytest.mark.parametrize("name", sorted(PICTURES))
+@pytest.mark.slow
+def test_each_picture_cell_draws_an_image_in_the_solution_run(name, solution_run):
+    """`make solutions` runs the solution offline; each picture cell leaves a PNG in the saved
+    notebook and in its HTML."""
+    executed, html = solution_run(name)
     for cell in _picture_cells(executed):
         images = [o for o in cell.outputs if "image/png" in o.get("data", {})]
         assert len(images) == 1, (name, cell.source[:80], [o.get("output_type") for o in cell.outputs])
-    html = (tmp_path / f"{name}.html").read_text()
     assert html.count("data:image/png;base64,") >= PICTURES[name]
+
+
+@SOLUTION_RUNS
+@pytest.mark.slow
+def test_notebook_10s_demonstration_printed_the_losses_its_text_states(solution_run):
+    """The sentence after notebook 10's training demonstration states the two validation losses
+    that the demonstration, run on the solution's own modules in `make solutions`, printed."""
+    import re
+
+    cells = solution_run("10_modern_decoder")[0].cells
+    demo = next(i for i, cell in enumerate(cells) if "def train_and_validate" in cell.source)
+    printed = "".join(o.get("text", "") for o in cells[demo].outputs if o.get("output_type") == "stream")
+    losses = [float(x) for x in re.findall(r"validation loss ([\d.]+) nats", printed)]
+    counts = [int(x.replace(",", "")) for x in re.findall(r"([\d,]+) parameters", printed)]
+    stated = re.search(r"validation loss of ([\d.]+) nats for the GPT-2-style model and ([\d.]+) for\s+"
+                       r"the modern decoder", cells[demo + 1].source)
+    assert stated, cells[demo + 1].source
+    assert len(losses) == 2 and [float(x) for x in stated.groups()] == losses, printed
+    assert len(counts) == 2 and abs(counts[0] - counts[1]) < 1000, printed
