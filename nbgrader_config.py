@@ -43,6 +43,10 @@ c.Execute.kernel_name = "python3"
 # An infinite loop is interrupted after its cell's limit and costs only that cell.
 from graders.harness.limits import TimeLimits  # noqa: E402
 
+# Validate checks as `make check` and grading do: its kernels skip the demonstrations (an IPython
+# extension installs that session before any cell runs: graders/harness/validating.py).
+c.Execute.extra_arguments = ["--IPKernelApp.extensions=graders.harness.validating"]
+
 c.Execute.timeout = TimeLimits().ordinary
 c.Execute.timeout_func = TimeLimits().of
 c.Execute.interrupt_on_timeout = True

@@ -135,6 +135,26 @@ def test_make_check_skips_the_demonstrations_as_grading_does(tmp_path):
     assert all("Not run while grading" in o.get("text", "") for o in outputs), outputs
 
 
+@pytest.mark.slow
+def test_validate_skips_the_demonstrations_as_make_check_does(tmp_path):
+    """nbgrader's Validate (the lab's button) runs a notebook with the session `make check` and
+    grading use: a graded cell that fails when demonstrations would run passes Validate."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from graders.course.notebooks import venv_env
+
+    cell = new_code_cell("from graders.judging import session\n"
+                         "assert not session.current().demonstrations, 'the demonstrations would run'")
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "demonstrations_off", "points": 1,
+                                 "solution": False, "locked": True, "schema_version": 3}
+    notebook = new_notebook(cells=[cell])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, tmp_path / "demonstrations.ipynb")
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(tmp_path / "demonstrations.ipynb")],
+                         cwd=ROOT, env=venv_env(), capture_output=True, text=True, timeout=300)
+    assert "Success! Your notebook passes all the tests." in run.stdout, run.stdout + run.stderr
+
+
 @pytest.mark.parametrize("name", [n for n in notebook_names() if n != "00_tour"])
 @pytest.mark.slow
 def test_run_all_runs_an_untouched_notebook_to_the_end(name, tmp_path):
