@@ -19,7 +19,7 @@ from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
-from graders.judging.learner import Forbidden, course_functions, run_learner
+from graders.judging.learner import Forbidden, run_learner, with_course_functions
 
 GELU_FORBIDDEN = Forbidden(
     "gelu_new",
@@ -140,13 +140,6 @@ def inputs_mlp(case: Case) -> dict:
 
 
 def produce_mlp(MLP, case: Case, inputs: dict) -> dict:
-    """The learner's MLP runs with the course's `gelu_new` in place of theirs, which has a check
-    of its own: a mistake in the activation costs that check only."""
-    with course_functions(MLP, {"gelu_new": course.gelu_new}):
-        return _run_mlp(MLP, case, inputs)
-
-
-def _run_mlp(MLP, case: Case, inputs: dict) -> dict:
     prefix = f"blocks.{case.block}.mlp"
     module = loaded("MLP", MLP, prefix)
     x = inputs["x"]
@@ -199,8 +192,11 @@ def judge_mlp(case: Case, outputs: dict) -> None:
                 hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
 
 
-mlp = Exercise("04_mlp", "MLP", produce_mlp, diagnosis_first(judge_mlp),
-                inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
+# The learner's MLP runs with the course's `gelu_new` in place of theirs, which has a check of its
+# own: a mistake in the activation costs that check only.
+mlp = Exercise("04_mlp", "MLP", with_course_functions(produce_mlp, {"gelu_new": course.gelu_new}),
+               diagnosis_first(judge_mlp),
+               inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
 check_mlp = mlp.checker(
     "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")
 

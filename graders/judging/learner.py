@@ -5,6 +5,7 @@ Crashes, unimplemented stubs and library shortcuts become messages a learner can
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -117,6 +118,15 @@ def course_functions(learner, parts: dict):
                 namespace.pop(name, None)
             else:
                 namespace[name] = value
+
+
+def with_course_functions(produce: Callable, parts: dict) -> Callable:
+    """`produce` with the learner's code run under course_functions(learner, parts)."""
+    @functools.wraps(produce)
+    def run(learner, case, inputs):
+        with course_functions(learner, parts):
+            return produce(learner, case, inputs)
+    return run
 
 
 def text_record(text: str) -> torch.Tensor:
