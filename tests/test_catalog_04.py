@@ -135,7 +135,7 @@ class MLPWithLinear(nn.Module):
 MLP_BUGGY = {
     "erf": (lambda m, x: 0.5 * (h := x @ m.W_in + m.b_in) * (1 + torch.erf(h / math.sqrt(2))) @ m.W_out + m.b_out,
             "exact GELU"),
-    "relu": (lambda m, x: (x @ m.W_in + m.b_in).relu() @ m.W_out + m.b_out, "fix it first"),
+    "relu": (lambda m, x: (x @ m.W_in + m.b_in).relu() @ m.W_out + m.b_out, "call gelu_new"),
     "sigmoid": (lambda m, x: (h := x @ m.W_in + m.b_in) * torch.sigmoid(1.702 * h) @ m.W_out + m.b_out,
                 "sigmoid approximation"),
     "no_b_in": (lambda m, x: gelu_tanh(x @ m.W_in) @ m.W_out + m.b_out, "b_in is missing"),
@@ -173,3 +173,17 @@ def test_mlp_with_other_parameter_names_is_refused():
     with pytest.raises(CheckFailed) as info:
         nb04.check_mlp(MLPWithLinear)
     assert "missing: W_in" in str(info.value), str(info.value)
+
+
+def gelu_new(x):
+    """The example class's gelu_new (x**2 where x**3 belongs), which the MLP below calls by name."""
+    return 0.5 * x * (1.0 + torch.tanh(C * (x + 0.044715 * x.pow(2))))
+
+
+def test_a_wrong_gelu_new_costs_only_its_own_check():
+    """The MLP's check runs the course's gelu_new under the learner's name for it (issue 28: 04
+    charged a wrong gelu_new twice), and gives the learner's back afterwards."""
+    with pytest.raises(CheckFailed, match=r"x\*\*2 instead of x\*\*3"):
+        nb04.check_gelu_new(gelu_new)
+    nb04.check_mlp(mlp_class(lambda m, x: gelu_new(x @ m.W_in + m.b_in) @ m.W_out + m.b_out))
+    assert gelu_new.__module__ == __name__ and gelu_new(torch.tensor(2.0)) != gelu_tanh(torch.tensor(2.0))

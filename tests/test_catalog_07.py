@@ -490,6 +490,58 @@ def test_train_not_implemented():
     fails(nb07.check_train, train, "not implemented yet")
 
 
+WRONG_PARTS = """
+def optimizer_groups(model, weight_decay):      # every parameter decayed
+    return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
+
+
+def lr_at(step, max_lr, warmup_steps, total_steps, min_lr):   # no schedule
+    return max_lr
+
+
+@torch.no_grad()
+def evaluate(model, tokens, batch_size=256):    # leaves the model in eval mode
+    model.eval()
+    return lm_cross_entropy_loss(model(tokens), tokens).item()
+"""
+
+SOLUTION_TRAIN = """
+def train(model, make_batch, n_steps, max_lr, eval_tokens, eval_every=50, weight_decay=0.1,
+          warmup_steps=10, min_lr=1e-3, max_grad_norm=1.0, progress=True):
+    model.train()
+    optimizer = torch.optim.AdamW(optimizer_groups(model, weight_decay), lr=max_lr)
+    train_losses, eval_losses = [], []
+    for step in range(n_steps):
+        tokens = make_batch()
+        loss = lm_cross_entropy_loss(model(tokens), tokens)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, max_lr, warmup_steps, n_steps, min_lr)
+        optimizer.step()
+        optimizer.zero_grad()
+        train_losses.append(loss.item())
+        if (step + 1) % eval_every == 0 or step + 1 == n_steps:
+            eval_losses.append((step + 1, evaluate(model, eval_tokens)))
+    return train_losses, eval_losses
+"""
+
+
+def test_a_wrong_part_costs_only_its_own_check():
+    """A notebook whose optimizer_groups, lr_at and evaluate are wrong and whose train is right:
+    each part fails its own check, and train passes its, which runs the course's parts under the
+    notebook's names (issue 28: 07 charged each of them to train and Shakespeare as well), and
+    gives the learner's back afterwards."""
+    notebook = {"torch": torch, "lm_cross_entropy_loss": loss_cross_entropy}
+    exec(WRONG_PARTS + SOLUTION_TRAIN, notebook)
+    parts = {name: notebook[name] for name in ("optimizer_groups", "lr_at", "evaluate")}
+    fails(nb07.check_optimizer_groups, parts["optimizer_groups"], "optimizer_groups")
+    fails(nb07.check_lr_at, parts["lr_at"], "lr_at")
+    fails(nb07.check_evaluate, parts["evaluate"], "evaluate left the model in eval mode")
+    nb07.check_train(notebook["train"])
+    assert all(notebook[name] is part for name, part in parts.items())
+
+
 # --- Shakespeare ----------------------------------------------------------------------------------
 
 @pytest.fixture

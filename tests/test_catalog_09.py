@@ -582,3 +582,43 @@ def test_mlm_training_solution_passes_its_bar():
 ], ids=["unmasked", "extra_batch"])
 def test_mlm_training_mistakes_are_named(fn, message):
     fails_with(nb09.check_mlm_training, fn, message)
+
+
+WRONG_MLM_PARTS = """
+def mask_tokens(tokens, generator):             # nothing chosen: nothing to learn
+    return tokens.clone(), torch.full_like(tokens, IGNORE)
+
+
+def mlm_loss(logits, targets):                  # no ignore_index: scores every position
+    return F.cross_entropy(logits.flatten(0, 1), targets.clamp(min=0).flatten())
+"""
+
+SOLUTION_TRAIN_MLM = """
+def train_mlm(model, make_batch, n_steps, lr, generator):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for step in range(n_steps):
+        tokens, token_types = make_batch()
+        inputs, targets = mask_tokens(tokens, generator)
+        loss = mlm_loss(model(inputs, token_types), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+"""
+
+
+def test_a_wrong_mask_or_loss_costs_only_its_own_check():
+    """A notebook whose mask_tokens and mlm_loss are wrong and whose train_mlm is right: each part
+    fails its own check, and train_mlm passes its, which runs the course's parts under the
+    notebook's names (issue 28: 09 charged them to the training run as well), and gives the
+    learner's back afterwards."""
+    notebook = {"torch": torch, "F": F, "IGNORE": IGNORE}
+    exec(WRONG_MLM_PARTS + SOLUTION_TRAIN_MLM, notebook)
+    parts = {name: notebook[name] for name in ("mask_tokens", "mlm_loss")}
+    for check, name in ((nb09.check_mask_tokens, "mask_tokens"), (nb09.check_mlm_loss, "mlm_loss")):
+        with pytest.raises(CheckFailed):
+            check(parts[name])
+    nb09.check_mlm_training(notebook["train_mlm"])
+    assert all(notebook[name] is part for name, part in parts.items())

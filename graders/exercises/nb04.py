@@ -1,8 +1,8 @@
 """Grader for 04_mlp: `gelu_new` (hook_pre -> hook_post) and `MLP` (ln2.hook_out -> hook_mlp_out).
 
-The two are graded apart: `MLP` is compared with the reference MLP as a whole, so a wrong
-`gelu_new` costs the GELU exercise only; when the MLP output matches an MLP built with one of the
-usual wrong activations, the message says so and points back at `gelu_new`.
+The two are graded apart: `MLP`'s check runs the course's `gelu_new` under the learner's name
+for it, so a wrong `gelu_new` costs the GELU exercise only; an MLP whose output matches one built
+with a usual wrong activation calls another activation than `gelu_new`, and the message says so.
 """
 from graders.judging.notebook import ExampleBug, Notebook
 import math
@@ -19,7 +19,7 @@ from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
-from graders.judging.learner import Forbidden, run_learner
+from graders.judging.learner import Forbidden, run_learner, with_course_functions
 
 GELU_FORBIDDEN = Forbidden(
     "gelu_new",
@@ -112,9 +112,8 @@ def mlp_mistakes(x: torch.Tensor, w: dict) -> dict:
     pre = x @ W_in + b_in
     mistakes = {}
     for name, post in activation_mistakes(pre).items():
-        mistakes[f"the MLP's activation is {name}. If the gelu_new check fails, your gelu_new "
-                 "is wrong: fix it first; if your MLP calls another activation, call your "
-                 "gelu_new"] = post @ W_out + b_out
+        mistakes[f"the MLP's activation is {name}. This check runs the course's gelu_new in "
+                 "place of yours, so your MLP calls another activation: call gelu_new"] = post @ W_out + b_out
     right = reference_gelu_new(pre) @ W_out
     mistakes.update({
         "b_in is missing: the hidden layer is x @ W_in + b_in, before gelu_new":
@@ -193,8 +192,11 @@ def judge_mlp(case: Case, outputs: dict) -> None:
                 hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
 
 
-mlp = Exercise("04_mlp", "MLP", produce_mlp, diagnosis_first(judge_mlp),
-                inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
+# The learner's MLP runs with the course's `gelu_new` in place of theirs, which has a check of its
+# own: a mistake in the activation costs that check only.
+mlp = Exercise("04_mlp", "MLP", with_course_functions(produce_mlp, {"gelu_new": course.gelu_new}),
+               diagnosis_first(judge_mlp),
+               inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
 check_mlp = mlp.checker(
     "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")
 
@@ -204,6 +206,6 @@ NOTEBOOK = Notebook(
     # The classic mistake of the example class's buggy student: x**2 in gelu_new's cubic term.
     ExampleBug('gelu_answer', '0.044715 * x.pow(3)',
                '0.044715 * x.pow(2)',
-               costs=('gelu_test', 'mlp_test'), named='x**2 instead of x**3'),
+               costs=('gelu_test',), named='x**2 instead of x**3'),
     course_code=('reference/components.py',),
 )

@@ -43,7 +43,8 @@ __all__ = [
 NOTEBOOK = Notebook(
     '07_training',
     # The classic mistake of the example class's buggy student: optimizer.zero_grad() forgotten.
-    # The gradients that pile up fail the reversal run and the graded Shakespeare run.
+    # The gradients that pile up fail the reversal run and the graded Shakespeare run, which
+    # grades train again on purpose (the notebook says so beside its check).
     ExampleBug('train_answer', '        optimizer.zero_grad()\n',
                '',
                costs=('train_test', 'shakespeare_test'), named='optimizer.zero_grad() is missing'),

@@ -37,10 +37,10 @@ __all__ = [
 
 NOTEBOOK = Notebook(
     '08_sampling',
-    # The classic mistake of the example class's buggy student: top-p keeps one token too few,
-    # which also costs sample_next_token (it calls top-p).
+    # The classic mistake of the example class's buggy student: top-p keeps one token too few
+    # (sample_next_token's check runs the course's top-p, so it costs top-p's points only).
     ExampleBug('top_p_answer', 'mass_before = probs.cumsum(dim=-1) - probs',
                'mass_before = probs.cumsum(dim=-1)',
-               costs=('top_p_test', 'pipeline_test'), named='one token too few'),
+               costs=('top_p_test',), named='one token too few'),
     course_code=('exercises/sampling/reference.py',),
 )

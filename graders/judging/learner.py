@@ -5,6 +5,7 @@ Crashes, unimplemented stubs and library shortcuts become messages a learner can
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -84,6 +85,48 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
     except Exception as err:  # the learner's bug: report it in their terms, not torch's
         raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
                           f"  while running on {describe_args(args)}.") from err
+
+
+def _namespace(learner) -> dict | None:
+    """The module globals the learner's function or class looks its names up in (a class's own
+    methods', never a library base class's), or None."""
+    candidates = vars(learner).values() if isinstance(learner, type) else (learner,)
+    for candidate in candidates:
+        fn = inspect.unwrap(getattr(candidate, "__func__", candidate))   # decorators, staticmethod
+        if inspect.isfunction(fn):
+            return fn.__globals__
+    return None
+
+
+@contextlib.contextmanager
+def course_functions(learner, parts: dict):
+    """Run `learner`'s code with the course's versions of the notebook functions named in `parts`
+    in place of the learner's own (under the names the notebook gives them). Those parts have
+    checks of their own, so a mistake in one costs that check only, not the composite's too."""
+    namespace = _namespace(learner)
+    if namespace is None:
+        yield
+        return
+    missing = object()
+    saved = {name: namespace.get(name, missing) for name in parts}
+    namespace.update(parts)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+
+
+def with_course_functions(produce: Callable, parts: dict) -> Callable:
+    """`produce` with the learner's code run under course_functions(learner, parts)."""
+    @functools.wraps(produce)
+    def run(learner, case, inputs):
+        with course_functions(learner, parts):
+            return produce(learner, case, inputs)
+    return run
 
 
 def text_record(text: str) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 The learner's `train_mlm(model, make_batch, n_steps, lr, generator)` trains the grader's seeded
 course encoder (graders.reference.bert.BertForMLM, 2 layers, d_model 64) on reversal pairs,
-masking each batch with the learner's own `mask_tokens` and scoring it with `mlm_loss`. The
+masking each batch with `mask_tokens` and scoring it with `mlm_loss` (the course's, under those
+names: they have checks of their own). The
 budget is a number of steps, run on one thread (bit-for-bit reproducible, whatever the machine's
 speed). The grader then measures the trained model itself: its loss at the chosen positions of
 its own held-out masked pairs (masked with the reference recipe) must be at most LOSS_BAR.
@@ -21,7 +22,7 @@ from graders.exercises.training.runs import (STUCK_HINT, CountingBatches, one_th
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner
+from graders.judging.learner import course_functions, run_learner
 from graders.reference.bert import BertForMLM
 
 STEPS = 250
@@ -49,12 +50,17 @@ class MLMRun:
         self.train_mlm = train_mlm
 
 
+# The functions `train_mlm` calls that have checks of their own, under the notebook's names: the
+# run uses the course's, so that a mistake in one costs that check only.
+MLM_PARTS = {"mask_tokens": reference_mask_tokens, "mlm_loss": reference_mlm_loss}
+
+
 def train(train_mlm, seed: int, n_steps: int = STEPS):
     """A fresh seeded course encoder trained by `train_mlm`: (model, batches drawn, its result)."""
     model = seeded_model(train_config(), seed, BertForMLM)
     data = torch.Generator().manual_seed(seed)
     batches = CountingBatches(lambda: reversal_pairs(BATCH, data))
-    with one_thread():
+    with one_thread(), course_functions(train_mlm, MLM_PARTS):
         result = run_learner("train_mlm", with_grad, train_mlm, model, batches, n_steps=n_steps, lr=LR,
                              generator=torch.Generator().manual_seed(10_000 + seed))
     return model.eval(), batches.calls, result
@@ -122,5 +128,5 @@ def judge_train(case: Case, outputs: dict) -> None:
 
 exercise = Exercise("09_transformer_family", "train_mlm", produce, judge_train, defaults={"text": None})
 check_mlm_training = exercise.checker(
-    "Train the grader's seeded encoder with the learner's `train_mlm` (its own mask_tokens and "
-    "mlm_loss) for a fixed number of steps, then measure its held-out MLM loss.", learner=MLMRun)
+    "Train the grader's seeded encoder with the learner's `train_mlm` (with the course's mask_tokens "
+    "and mlm_loss) for a fixed number of steps, then measure its held-out MLM loss.", learner=MLMRun)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 
 from graders.exercises.diagnosis import crash, diagnosis_first, is_crash, judge_generated
-from graders.exercises.sampling.reference import NEG_INF, apply_top_k, generate
+from graders.exercises.sampling.reference import GENERATION_PARTS, NEG_INF, apply_top_k, generate
 from graders.exercises.small_models import markov_model, sampling_config, seeded_model
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner
+from graders.judging.learner import run_learner, with_course_functions
 
 EOS = 7
 N_NEW = 20
@@ -230,7 +230,9 @@ def _judge_eos_batch(chain, start: torch.Tensor, out: torch.Tensor) -> None:
                           "padding).")
 
 
-generate_exercise = Exercise("08_sampling", "generate", produce_generate, diagnosis_first(judge_generate),
-                             defaults={"text": None})
+# generate runs with the course's sample_next_token (and its parts) in place of the learner's,
+# which have checks of their own: a mistake in one costs that check only.
+generate_exercise = Exercise("08_sampling", "generate", with_course_functions(produce_generate, GENERATION_PARTS),
+                             diagnosis_first(judge_generate), defaults={"text": None})
 check_generate = generate_exercise.checker(
     "Grade `generate(model, input_ids, max_new_tokens, generator, eos_token_id, **sampling)`.")

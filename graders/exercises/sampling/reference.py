@@ -183,3 +183,10 @@ def generate_with_cache(model, input_ids, max_new_tokens, mistake: str = ""):
         if step + 1 < max_new_tokens:      # the last token needs no forward pass of its own
             logits, cache = forward_with_cache(model, new, cache, mistake)
     return tokens
+
+
+# The notebook's functions that have checks of their own, under the notebook's names: a check of
+# a function that calls them runs these in place of the learner's (judging.learner.course_functions).
+SAMPLING_PARTS = {f.__name__: f for f in (greedy_search, apply_temperature, apply_frequency_penalty,
+                                          apply_top_k, apply_top_p, sample_basic)}
+GENERATION_PARTS = {**SAMPLING_PARTS, "sample_next_token": sample_next_token}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from graders.exercises.sampling.reference import (NEG_INF, apply_frequency_penalty,
+from graders.exercises.sampling.reference import (NEG_INF, SAMPLING_PARTS, apply_frequency_penalty,
                                                   apply_temperature, apply_top_k, apply_top_p,
                                                   greedy_search, next_token_logits)
 from graders.exercises.sampling.transforms import as_probs, logit_batch, token_list
@@ -15,7 +15,7 @@ from graders.judging.cases import Case
 from graders.exercises.diagnosis import crash, diagnosis_first, is_crash, judge_randomness
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner
+from graders.judging.learner import run_learner, with_course_functions
 from graders.judging.tolerance import DECISION_MARGIN, P_VALUE_FLOOR
 
 
@@ -258,8 +258,12 @@ def judge_pipeline(case: Case, outputs: dict) -> None:
                     pipeline_mistakes(input_ids, logits, settings))
 
 
-pipeline_exercise = Exercise("08_sampling", "sample_next_token", produce_pipeline, diagnosis_first(judge_pipeline),
-                             defaults={"text": None})
+# sample_next_token runs with the course's greedy search, temperature, penalty, filters and basic
+# sampler in place of the learner's, which have checks of their own: a mistake in one costs that
+# check only.
+pipeline_exercise = Exercise("08_sampling", "sample_next_token",
+                             with_course_functions(produce_pipeline, SAMPLING_PARTS),
+                             diagnosis_first(judge_pipeline), defaults={"text": None})
 check_sample_next_token = pipeline_exercise.checker(
     """Grade `sample_next_token(input_ids, logits, generator, temperature, top_k, top_p,
     freq_penalty)`: greedy at temperature 0, and the sampled distribution otherwise.""")

@@ -26,9 +26,9 @@ def judge_mode(outputs: dict) -> None:
         raise CheckFailed(
             f"the model was in eval mode at {int((training == 0).sum())} of {len(training)} "
             f"optimizer steps, from step {first} on: its dropout (if it has any) was off while it "
-            "trained. Likely mistake: evaluate() switches the model to eval() and does not switch "
-            "it back. Restore the mode at the end of evaluate (model.train(was_training)), and "
-            "call model.train() at the start of train.")
+            "trained. Likely mistake: an evaluation switches the model to eval() and does not "
+            "switch it back (this check runs the course's evaluate, which restores the mode, in "
+            "place of yours); call model.train() at the start of train.")
 
 
 def judge_groups_used(outputs: dict, recipe: Recipe, cfg: Config) -> None:
@@ -45,8 +45,8 @@ def judge_groups_used(outputs: dict, recipe: Recipe, cfg: Config) -> None:
     elif all(d == 0 for d in decay):
         mistake = "no parameter is decayed: pass weight_decay on to optimizer_groups."
     else:
-        mistake = ("the groups are not optimizer_groups(model, weight_decay)'s (it is graded on "
-                   "its own above; if it passes, build AdamW from what it returns).")
+        mistake = ("the groups are not optimizer_groups(model, weight_decay)'s (this check runs the "
+                   "course's optimizer_groups in place of yours): build AdamW from what it returns.")
     raise CheckFailed(f"train's optimizer gives the wrong weight decay to {wrong} of "
                       f"{len(decay)} parameters (weight_decay={recipe.weight_decay}). Likely "
                       f"mistake: {mistake}")
@@ -77,8 +77,8 @@ def _schedule_mistake(low: torch.Tensor, high: torch.Tensor, expected: torch.Ten
     if same(high[:-1], expected[1:]):
         return "each step uses the rate meant for the step after: call lr_at(step, ...), not step + 1."
     return ("the rate is not lr_at(step, max_lr, warmup_steps, n_steps, min_lr) of the step being "
-            "taken (lr_at is graded on its own above; if it passes, check what train passes it: "
-            "total_steps is n_steps).")
+            "taken (this check runs the course's lr_at in place of yours): check what train passes "
+            "it, total_steps is n_steps.")
 
 
 def judge_schedule(outputs: dict, recipe: Recipe) -> None:

@@ -53,6 +53,13 @@ def role(name: str) -> str:
     return "matrix" if leaf.startswith("W_") else "bias"
 
 
+def reference_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """07's `optimizer_groups` as the course writes it: weight decay on the matrices only."""
+    params = list(model.named_parameters())
+    return [{"params": [p for name, p in params if role(name) == "matrix"], "weight_decay": weight_decay},
+            {"params": [p for name, p in params if role(name) != "matrix"], "weight_decay": 0.0}]
+
+
 def produce_groups(optimizer_groups, case: Case, inputs: dict) -> dict:
     if not callable(optimizer_groups):
         raise CheckFailed(f"optimizer_groups: expected your function, got {optimizer_groups!r}.")

@@ -175,6 +175,17 @@ def _cached_eval_sets(case: Case) -> tuple[torch.Tensor, ...]:
             reference_reversal(7, torch.Generator().manual_seed(20_000 + case.seed)))
 
 
+@torch.no_grad()
+def reference_evaluate(model, tokens: torch.Tensor, batch_size: int = 256) -> float:
+    """07's `evaluate` as the course writes it: the mean next-token loss in eval mode, the
+    model's mode restored."""
+    was_training = model.training
+    model.eval()
+    total = sum(float(reference_loss(model(chunk), chunk)) * len(chunk) for chunk in tokens.split(batch_size))
+    model.train(was_training)
+    return total / len(tokens)
+
+
 def produce_evaluate(fn, case: Case, inputs: dict) -> dict:
     model = _evaluated_model(case)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -17,9 +17,11 @@ import torch
 
 from graders.exercises.small_models import seeded_model
 from graders.exercises.training.habits import judge_habits
-from graders.exercises.training.tasks import Recipe
+from graders.exercises.training.practice import reference_groups
+from graders.exercises.training.reversal import reference_evaluate
+from graders.exercises.training.tasks import Recipe, reference_lr
 from graders.judging.compare import CheckFailed
-from graders.judging.learner import run_learner
+from graders.judging.learner import course_functions, run_learner
 from graders.judging.tolerance import GRADIENT_CLEARED_COSINE
 from graders.reference.config import Config
 
@@ -207,12 +209,17 @@ def reported_losses(result) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.float64)
 
 
+# The functions `train` calls that have checks of their own, under the notebook's names: a run
+# uses the course's, so that a mistake in one costs that check only, not the runs' too.
+TRAIN_PARTS = {"optimizer_groups": reference_groups, "lr_at": reference_lr, "evaluate": reference_evaluate}
+
+
 def run_training(run: TrainingRun, cfg: Config, seed: int, make_batch, recipe: Recipe,
                  eval_tokens: torch.Tensor, eval_every: int):
     """A fresh model of `run.model_class` seeded with `seed`, trained by the learner's `train`:
     (the model, what `train` returned, what the `TrainingProbe` saw)."""
     model = seeded_model(cfg, seed, run.model_class)
-    with one_thread(), TrainingProbe(model) as probe:
+    with one_thread(), TrainingProbe(model) as probe, course_functions(run.train, TRAIN_PARTS):
         result = run_learner("train", with_grad, run.train, model, make_batch,
                              eval_tokens=eval_tokens, eval_every=eval_every, progress=False,
                              **recipe.train_kwargs())
