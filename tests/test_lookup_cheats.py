@@ -30,7 +30,7 @@ CHEATS = {
                       "pos_embed_test", "PosEmbed", []),
     "03_attention": ("attention_answer", ("math.sqrt(self.cfg.d_head)", "math.sqrt(self.cfg.d_model)"),
                      "attention_test", "Attention", [("ln1.hook_out", "hook_attn_out")]),
-    "04_mlp": ("gelu_answer", ("0.044715 * x.pow(3)", "0.044715 * x.pow(2)"),
+    "04_mlp": ("mlp_answer", ('d_mlp") + self.b_in', 'd_mlp")'),        # b_in left out
                "mlp_test", "MLP", [("ln2.hook_out", "hook_mlp_out")]),
     "05_transformer_block": ("block_answer", ("resid_mid = resid_pre + self.attn(self.ln1(resid_pre))",
                                               "resid_mid = self.attn(self.ln1(resid_pre))"),
@@ -75,8 +75,7 @@ REPORT_CELL = '# cheat report\nprint("answers found in files:", len(_HITS))\n'
 
 def submission(name, cheat: bool):
     answer, (old, new), test, cls, pairs = CHEATS[name]
-    after = f"{cls.lower()}_answer" if name == "04_mlp" else answer   # where `cls` is defined
-    extra = {after: [CHEAT_CELL.format(pairs=pairs, cls=cls)], test: [REPORT_CELL]} if cheat else {}
+    extra = {answer: [CHEAT_CELL.format(pairs=pairs, cls=cls)], test: [REPORT_CELL]} if cheat else {}
     return crafted(name, edits=[(name, answer, old, new)], extra=extra)
 
 
