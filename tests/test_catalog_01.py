@@ -6,6 +6,9 @@ from torch import nn
 
 from graders.exercises import nb01
 from graders.judging.compare import CheckFailed
+from graders.reference.config import Config
+
+cfg = Config()   # as in the notebook: a global beside the module's own self.cfg
 
 
 class Base(nn.Module):
@@ -204,6 +207,34 @@ def test_wrong_parameter_names_are_listed():
         nb01.check_layernorm(Renamed)
     message = str(failure.value)
     assert "missing: w with shape [768]" in message and "unexpected: weight" in message
+
+
+@pytest.mark.parametrize("forward", CORRECT, ids=lambda f: f.__name__)
+def test_correct_variants_read_eps_from_their_config(forward):
+    nb01.check_layernorm(variant(forward), layer_norm_eps=1e-3)
+    nb01.check_layernorm(variant(forward), block=-1, text=None, seed=5, batch=2, layer_norm_eps=0.05)
+
+
+def eps_literal(self, x):
+    x = x - x.mean(-1, keepdim=True)
+    return x / (x.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * self.w + self.b
+
+
+def eps_of_global_cfg(self, x):
+    x = x - x.mean(-1, keepdim=True)
+    return x / (x.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps).sqrt() * self.w + self.b
+
+
+@pytest.mark.parametrize("forward,how", [(eps_literal, "not a literal"),
+                                         (eps_of_global_cfg, "reads the notebook's global `cfg`")],
+                         ids=["literal", "global_cfg"])
+def test_eps_not_read_from_the_config_is_named(forward, how):
+    nb01.check_layernorm(variant(forward))   # GPT-2's own eps: the default config cannot tell
+    with pytest.raises(CheckFailed) as failure:
+        nb01.check_layernorm(variant(forward), layer_norm_eps=1e-3)
+    first_line = str(failure.value).splitlines()[0]
+    assert ("Likely mistake: eps is not read from cfg.layer_norm_eps (your LayerNorm used 1e-05; "
+            "this check's config has 0.001)") in first_line and how in first_line, str(failure.value)
 
 
 def test_a_passing_check_writes_nothing_to_stderr(capfd):

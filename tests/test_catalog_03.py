@@ -11,6 +11,9 @@ from torch import nn
 from graders.exercises import nb03
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
+from graders.reference.config import Config
+
+cfg = Config()   # as in the notebook: a global beside the module's own self.cfg
 
 
 class Base(nn.Module):
@@ -440,6 +443,71 @@ def test_attention_mistakes_are_named(name, cls, case, message):
     with pytest.raises(CheckFailed) as failure:
         nb03.check_attention(cls, **case)
     assert message in str(failure.value).splitlines()[0], str(failure.value)
+
+
+# --- Attention forward: head settings read from the config -------------------------------------
+
+@pytest.mark.parametrize("cls", ATTN_CORRECT, ids=lambda c: c.__name__)
+def test_correct_attention_reads_its_heads_from_its_config(cls):
+    nb03.check_attention(cls, block=5, n_heads=6, d_head=128)
+
+
+def forward_scale_of_global_cfg(self, x):
+    q = einops.einsum(x, self.W_Q, "b p d, n d h -> b p n h") + self.b_Q
+    k = einops.einsum(x, self.W_K, "b p d, n d h -> b p n h") + self.b_K
+    v = einops.einsum(x, self.W_V, "b p d, n d h -> b p n h") + self.b_V
+    scores = einops.einsum(q, k, "b q n h, b k n h -> b n q k") / math.sqrt(cfg.d_head)
+    z = einops.einsum(self.apply_causal_mask(scores).softmax(-1), v, "b n q k, b k n h -> b q n h")
+    return einops.einsum(z, self.W_O, "b q n h, n h d -> b q d") + self.b_O
+
+
+def _merged_heads(scale):
+    """Queries, keys and values of all heads at once, split as 12 heads of 64 written out."""
+    def forward(self, x):
+        batch, posn, _ = x.shape
+
+        def heads(W, bias):
+            flat = x @ einops.rearrange(W, "n d h -> d (n h)") + bias.flatten()
+            return flat.view(batch, posn, 12, 64).transpose(1, 2)      # [b, n, p, h]
+
+        q, k, v = heads(self.W_Q, self.b_Q), heads(self.W_K, self.b_K), heads(self.W_V, self.b_V)
+        scores = q @ k.transpose(-1, -2) / (scale or math.sqrt(self.cfg.d_head))
+        z = (self.apply_causal_mask(scores).softmax(-1) @ v).transpose(1, 2).reshape(batch, posn, -1)
+        return z @ self.W_O.reshape(-1, self.cfg.d_model) + self.b_O
+    return forward
+
+
+def forward_loop_over_12_heads(self, x):
+    out = self.b_O.expand(*x.shape[:2], -1)
+    for h in range(12):
+        q, k, v = (x @ W[h] + bias[h] for W, bias in ((self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V)))
+        scores = (q @ k.transpose(-1, -2))[:, None] / math.sqrt(self.cfg.d_head)
+        out = out + self.apply_causal_mask(scores)[:, 0].softmax(-1) @ v @ self.W_O[h]
+    return out
+
+
+HEAD_SETTINGS_BUGS = [
+    ("sqrt_64_literal", variant(_forward(scale=64)),
+     "Likely mistake: d_head is not read from cfg: the scores are divided by sqrt(64)", "not a literal"),
+    ("sqrt_d_head_of_global_cfg", variant(forward_scale_of_global_cfg),
+     "Likely mistake: d_head is not read from cfg: the scores are divided by sqrt(64)", "global `cfg`"),
+    ("12_heads_of_64_literal", variant(_merged_heads(8.0)),
+     "Likely mistake: the heads are split as GPT-2's 12 heads of 64, not as this check's config's 6 "
+     "heads of 128", "not literals"),
+    ("12_heads_literal_scale_from_cfg", variant(_merged_heads(None)),
+     "Likely mistake: the heads are split as GPT-2's 12 heads of 64", "not literals"),
+    ("loop_over_12_heads", variant(forward_loop_over_12_heads),
+     "Likely mistake: n_heads or d_head is hard-coded (GPT-2's 12 or 64)", "IndexError"),
+]
+
+
+@pytest.mark.parametrize("name, cls, message, how", HEAD_SETTINGS_BUGS, ids=[b[0] for b in HEAD_SETTINGS_BUGS])
+def test_head_settings_not_read_from_the_config_are_named(name, cls, message, how):
+    nb03.check_attention(cls)   # GPT-2's own heads: the default config cannot tell
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_attention(cls, block=5, n_heads=6, d_head=128)
+    first_line = str(failure.value).splitlines()[0]
+    assert message in first_line and how in str(failure.value), str(failure.value)
 
 
 def test_localisation_points_before_the_mask():

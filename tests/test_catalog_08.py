@@ -869,6 +869,33 @@ def test_generate_with_cache_past_n_ctx_must_be_refused():
                "a ValueError whose message names n_ctx")
 
 
+@pytest.mark.parametrize("fn", [reference.generate_with_cache, _generate_cache_dict])
+def test_generate_with_cache_correct_variants_read_n_ctx_from_the_model(fn):
+    nb08.check_generate_with_cache(fn, n_ctx=60)
+    nb08.check_generate_with_cache(fn, seed=5, batch=3, n_ctx=60)
+
+
+def _limit_written_as(limit):
+    def generate_with_cache(model, input_ids, max_new_tokens):
+        if input_ids.shape[1] + max_new_tokens > limit:
+            raise ValueError(f"too long for n_ctx={limit}")
+        return _generate_cache_dict(model, input_ids, max_new_tokens, check_context=False)
+    return generate_with_cache
+
+
+def test_a_context_limit_of_the_visible_models_n_ctx_is_named():
+    nb08.check_generate_with_cache(_limit_written_as(128))   # the visible check's n_ctx: it passes
+    fails_with(nb08.check_generate_with_cache, _limit_written_as(128),
+               "returned tokens, but 61 positions do not fit the context (n_ctx = 60). Likely mistake: "
+               "the limit is not read from model.cfg.n_ctx", n_ctx=60)
+
+
+def test_a_context_limit_of_gpt2s_n_ctx_is_named():
+    fails_with(nb08.check_generate_with_cache, _limit_written_as(1024),
+               "returned tokens, but 129 positions do not fit the context (n_ctx = 128). Likely "
+               "mistake: the limit is not read from model.cfg.n_ctx")
+
+
 @pytest.mark.parametrize("mistake", sorted(nb08.CACHE_MISTAKES))
 def test_generate_with_cache_mistakes_are_named(mistake):
     fails_with(nb08.check_generate_with_cache,

@@ -11,7 +11,7 @@ from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.diagnosis import compare, diagnosis_first
-from graders.judging.learner import Forbidden, run_learner
+from graders.judging.learner import Forbidden, reads_global, run_learner
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden(
@@ -64,9 +64,24 @@ def layernorm_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: f
     }
 
 
-def _quiet(x: torch.Tensor) -> torch.Tensor:
+def _quiet(x: torch.Tensor, eps: float) -> torch.Tensor:
     """`x` shrunk until its variance is about eps: where eps's place in the formula shows."""
-    return x * (1e-5 / x.var(-1, keepdim=True, unbiased=False).mean()).sqrt()
+    return x * (eps / x.var(-1, keepdim=True, unbiased=False).mean()).sqrt()
+
+
+def eps_not_read(case: Case, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                 global_cfg: bool) -> dict:
+    """On a case whose config has another layer_norm_eps: what a LayerNorm that keeps GPT-2's
+    default eps (a literal 1e-5, or the notebook's global `cfg`) outputs on `x`, by description."""
+    wanted, default = case.config().layer_norm_eps, Config().layer_norm_eps
+    if wanted == default:
+        return {}
+    how = ("it reads the notebook's global `cfg`, not `self.cfg`, the config the module was built "
+           "with" if global_cfg else "use self.cfg.layer_norm_eps, not a literal")
+    centred = x - x.mean(-1, keepdim=True)
+    return {f"eps is not read from cfg.layer_norm_eps (your LayerNorm used {default:g}; this "
+            f"check's config has {wanted:g}): {how}":
+            centred / (centred.pow(2).mean(-1, keepdim=True) + default).sqrt() * w + b}
 
 
 def inputs_layernorm(case: Case) -> dict:
@@ -75,17 +90,19 @@ def inputs_layernorm(case: Case) -> dict:
 
 def produce_layernorm(LayerNorm, case: Case, inputs: dict) -> dict:
     prefix, _, _ = _where(case)
-    fresh = loaded("LayerNorm", LayerNorm, prefix)
-    random_input = rand_float(case.seed, 2, 4, Config().d_model)
+    cfg = case.config()
+    fresh = loaded("LayerNorm", LayerNorm, prefix, cfg)
+    random_input = rand_float(case.seed, 2, 4, cfg.d_model)
     x = inputs["x"]
     x_before = x.clone()
     out = run_learner("LayerNorm", fresh, x, forbidden=FORBIDDEN)
     return {
         "random_out": run_learner("LayerNorm", fresh, random_input, forbidden=FORBIDDEN),
         "out": out,
-        "quiet_out": run_learner("LayerNorm", fresh, _quiet(x), forbidden=FORBIDDEN),
+        "quiet_out": run_learner("LayerNorm", fresh, _quiet(x, cfg.layer_norm_eps), forbidden=FORBIDDEN),
         "unseen_out": run_learner("LayerNorm", fresh, unseen_variant(x, case.seed), forbidden=FORBIDDEN),
         "input_modified": torch.tensor(not torch.equal(x, x_before)),
+        "reads_global_cfg": torch.tensor(reads_global(LayerNorm, "cfg")),
     }
 
 
@@ -98,17 +115,27 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
                           "Compute a new tensor instead (`x = x - mean`): the residual stream "
                           "must not be modified by reading it.")
     acts, w = activations(case), part(prefix)
-    compare(f"LayerNorm output ({prefix})", outputs["out"], acts[target], DIMS,
-            mistakes=layernorm_mistakes(acts[source], w["w"], w["b"]),
+    eps, global_cfg = case.config().layer_norm_eps, bool(outputs.get("reads_global_cfg", False))
+    # The files hold GPT-2's outputs; a case with other settings is judged by the course's
+    # LayerNorm built with them.
+    course = course_component("LayerNorm", prefix, case.config())
+
+    def mistakes(x: torch.Tensor) -> dict:
+        return {**eps_not_read(case, x, w["w"], w["b"], global_cfg),
+                **layernorm_mistakes(x, w["w"], w["b"], eps)}
+
+    with torch.no_grad():
+        expected = course(acts[source]) if case.settings() else acts[target]
+    compare(f"LayerNorm output ({prefix})", outputs["out"], expected, DIMS,
+            mistakes=mistakes(acts[source]),
             hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
     # Real residuals have a variance far above eps; this input's is about eps, so it matters.
-    quiet = _quiet(acts[source])
+    quiet = _quiet(acts[source], eps)
     compare(f"LayerNorm output ({prefix}) on a residual with variance close to eps",
-            outputs["quiet_out"], F.layer_norm(quiet, quiet.shape[-1:], w["w"], w["b"], 1e-5), DIMS,
-            mistakes=layernorm_mistakes(quiet, w["w"], w["b"]),
+            outputs["quiet_out"], F.layer_norm(quiet, quiet.shape[-1:], w["w"], w["b"], eps), DIMS,
+            mistakes=mistakes(quiet),
             hint="eps goes inside the square root: sqrt(var + eps).")
     # Inputs no file holds: the expected outputs are computed here, with the course's LayerNorm.
-    course = course_component("LayerNorm", prefix)
     for key, what, x in (("random_out", "a random [2, 4, d_model] input",
                           rand_float(case.seed, 2, 4, Config().d_model)),
                          ("unseen_out", "a rescaled, noisy input that no file holds",
@@ -116,7 +143,7 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
         with torch.no_grad():
             expected = course(x)
         compare(f"LayerNorm output ({prefix}) on {what}", outputs[key], expected, DIMS,
-                mistakes=layernorm_mistakes(x, w["w"], w["b"]),
+                mistakes=mistakes(x),
                 hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,6 +25,20 @@ class Case:
     batch: int = 1
     seq: int = 20                       # length of random token sequences
     block: int = 0                      # which transformer block's weights and activations
+    # Settings of the learner's Config other than GPT-2 small's (None: the default). Hidden checks
+    # set them where an exercise says to read a setting from cfg, so that a hard-coded value fails.
+    layer_norm_eps: float | None = None
+    n_heads: int | None = None
+    d_head: int | None = None
+    n_ctx: int | None = None
+
+    def settings(self) -> dict:
+        """The Config settings this case changes, by name."""
+        return {name: getattr(self, name) for name in CONFIG_FIELDS if getattr(self, name) is not None}
+
+    def config(self, base: Config | None = None) -> Config:
+        """`base` (default: GPT-2 small's Config) with this case's settings."""
+        return replace(base or Config(), **self.settings())
 
     def tokens(self) -> torch.Tensor:
         if self.text is not None:
@@ -37,7 +51,12 @@ class Case:
     def describe(self) -> str:
         what = "the reference text" if self.text == REFERENCE_TEXT else (
             f"text {self.text[:30]!r}" if self.text else f"random inputs (seed {self.seed})")
-        return f"{what}, batch {self.batch}" + (f", block {self.block}" if self.block else "")
+        settings = ", ".join(f"{name} {value:g}" for name, value in self.settings().items())
+        return (f"{what}, batch {self.batch}" + (f", block {self.block}" if self.block else "")
+                + (f", config with {settings}" if settings else ""))
+
+
+CONFIG_FIELDS = ("layer_norm_eps", "n_heads", "d_head", "n_ctx")
 
 
 # The keyword arguments of a check function that choose its case (the others go to the learner).

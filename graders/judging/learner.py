@@ -129,6 +129,20 @@ def with_course_functions(produce: Callable, parts: dict) -> Callable:
     return run
 
 
+def reads_global(cls, name: str) -> bool:
+    """Whether code of the learner's class reads a module-level `name`: the notebook's global
+    `cfg` where `self.cfg` (the config the module was built with) was meant."""
+    import dis
+
+    def reads(code) -> bool:
+        return any(i.opname == "LOAD_GLOBAL" and i.argval == name for i in dis.get_instructions(code)) \
+            or any(reads(const) for const in code.co_consts if inspect.iscode(const))
+
+    members = vars(cls).values() if isinstance(cls, type) else ()
+    return any(reads(code) for code in (getattr(getattr(m, "__func__", m), "__code__", None) for m in members)
+               if code is not None)
+
+
 def text_record(text: str) -> torch.Tensor:
     """`text` (e.g. what a learner's crash said) as UTF-8 bytes: recorded outputs are tensors
     only (safetensors), so a message crosses from the kernel to the judge this way."""

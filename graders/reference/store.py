@@ -75,13 +75,13 @@ def part(prefix: str) -> dict[str, torch.Tensor]:
         return component(f, prefix)
 
 
-def course_component(name: str, prefix: str | None = None):
-    """The course's own `name` (graders.reference.components) with the reference weights under
-    `prefix` (all of them when None): how a judge computes the expected output on an input
-    that no file holds."""
+def course_component(name: str, prefix: str | None = None, cfg=None):
+    """The course's own `name` (graders.reference.components), built with `cfg` (default: GPT-2
+    small's), with the reference weights under `prefix` (all of them when None): how a judge
+    computes the expected output on an input that no file holds."""
     from graders.reference import components
     from graders.reference.config import Config
     from graders.reference.weights import load_strict
 
-    module = getattr(components, name)(Config())
+    module = getattr(components, name)(cfg or Config())
     return load_strict(module, part(prefix) if prefix else weights(), name).eval()

@@ -1,5 +1,5 @@
 """What both attention exercises use: the graded shapes, the forbidden shortcuts, the reference's
-activations and its pre-mask scores."""
+activations and its pre-mask scores, and its weights as heads of another config."""
 import math
 from functools import lru_cache
 
@@ -12,6 +12,7 @@ from graders.judging.cases import Case
 from graders.judging.cases import activations as _load_activations
 from graders.judging.learner import Forbidden
 from graders.reference import components
+from graders.reference.store import part
 
 DIMS = ("batch", "position", "d_model")
 SCORE_DIMS = ("batch", "head", "query_pos", "key_pos")
@@ -58,3 +59,31 @@ def reference_scores(case: Case) -> torch.Tensor:
 def future_mask(n: int) -> torch.Tensor:
     """True where the key comes after the query (above the diagonal)."""
     return torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+
+
+# --- Cases with other head settings ------------------------------------------------------------
+
+def attention_weights(case: Case) -> dict:
+    """The reference's weights of the case's block, as heads of the case's config: a config with
+    other n_heads and d_head (same d_model) joins GPT-2's heads' dimensions in order, so that a
+    head split other than GPT-2's still has trained weights."""
+    w = part(prefix_of(case))
+    cfg = case.config()
+    return w if (cfg.n_heads, cfg.d_head) == tuple(w["W_Q"].shape[::2]) else regrouped(w, cfg.n_heads, cfg.d_head)
+
+
+def regrouped(w: dict, n_heads: int, d_head: int) -> dict:
+    """Attention weights `w` split into `n_heads` heads of `d_head` (n_heads * d_head unchanged)."""
+    def heads_in(W):   # [n, d_model, h] -> [n_heads, d_model, d_head]
+        return einops.rearrange(einops.rearrange(W, "n d h -> d (n h)"), "d (n h) -> n d h", n=n_heads)
+
+    return {**w, **{name: heads_in(w[name]) for name in ("W_Q", "W_K", "W_V")},
+            **{name: w[name].reshape(n_heads, d_head) for name in ("b_Q", "b_K", "b_V")},
+            "W_O": w["W_O"].reshape(n_heads, d_head, -1)}
+
+
+def course_attention(case: Case) -> nn.Module:
+    """The course's Attention built with the case's config and `attention_weights(case)`."""
+    from graders.reference.weights import load_strict
+
+    return load_strict(components.Attention(case.config()), attention_weights(case), "Attention").eval()

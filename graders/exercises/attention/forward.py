@@ -7,17 +7,18 @@ import einops
 import torch
 
 from graders.exercises.attention.common import (DIMS, FORBIDDEN, PER_HEAD_POSITIONS, SCORE_DIMS,
-                                                activations, prefix_of, reference_scores)
+                                                activations, attention_weights, course_attention,
+                                                prefix_of, reference_scores)
 from graders.exercises.attention.mask import missing_mask_method
-from graders.exercises.attention.mistakes import attention_mistakes
-from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.attention.mistakes import attention_mistakes, head_settings_not_read
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
 from graders.judging.cases import Case, rand_float, unseen_variant
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
-from graders.judging.learner import loaded, run_learner
+from graders.judging.learner import build_loaded, reads_global, run_learner
 from graders.judging.tolerance import close, tolerance
 from graders.reference.config import Config
-from graders.reference.store import course_component, part
+from graders.reference.store import part
 from graders.reference.weights import load_strict
 
 
@@ -47,8 +48,8 @@ def _course_mask(attn_scores: torch.Tensor) -> torch.Tensor:
 def produce_attention(Attention, case: Case, inputs: dict) -> dict:
     """The learner's forward runs with the course's mask in place of their apply_causal_mask, which
     has a check of its own: a mistake in the mask costs that check only, never the forward's."""
-    prefix = prefix_of(case)
-    attn = loaded("Attention", Attention, prefix)
+    cfg, weights = case.config(), attention_weights(case)
+    attn = build_loaded("Attention", Attention, cfg, weights)
     x = inputs["x"].clone()   # the learner's own copy
     x_before = x.clone()
     seen = []
@@ -66,6 +67,10 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
         missing = missing_mask_method(attn)
         if missing and "apply_causal_mask" in str(failure):
             raise CheckFailed(missing + " (Your forward calls self.apply_causal_mask.)") from failure.__cause__
+        if case.settings() and is_crash(failure):
+            raise crash("Attention", failure, f"this check's config ({cfg.n_heads} heads of {cfg.d_head}, "
+                        f"d_model {cfg.d_model})", "n_heads or d_head is hard-coded (GPT-2's 12 or 64) "
+                        "instead of read from self.cfg") from failure.__cause__
         raise
     calls = len(seen)
     outputs = {
@@ -76,6 +81,7 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
         "unseen_out": run_learner("Attention", attn, unseen_variant(x, case.seed), forbidden=FORBIDDEN),
         "mask_calls": torch.tensor(calls),
         "scores_seen": seen[0] if calls else torch.zeros(0),
+        "reads_global_cfg": torch.tensor(reads_global(Attention, "cfg")),
     }
     # Causality: replace every position >= t; outputs before t must not move.
     t = _causal_split(x.shape[1])
@@ -88,7 +94,6 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
     outputs["pair_out"] = run_learner("Attention", attn, torch.cat([x[:1], other]), forbidden=FORBIDDEN)
     # One head at a time (W_O of the other heads and b_O zeroed), to say which heads are wrong;
     # on the first row and first positions only, to keep it cheap (attention is causal).
-    weights = part(prefix)
     head_input = x[:1, :PER_HEAD_POSITIONS].clone()
     per_head = []
     for h in range(weights["W_O"].shape[0]):
@@ -108,7 +113,10 @@ def _indented(failure: CheckFailed) -> list[str]:
 
 
 def _localise(case: Case, outputs: dict) -> list[str]:
-    """Where inside the learner's forward the difference starts, from what produce recorded."""
+    """Where inside the learner's forward the difference starts, from what produce recorded (on
+    GPT-2's own head settings: it reads the reference's queries, keys and z)."""
+    if case.settings():
+        return []
     prefix, lines, cfg = prefix_of(case), [], Config()
     acts, w = activations(case), part(prefix)
     scores = reference_scores(case)
@@ -161,20 +169,24 @@ def _scores_without(x, w, bias: str) -> torch.Tensor:
 
 
 def judge_attention(case: Case, outputs: dict) -> None:
-    prefix = prefix_of(case)
+    """GPT-2's own outputs from the files; a case with other head settings is judged against the
+    course's Attention built with them (GPT-2's weights regrouped into its heads)."""
+    prefix, settings = prefix_of(case), case.settings()
     d_model = Config().d_model
     check_shape("Attention output on a random [2, 4, d_model] input", outputs["random_out"],
                 (2, 4, d_model), DIMS)
     if bool(outputs["input_modified"]):
         raise CheckFailed("Attention changed its input tensor in place. Compute new tensors instead: "
                           "the residual stream must not be modified by reading it.")
-    acts, w = activations(case), part(prefix)
+    acts, w = activations(case), attention_weights(case)
     x = acts[f"blocks.{case.block}.ln1.hook_out"]
-    expected = acts[f"blocks.{case.block}.hook_attn_out"]
+    course = course_attention(case)
+    with torch.no_grad():
+        expected = course(x) if settings else acts[f"blocks.{case.block}.hook_attn_out"]
     out = outputs["out"]
     check_shape(f"Attention output ({prefix})", out, expected.shape, DIMS)
     seen = outputs["scores_seen"]
-    if seen.shape == x.shape[:1] + (w["W_Q"].shape[0], x.shape[1], x.shape[1]) and not (
+    if not settings and seen.shape == x.shape[:1] + (w["W_Q"].shape[0], x.shape[1], x.shape[1]) and not (
             out.is_floating_point() and close(out, expected)) and close(seen, reference_scores(case).softmax(-1)):
         raise CheckFailed(
             f"Attention output ({prefix}) is wrong. Likely mistake: the causal mask is applied after "
@@ -197,9 +209,14 @@ def judge_attention(case: Case, outputs: dict) -> None:
             lines.append("  A row of scores that is entirely -inf gives NaN after softmax; look for a "
                          "mask that hides every key of some query, or a division by zero.")
         raise CheckFailed("\n".join(lines + _localise(case, outputs)))
+    global_cfg = bool(outputs.get("reads_global_cfg", False))
+
+    def mistakes(inp: torch.Tensor) -> dict:
+        return {**head_settings_not_read(case, inp, w, global_cfg), **attention_mistakes(inp, w)}
+
     try:
         compare(f"Attention output ({prefix})", out, expected, DIMS,
-                mistakes=attention_mistakes(x, w),
+                mistakes=mistakes(x),
                 hint="q, k, v = x @ W + b per head; scores = q.k / sqrt(d_head); mask the future; "
                      "softmax over keys; z = pattern @ v; out = sum over heads of z @ W_O, + b_O.")
     except CheckFailed as failed:
@@ -222,13 +239,12 @@ def judge_attention(case: Case, outputs: dict) -> None:
                 "differs from running it alone. Keep the batch axis separate in every einsum/matmul "
                 "(no sum over batch, no reshape that merges batch with positions or heads).")
     # Inputs no file holds: the expected outputs are computed here, with the course's Attention.
-    course = course_component("Attention", prefix)
     for key, what, inp in (("random_out", "a random [2, 4, d_model] input", rand_float(case.seed, 2, 4, d_model)),
                            ("unseen_out", "a rescaled, noisy input that no file holds", unseen_variant(x, case.seed))):
         with torch.no_grad():
             expected = course(inp)
         compare(f"Attention output ({prefix}) on {what}", outputs[key], expected, DIMS,
-                mistakes=attention_mistakes(inp, w))
+                mistakes=mistakes(inp))
 
 
 attention = Exercise("03_attention", "Attention", produce_attention, diagnosis_first(judge_attention),

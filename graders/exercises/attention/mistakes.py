@@ -5,7 +5,8 @@ import math
 import einops
 import torch
 
-from graders.exercises.attention.common import future_mask
+from graders.exercises.attention.common import future_mask, regrouped
+from graders.reference.config import Config
 
 
 def attention_variant(x, w, *, scale=None, mask="future", softmax_dim=-1, drop=(), z_order="right",
@@ -67,4 +68,26 @@ def attention_mistakes(x, w) -> dict:
             attention_variant(x, w, z_order="heads-first"),
         "heads mixed up: z was flattened as (d_head n_heads) instead of (n_heads d_head) before W_O":
             attention_variant(x, w, z_order="d_head-major"),
+    }
+
+
+def head_settings_not_read(case, x, w, global_cfg: bool) -> dict:
+    """On a case whose config splits d_model into other heads than GPT-2's 12 of 64 (`w` regrouped
+    so): what an Attention that keeps GPT-2's head settings outputs on `x`, by description."""
+    cfg, gpt2 = case.config(), Config()
+    if (cfg.n_heads, cfg.d_head) == (gpt2.n_heads, gpt2.d_head):
+        return {}
+    global_read = ": your code reads the notebook's global `cfg`, not `self.cfg`, the config the module was built with"
+    as_gpt2 = regrouped(w, gpt2.n_heads, gpt2.d_head)
+    split = (f"the heads are split as GPT-2's {gpt2.n_heads} heads of {gpt2.d_head}, not as this check's "
+             f"config's {cfg.n_heads} heads of {cfg.d_head}: read n_heads and d_head from self.cfg"
+             + (global_read if global_cfg else ", not literals"))
+    return {
+        f"d_head is not read from cfg: the scores are divided by sqrt({gpt2.d_head}) (GPT-2's d_head); "
+        f"this check's config has d_head {cfg.d_head}: divide by math.sqrt(self.cfg.d_head)"
+        + (global_read if global_cfg else ", not a literal"):
+            attention_variant(x, w, scale=gpt2.d_head),
+        split: attention_variant(x, as_gpt2),
+        split + " (only the scale reads this config's d_head)":
+            attention_variant(x, as_gpt2, scale=cfg.d_head),
     }

@@ -96,10 +96,26 @@ check_forward_with_cache = forward_cache_exercise.checker(
 
 
 CACHE_STEPS = 50
+# A prompt longer than any context a literal limit could have been written for (the visible
+# check's 128, GPT-2's 1024): whether the learner's limit is a literal or model.cfg.n_ctx. A
+# long prompt and one new token, not a long generation: code without a limit then crashes (or
+# stops) at once, where a generation past n_ctx could loop on empty logits forever.
+FAR_PAST_N_CTX = 2048
 
 
 def _cache_prompt(case: Case) -> torch.Tensor:
     return _cache_tokens(case)[:, :5]
+
+
+def _cache_model(case: Case):
+    """The seeded model of the generation checks: cache_config(), with the case's n_ctx if it
+    sets one (a hidden case, so that a limit written as a literal fails)."""
+    return seeded_model(case.config(cache_config()), case.seed).eval()
+
+
+def _steps(model, prompt: torch.Tensor) -> int:
+    """New tokens of the main run: CACHE_STEPS, or fewer on a model whose context is shorter."""
+    return min(CACHE_STEPS, _steps_to_fill(model, prompt))
 
 
 WHOLE_AGAIN = ("each step feeds the whole sequence again together with the cache: after the first "
@@ -108,35 +124,44 @@ WHOLE_AGAIN = ("each step feeds the whole sequence again together with the cache
 
 
 def produce_generate_cache(fn, case: Case, inputs: dict) -> dict:
-    model = seeded_model(cache_config(), case.seed).eval()
-    prompt = _cache_prompt(case)
+    model, prompt = _cache_model(case), _cache_prompt(case)
+    steps = _steps(model, prompt)
     fed = []
     handle = model.embed.register_forward_pre_hook(
         lambda module, args: fed.append(args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else -1))
     try:
-        out = run_learner("generate_with_cache", fn, model, prompt.clone(), CACHE_STEPS)
+        out = run_learner("generate_with_cache", fn, model, prompt.clone(), steps)
     except CheckFailed as failure:
         if not is_crash(failure):
             raise
-        on = (f"a prompt of shape {list(prompt.shape)}, max_new_tokens={CACHE_STEPS}, at call "
+        on = (f"a prompt of shape {list(prompt.shape)}, max_new_tokens={steps}, at call "
               f"{len(fed)} of the model's embedding (token counts fed: {fed[:6]})")
         raise crash("generate_with_cache", failure, on,
                     WHOLE_AGAIN if len(fed) > 1 and fed[1] > 1 else "") from failure.__cause__
     finally:
         handle.remove()
     require_tensor("generate_with_cache(...)", out)
-    outputs = {"tokens": out, "fed": torch.tensor(fed[:CACHE_STEPS + 1], dtype=torch.long)}
-    # At the edge of the context: up to n_ctx exactly must work, one token more must be refused.
-    for key, extra in (("to_n_ctx", 0), ("past_n_ctx", 1)):
-        try:
-            outputs[key] = run_learner("generate_with_cache", fn, model, prompt.clone(),
-                                       _steps_to_fill(model, prompt) + extra)
-        except CheckFailed as failure:
-            if not is_crash(failure):
-                raise
-            outputs[f"{key}_error"] = text_record(
-                f"{type(failure.__cause__).__name__}: {failure.__cause__}")
+    outputs = {"tokens": out, "fed": torch.tensor(fed[:steps + 1], dtype=torch.long)}
+    # At the edge of the context: up to n_ctx exactly must work, one token more must be refused;
+    # when it is not, whether a request far past any context is (a limit written as a literal).
+    fill = _steps_to_fill(model, prompt)
+    outputs.update(_edge_run(fn, model, prompt, "to_n_ctx", fill))
+    outputs.update(_edge_run(fn, model, prompt, "past_n_ctx", fill + 1))
+    if "past_n_ctx_error" not in outputs:
+        long_prompt = prompt.repeat(1, FAR_PAST_N_CTX // prompt.shape[1] + 1)[:, :FAR_PAST_N_CTX]
+        outputs.update({key: value for key, value in _edge_run(fn, model, long_prompt, "far_past_n_ctx", 1).items()
+                        if key.endswith("_error")})
     return outputs
+
+
+def _edge_run(fn, model, prompt: torch.Tensor, key: str, n_new: int) -> dict:
+    """{key: the tokens} of the learner's generation of `n_new` tokens, or {key_error: what it raised}."""
+    try:
+        return {key: run_learner("generate_with_cache", fn, model, prompt.clone(), n_new)}
+    except CheckFailed as failure:
+        if not is_crash(failure):
+            raise
+        return {f"{key}_error": text_record(f"{type(failure.__cause__).__name__}: {failure.__cause__}")}
 
 
 def _steps_to_fill(model, prompt: torch.Tensor) -> int:
@@ -161,10 +186,17 @@ def _judge_context_edge(model, prompt: torch.Tensor, outputs: dict) -> None:
         raise CheckFailed(f"{where}: differs from greedy generation without a cache.")
     where = f"generate_with_cache(model, prompt of {prompt.shape[1]} tokens, {fill + 1})"
     if "past_n_ctx_error" not in outputs:
-        raise CheckFailed(f"{where} returned tokens, but {prompt.shape[1] + fill + 1} positions "
-                          f"do not fit the context (n_ctx = {n_ctx}). Raise a ValueError that "
-                          "names n_ctx when prompt + max_new_tokens > model.cfg.n_ctx, before "
-                          "generating anything.")
+        head = (f"{where} returned tokens, but {prompt.shape[1] + fill + 1} positions do not fit "
+                f"the context (n_ctx = {n_ctx}).")
+        far = outputs.get("far_past_n_ctx_error")
+        if far is not None and recorded_text(far).startswith("ValueError:"):
+            raise CheckFailed(f"{head} Likely mistake: the limit is not read from model.cfg.n_ctx: "
+                              f"your generate_with_cache refuses a prompt of {FAR_PAST_N_CTX} tokens, "
+                              f"but not these, on a model whose n_ctx is {n_ctx}. Compare prompt + "
+                              "max_new_tokens with model.cfg.n_ctx, not a literal (the visible "
+                              "check's 128, or GPT-2's 1024).")
+        raise CheckFailed(f"{head} Raise a ValueError that names n_ctx when prompt + max_new_tokens "
+                          "> model.cfg.n_ctx, before generating anything.")
     raised = recorded_text(outputs["past_n_ctx_error"])
     if not (raised.startswith("ValueError:") and "n_ctx" in raised):
         raise CheckFailed(f"{where} raised {raised}. When prompt + max_new_tokens > "
@@ -173,13 +205,13 @@ def _judge_context_edge(model, prompt: torch.Tensor, outputs: dict) -> None:
 
 
 def judge_generate_cache(case: Case, outputs: dict) -> None:
-    model = seeded_model(cache_config(), case.seed).eval()
-    prompt = _cache_prompt(case)
+    model, prompt = _cache_model(case), _cache_prompt(case)
+    steps = _steps(model, prompt)
     out = outputs["tokens"]
-    where = f"generate_with_cache(model, prompt of shape {list(prompt.shape)}, {CACHE_STEPS})"
-    judge_generated(where, out, prompt, CACHE_STEPS)
+    where = f"generate_with_cache(model, prompt of shape {list(prompt.shape)}, {steps})"
+    judge_generated(where, out, prompt, steps)
     with torch.no_grad():
-        expected = generate(model, prompt, CACHE_STEPS, None, temperature=0.0)
+        expected = generate(model, prompt, steps, None, temperature=0.0)
     if torch.equal(out, expected):
         return _judge_context_edge(model, prompt, outputs)
     first = int((out != expected).any(0).nonzero()[0]) - prompt.shape[1]
@@ -192,7 +224,7 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
                                               "in its first calls)."]))
     with torch.no_grad():
         for mistake, description in CACHE_MISTAKES.items():
-            if torch.equal(out, generate_with_cache(model, prompt, CACHE_STEPS, mistake)):
+            if torch.equal(out, generate_with_cache(model, prompt, steps, mistake)):
                 lines.append(f"  Likely mistake: {description}")
                 break
     raise CheckFailed("\n".join(lines))
