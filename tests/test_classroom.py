@@ -263,8 +263,9 @@ def test_expected_checks_are_listed_without_running_learner_code():
 
     cell = grading.test_cells(grading.source_notebook("01_layernorm"))[0]
     listed = checks_of(cell.source)
-    assert [key for key, _ in listed] == [("01_layernorm", "LayerNorm")] * 3
+    assert [key for key, _ in listed] == [("01_layernorm", "LayerNorm")] * 4
     assert listed[1][1]["block"] == 7 and listed[1][1]["batch"] == 3 and listed[1][1]["text"] is None
+    assert listed[3][1]["layer_norm_eps"] == 1e-3 and listed[0][1]["layer_norm_eps"] is None
 
 
 def test_release_writes_student_notebooks_without_solutions_or_hidden_tests(tmp_path):
