@@ -59,7 +59,8 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
             seen.append(attn_scores.detach().clone())
         return _course_mask(attn_scores)
 
-    if getattr(attn, "apply_causal_mask", None) is not None:
+    has_mask = getattr(attn, "apply_causal_mask", None) is not None
+    if has_mask:
         attn.apply_causal_mask = recording  # instance attribute: records the scores forward passes it
     try:
         out = run_learner("Attention", attn, x, forbidden=FORBIDDEN)
@@ -72,15 +73,16 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
                         f"d_model {cfg.d_model})", "n_heads or d_head is hard-coded (GPT-2's 12 or 64) "
                         "instead of read from self.cfg") from failure.__cause__
         raise
-    calls = len(seen)
+    if has_mask:    # the later runs need the course's mask, not another record of their scores
+        attn.apply_causal_mask = lambda attn_scores, *args, **kwargs: _course_mask(attn_scores)
     outputs = {
         "random_out": run_learner("Attention", attn, rand_float(case.seed, 2, 4, Config().d_model),
                                   forbidden=FORBIDDEN),
         "out": out,
         "input_modified": torch.tensor(not torch.equal(x, x_before)),
         "unseen_out": run_learner("Attention", attn, unseen_variant(x, case.seed), forbidden=FORBIDDEN),
-        "mask_calls": torch.tensor(calls),
-        "scores_seen": seen[0] if calls else torch.zeros(0),
+        "mask_calls": torch.tensor(len(seen)),
+        "scores_seen": seen[0] if seen else torch.zeros(0),
         "reads_global_cfg": torch.tensor(reads_global(Attention, "cfg")),
     }
     # Causality: replace every position >= t; outputs before t must not move.
