@@ -21,12 +21,16 @@ TOKEN_IDS = [50256, 40, 716, 281, 4998, 1960, 382, 19741, 11, 875, 12342, 12, 88
 
 
 def pytest_configure(config):
-    """torch computes on this process's share of the cores: with two pytest-xdist workers on two
-    cores, its default (a thread per core) made each worker's many small operations wait on the
-    other's threads (a KV-cache catalog test on a busy machine: 35 s of CPU on two threads,
-    4 s on one). Grading kernels and their judges are other processes, left as they are."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    """Each pytest-xdist worker, and every process it starts (Validate's, `make solutions`' and
+    `make check`'s kernels, a lab server's), computes on its share of the cores: a thread per
+    core beside a busy worker spends much of its CPU waiting on the other threads. A value of
+    OMP_NUM_THREADS already set is kept; grading kernels get the sandbox's own (one thread). Only
+    workers set it: the controller's environment is the one they start with."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(items):
