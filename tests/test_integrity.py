@@ -257,11 +257,11 @@ def test_a_sabotaged_exercise_costs_only_its_own_test(tmp_path, sabotage, status
     forward = ("    def forward(self, tokens):\n" + sabotage +
                "        return self.W_E[tokens]\n")
     notebook = with_forward("02_embeddings", "embed_answer", forward)
-    cells, _, _ = grade(tmp_path, "02_embeddings", notebook, cell_timeout=40)
+    cells, _, _ = grade(tmp_path, "02_embeddings", notebook, cell_timeout=15)
     assert cells["embed_test"].points == 0
     assert cells["embed_test"].status in (status, "error") and cells["embed_test"].message
     if status == "timeout":
-        assert "ran past its time limit of 40 s" in cells["embed_test"].message
+        assert "ran past its time limit of 15 s" in cells["embed_test"].message
     if status == "crashed":
         assert "crashed" in cells["embed_test"].message
     assert cells["pos_embed_test"].points == 3
@@ -281,7 +281,7 @@ def test_a_crash_between_two_passing_tests_costs_neither(tmp_path):
 @pytest.mark.slow
 def test_only_cells_tagged_training_get_the_training_time_limit(tmp_path):
     """The same slow cell finishes when tagged `training` and is interrupted when not."""
-    slow = "import time\ntime.sleep(15)\nprint('{} cell finished')"
+    slow = "import time\ntime.sleep(10)\nprint('{} cell finished')"
     notebook = crafted("01_layernorm", extra={"layernorm_answer": [slow.format("training"),
                                                                    slow.format("ordinary")]})
     next(c for c in notebook.cells if "training cell" in c.source).metadata["tags"] = ["training"]
