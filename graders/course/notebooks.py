@@ -8,7 +8,6 @@ DIR/release/<notebook>/, ready for `nbgrader release_assignment` or an LMS uploa
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,24 +34,10 @@ def gradable(names: list[str]) -> None:
 
 
 def generate(out_dir: Path, names: list[str] | None = None) -> list[Path]:
-    """Run nbgrader generate_assignment on each solution notebook; write the results to out_dir."""
-    gradable(names or notebook_names())
+    """The student notebooks, as `release` makes them in a throwaway course, written to out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
     with tempfile.TemporaryDirectory() as course:
-        for name in names or notebook_names():
-            source = Path(course, "source", name)
-            source.mkdir(parents=True)
-            shutil.copy(SOLUTIONS / f"{name}.ipynb", source / f"{name}.ipynb")
-            subprocess.run(
-                [sys.executable, "-m", "nbgrader", "generate_assignment", name, "--force",
-                 f"--CourseDirectory.root={course}", "--log-level=ERROR"],
-                check=True, cwd=course, env=venv_env(),
-            )
-            target = out_dir / f"{name}.ipynb"
-            shutil.copy(Path(course, "release", name, f"{name}.ipynb"), target)
-            written.append(target)
-    return written
+        return [Path(shutil.copy(path, out_dir / path.name)) for path in release(Path(course), names)]
 
 
 class ReleaseError(RuntimeError):
