@@ -1,24 +1,27 @@
 """Solutions pass every test cell, untouched exercises fail every one, and the two stay in sync."""
 import ast
+import io
 import json
-import subprocess
-import sys
 
 import pytest
 
-from graders.course.notebooks import EXERCISES, ROOT, SOLUTIONS, generate, notebook_names, stripped, venv_env
+from graders.course.notebooks import EXERCISES, ROOT, SOLUTIONS, generate, notebook_names, stripped
 from graders.exercises import declared_notebooks
 
 NAMES = notebook_names()
 
 
 def _validate(path, invert=False) -> str:
-    command = [sys.executable, "-m", "nbgrader", "validate", str(path)]
-    if invert:
-        command.append("--invert")
-    # From the repository root, so that nbgrader reads the course's nbgrader_config.py.
-    run = subprocess.run(command, capture_output=True, text=True, env=venv_env(), timeout=900, cwd=ROOT)
-    return run.stdout + run.stderr
+    """What nbgrader's Validate prints for the notebook at `path`, with the course's
+    nbgrader_config.py (as the lab's Validate button runs it: in this process, a kernel of its own)."""
+    from nbgrader.validator import Validator
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    validator = Validator(config=config, invert=invert)
+    validator.stream = io.StringIO()   # a plain attribute (sys.stdout at nbgrader's import)
+    validator.validate_and_print(str(path))
+    return validator.stream.getvalue()
 
 
 def _graded_cells(path) -> int:
