@@ -418,6 +418,171 @@ def test_course_bert_agrees_with_transformers_bert_for_masked_lm():
     assert sum(p.numel() for p in course.parameters()) == sum(p.numel() for p in hf.parameters())
 
 
+# --- One mistake, one exercise: the encoder's parts (issue 28) ---------------------------------
+
+# The solution's answer cells of sections 2-4, by cell, as a learner's notebook defines them.
+ENCODER_ANSWERS = {
+    "post_norm": '''
+class PostNormBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attn = Attention(cfg)
+        self.ln1 = LayerNorm(cfg)
+        self.mlp = MLP(cfg)
+        self.ln2 = LayerNorm(cfg)
+
+    def forward(self, resid_pre):
+        resid_mid = self.ln1(resid_pre + self.attn(resid_pre))
+        return self.ln2(resid_mid + self.mlp(resid_mid))
+''',
+    "tied": '''
+class TiedUnembed(nn.Module):
+    def __init__(self, embed):
+        super().__init__()
+        self.W_E = embed.W_E
+        self.b_U = nn.Parameter(torch.zeros(embed.W_E.shape[0]))
+
+    def forward(self, x):
+        return x @ self.W_E.T + self.b_U
+''',
+    "bert_embeddings": '''
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.randn(cfg.d_vocab, cfg.d_model) * cfg.init_range)
+        self.W_pos = nn.Parameter(torch.randn(cfg.n_ctx, cfg.d_model) * cfg.init_range)
+        self.W_type = nn.Parameter(torch.randn(cfg.n_token_types, cfg.d_model) * cfg.init_range)
+        self.ln = LayerNorm(cfg)
+
+    def forward(self, tokens, token_types):
+        return self.ln(self.W_E[tokens] + self.W_pos[:tokens.shape[1]] + self.W_type[token_types])
+''',
+    "encoder_block": '''
+class BidirectionalAttention(Attention):
+    def apply_causal_mask(self, attn_scores):
+        return attn_scores
+
+
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+class BertMLP(MLP):
+    def forward(self, x):
+        return gelu_erf(x @ self.W_in + self.b_in) @ self.W_out + self.b_out
+
+
+class EncoderBlock(PostNormBlock):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.attn = BidirectionalAttention(cfg)
+        self.mlp = BertMLP(cfg)
+''',
+    "bert": '''
+class MLMHead(nn.Module):
+    def __init__(self, cfg, embed):
+        super().__init__()
+        self.W_dense = nn.Parameter(torch.randn(cfg.d_model, cfg.d_model) * cfg.init_range)
+        self.b_dense = nn.Parameter(torch.zeros(cfg.d_model))
+        self.ln = LayerNorm(cfg)
+        self.unembed = TiedUnembed(embed)
+
+    def forward(self, x):
+        return self.unembed(self.ln(gelu_erf(x @ self.W_dense + self.b_dense)))
+
+
+class BertForMLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed = BertEmbeddings(cfg)
+        self.blocks = nn.ModuleList([EncoderBlock(cfg) for _ in range(cfg.n_layers)])
+        self.mlm_head = MLMHead(cfg, self.embed)
+
+    def forward(self, tokens, token_types):
+        resid = self.embed(tokens, token_types)
+        for block in self.blocks:
+            resid = block(resid)
+        return self.mlm_head(resid)
+''',
+}
+# Each check of sections 2-4, by the notebook name of the class it grades.
+ENCODER_CHECKS = {"PostNormBlock": nb09.check_post_norm_block, "TiedUnembed": nb09.check_tied_unembed,
+                  "BertEmbeddings": nb09.check_bert_embeddings, "EncoderBlock": nb09.check_encoder_block,
+                  "BertForMLM": nb09.check_bert}
+
+
+def encoder_notebook(*edits):
+    """The answers run in order in one namespace, each edit (cell, solution's text, learner's text)
+    made first."""
+    cells = dict(ENCODER_ANSWERS)
+    for cell, old, new in edits:
+        assert old in cells[cell], (cell, old)
+        cells[cell] = cells[cell].replace(old, new)
+    notebook = {"math": math, "torch": torch, "F": F, "nn": nn, "Attention": Attention, "MLP": MLP,
+                "LayerNorm": LayerNorm}
+    exec("".join(cells.values()), notebook)
+    return notebook
+
+
+def failing_checks(notebook) -> set[str]:
+    failing = set()
+    for name, check in ENCODER_CHECKS.items():
+        try:
+            check(notebook[name])
+        except CheckFailed:
+            failing.add(name)
+    return failing
+
+
+NO_LN2 = ("post_norm", "return self.ln2(resid_mid + self.mlp(resid_mid))", "return resid_mid + self.mlp(resid_mid)")
+ONE_LAYER_NORM = ("post_norm", "self.ln2 = LayerNorm(cfg)", "self.ln2 = self.ln1")
+COPIED_W_E = ("tied", "self.W_E = embed.W_E", "self.W_E = nn.Parameter(embed.W_E.detach().clone())")
+
+
+def test_the_encoder_solution_passes_every_check():
+    assert failing_checks(encoder_notebook()) == set()
+
+
+@pytest.mark.parametrize("edits, costs", [
+    ([NO_LN2], "PostNormBlock"),
+    ([ONE_LAYER_NORM], "PostNormBlock"),
+    ([ONE_LAYER_NORM, ("encoder_block", "super().__init__(cfg)", "PostNormBlock.__init__(self, cfg)")],
+     "PostNormBlock"),
+    ([COPIED_W_E], "TiedUnembed"),
+    ([("tied", "return x @ self.W_E.T + self.b_U", "return x @ self.W_E.T")], "TiedUnembed"),
+    ([("bert_embeddings", "self.W_pos[:tokens.shape[1]]", "self.W_pos[1:tokens.shape[1] + 1]")], "BertEmbeddings"),
+    ([("encoder_block", "0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))", "F.gelu(x, approximate='tanh')")],
+     "EncoderBlock"),
+    ([("encoder_block", "return attn_scores", "return super().apply_causal_mask(attn_scores)")], "EncoderBlock"),
+], ids=["no_ln2", "one_layer_norm", "one_layer_norm_explicit_init", "copied_W_E", "no_bias", "positions_from_1",
+        "tanh_gelu_erf", "causal_mask"])
+def test_a_wrong_encoder_part_costs_only_its_own_check(edits, costs):
+    """One wrong part in a notebook whose other answers are the solution's: only the part's own
+    check fails. The EncoderBlock's check runs the learner's block on the course's PostNormBlock
+    and BertForMLM's builds the learner's model with the course's BertEmbeddings, EncoderBlock,
+    TiedUnembed and gelu_erf under those names (issue 28: 09 charged them to both composites as
+    well); the learner's names and bases are theirs again afterwards."""
+    notebook = encoder_notebook(*edits)
+    names = dict(notebook)
+    assert failing_checks(notebook) == {costs}
+    assert all(notebook[name] is value for name, value in names.items())
+    assert notebook["EncoderBlock"].__bases__ == (notebook["PostNormBlock"],)
+
+
+@pytest.mark.parametrize("edits, check, message", [
+    ([NO_LN2, ("encoder_block", "self.attn = BidirectionalAttention(cfg)\n        ", "")],
+     "EncoderBlock", "Likely mistake: the causal mask is still applied"),
+    ([COPIED_W_E, ("bert", "MLMHead(cfg, self.embed)", "MLMHead(cfg, BertEmbeddings(cfg))")],
+     "BertForMLM", "Likely mistake: the MLM head's unembedding is not tied"),
+], ids=["block_keeps_the_mask", "head_tied_to_another_embedding"])
+def test_a_composite_on_wrong_parts_still_fails_its_own_mistake(edits, check, message):
+    """The course's parts stand in for the learner's, not for the learner's use of them: an
+    EncoderBlock that keeps the causal attention, or a head tied to an embedding of its own, is
+    named as before."""
+    notebook = encoder_notebook(*edits)
+    fails_with(ENCODER_CHECKS[check], notebook[check], message)
+
+
 # --- 5. mask_tokens and mlm_loss ------------------------------------------------------------------
 
 def mask_solution(tokens, generator):

@@ -7,9 +7,14 @@ into the learner's modules through the course's converter and, on the judge's si
 bidirectional attention, the erf GELU; the first differing value named, as for the post-norm
 block) and the whole `BertForMLM` (every layer's output in order, the logits of the tied MLM
 head, and the parameter count).
+
+A part with a check of its own costs only that check: the EncoderBlock's check runs the learner's
+block on the course's PostNormBlock, and BertForMLM's builds the learner's model with the course's
+embeddings, blocks, tied unembedding and erf GELU under the notebook's names for them.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -27,7 +32,7 @@ from graders.exercises.submodules import CallRecorder
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_loaded, run_learner
+from graders.judging.learner import Forbidden, build_loaded, course_functions, run_learner, with_course_functions
 from graders.reference import bert, components
 from graders.reference.weights import component, load_strict
 
@@ -190,10 +195,34 @@ def _block_inputs(case: Case) -> list[torch.Tensor]:
             seeded_residual(case.seed + 1, 1, 5, d_model)]
 
 
+def _notebooks_post_norm(cls: type) -> bool:
+    """Whether `cls` is the learner's PostNormBlock (the class of that name that is not the course's)."""
+    return cls.__name__ == "PostNormBlock" and cls is not bert.PostNormBlock
+
+
+@contextlib.contextmanager
+def on_course_post_norm(EncoderBlock):
+    """The learner's EncoderBlock on the course's PostNormBlock while the check runs, where it
+    inherits the notebook's (`class EncoderBlock(PostNormBlock)`, as the notebook suggests), and
+    with the course's under that name (`PostNormBlock.__init__(self, cfg)`): PostNormBlock has a
+    check of its own, so a mistake in it costs that check only. The bases are put back after."""
+    heirs = [(cls, cls.__bases__) for cls in getattr(EncoderBlock, "__mro__", ())
+             if any(_notebooks_post_norm(base) for base in cls.__bases__)]
+    try:
+        for cls, bases in heirs:
+            cls.__bases__ = tuple(bert.PostNormBlock if _notebooks_post_norm(b) else b for b in bases)
+        with course_functions(EncoderBlock, {"PostNormBlock": bert.PostNormBlock}):
+            yield
+    finally:
+        for cls, bases in heirs:
+            cls.__bases__ = bases
+
+
 def produce_block(EncoderBlock, case: Case, inputs: dict) -> dict:
-    block = build_loaded("EncoderBlock", EncoderBlock, mlm_config(),
-                    component(weights(case.seed), f"blocks.{case.block}"))
-    return norms.run_block(f"EncoderBlock (blocks.{case.block})", block, _block_inputs(case), FORBIDDEN)
+    with on_course_post_norm(EncoderBlock):
+        block = build_loaded("EncoderBlock", EncoderBlock, mlm_config(),
+                             component(weights(case.seed), f"blocks.{case.block}"))
+        return norms.run_block(f"EncoderBlock (blocks.{case.block})", block, _block_inputs(case), FORBIDDEN)
 
 
 def judge_block(case: Case, outputs: dict) -> None:
@@ -215,6 +244,31 @@ check_encoder_block = block_exercise.checker(
 
 def _order(n_layers: int) -> list[str]:
     return ["embed"] + [f"blocks.{i}" for i in range(n_layers)] + ["logits"]
+
+
+class CourseEmbeddings(bert.BertEmbeddings):
+    """The course's BertEmbeddings with the course's LayerNorm of tensor operations: the fused one
+    calls F.layer_norm, which this check refuses while the learner's model runs."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.ln = components.LayerNorm(cfg)
+
+
+class CourseEncoderBlock(bert.PostNormBlock):
+    """The course's EncoderBlock with the course's LayerNorm of tensor operations (see above)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.attn, self.mlp = bert.BidirectionalAttention(cfg), bert.BertMLP(cfg)
+
+
+# The parts BertForMLM builds or calls that have checks of their own (gelu_erf is checked with the
+# EncoderBlock), under the notebook's names: the model's check uses the course's, so that a mistake in one costs
+# that check only. MLMHead and BertForMLM themselves, how they build, tie and call these, are the
+# learner's.
+MODEL_PARTS = {"BertEmbeddings": CourseEmbeddings, "EncoderBlock": CourseEncoderBlock,
+               "TiedUnembed": bert.TiedUnembed, "gelu_erf": bert.gelu_erf}
 
 
 def produce_model(BertForMLM, case: Case, inputs: dict) -> dict:
@@ -289,7 +343,7 @@ def judge_model(case: Case, outputs: dict) -> None:
                if count - expected_count == copy_size else ""))
 
 
-model_exercise = Exercise("09_transformer_family", "BertForMLM", produce_model, judge_model,
-                          forbidden=(FORBIDDEN,), defaults={"text": None, "batch": 2, "seq": 12})
+model_exercise = Exercise("09_transformer_family", "BertForMLM", with_course_functions(produce_model, MODEL_PARTS),
+                          judge_model, forbidden=(FORBIDDEN,), defaults={"text": None, "batch": 2, "seq": 12})
 check_bert = model_exercise.checker(
     "Grade `BertForMLM` layer by layer against BertForMaskedLM (seeded weights and tokens).")
