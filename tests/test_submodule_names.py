@@ -2,8 +2,17 @@
 the check with the names, and the message also says whether the computation under the learner's
 own names is right (issue 28, section 3): fixing the name must not reveal a second failure."""
 import pytest
+from torch import nn
 
-from graders.reference.weights import renamed_submodule, submodule_renaming
+from graders.exercises import nb05, nb06
+from graders.judging.compare import CheckFailed
+from graders.judging.learner import load_learner
+from graders.judging.records import load_records, write_record
+from graders.judging.verdict import LearnerCode, Verdict, decide, forbidden_message
+from graders.reference.components import MLP, Attention, Embed, LayerNorm, PosEmbed, TransformerBlock, Unembed
+from graders.reference.config import Config
+from graders.reference.store import part
+from graders.reference.weights import WeightLoadError, load_strict, renamed_submodule, submodule_renaming
 
 # --- Which renamings are found: names and shapes only ---------------------------------------
 
@@ -111,3 +120,175 @@ def test_a_submodule_moved_deeper_gives_no_renaming():
 
 def test_a_learner_with_the_exercises_names_needs_no_renaming():
     assert submodule_renaming(params(attn=ATTN), params(attn=ATTN)) is None
+
+
+# --- End to end: 05's TransformerBlock with `attention_heads` for `attn` -----------------------
+
+class GivenNames(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln1, self.attn = LayerNorm(cfg), Attention(cfg)
+        self.ln2, self.mlp = LayerNorm(cfg), MLP(cfg)
+
+
+class OwnNames(nn.Module):
+    """The given submodules, attention under another name."""
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln1, self.attention_heads = LayerNorm(cfg), Attention(cfg)
+        self.ln2, self.mlp = LayerNorm(cfg), MLP(cfg)
+
+
+def textbook(block, attention, resid_pre):
+    resid_mid = resid_pre + attention(block.ln1(resid_pre))
+    return resid_mid + block.mlp(block.ln2(resid_mid))
+
+
+def without_attention_residual(block, attention, resid_pre):
+    resid_mid = attention(block.ln1(resid_pre))
+    return resid_mid + block.mlp(block.ln2(resid_mid))
+
+
+def attention_given_tokens_shape(block, attention, resid_pre):
+    resid_mid = resid_pre + attention(block.ln1(resid_pre)[0])     # drops the batch dimension
+    return resid_mid + block.mlp(block.ln2(resid_mid))
+
+
+def renamed(forward):
+    """A TransformerBlock class computing `forward` with `attention_heads` for `attn`."""
+    return type(forward.__name__, (OwnNames,), {"forward": lambda self, x: forward(self, self.attention_heads, x)})
+
+
+def as_given(forward):
+    """The same, its attention named `attn` as the exercise does: what the learner renames it into."""
+    return type(forward.__name__, (GivenNames,), {"forward": lambda self, x: forward(self, self.attn, x)})
+
+
+def names_message(cls) -> str:
+    """What the check says of `cls`'s names today: the loader's own words."""
+    with pytest.raises(WeightLoadError) as failure:
+        load_strict(cls(Config()), part("blocks.0"), "TransformerBlock")
+    return str(failure.value)
+
+
+def failure_of(check, cls) -> CheckFailed:
+    with pytest.raises(CheckFailed) as failure:
+        check(cls)
+    return failure.value
+
+
+def test_renamed_but_right_fails_and_says_the_computation_is_right():
+    nb05.check_transformer_block(as_given(textbook))           # once renamed, it passes
+    message = str(failure_of(nb05.check_transformer_block, renamed(textbook)))
+    names, added = message.rsplit("\n", 1)
+    assert names == names_message(renamed(textbook))
+    assert "attention_heads.W_Q" in names and "attn.W_Q" in names
+    assert added.startswith("Loaded under your own names instead, your TransformerBlock computes the right thing")
+
+
+@pytest.mark.parametrize("forward", [without_attention_residual, attention_given_tokens_shape],
+                         ids=lambda f: f.__name__)
+def test_renamed_and_wrong_fails_with_the_diagnosis_the_fix_would_get(forward):
+    """What is wrong under the learner's names is word for word what the renamed code is told."""
+    diagnosis = str(failure_of(nb05.check_transformer_block, as_given(forward)))
+    cls = renamed(forward)
+    message = str(failure_of(nb05.check_transformer_block, cls))
+    assert message == (f"{names_message(cls)}\nLoaded under your own names instead, your TransformerBlock "
+                       f"is also wrong, so renaming alone will not pass this check:\n{diagnosis}")
+
+
+def test_a_crash_under_the_learners_names_keeps_the_learners_line():
+    failure = failure_of(nb05.check_transformer_block, renamed(attention_given_tokens_shape))
+    assert isinstance(failure.__cause__, RuntimeError), failure.__cause__
+
+
+def test_submodules_that_could_be_either_keep_todays_message():
+    class EitherNorm(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.norm_a, self.attn = LayerNorm(cfg), Attention(cfg)
+            self.norm_b, self.mlp = LayerNorm(cfg), MLP(cfg)
+
+        def forward(self, x):
+            mid = x + self.attn(self.norm_a(x))
+            return mid + self.mlp(self.norm_b(mid))
+
+    assert str(failure_of(nb05.check_transformer_block, EitherNorm)) == names_message(EitherNorm)
+
+
+def test_a_library_shortcut_outranks_the_names():
+    exercise, case = nb05.block, nb05.block.case()
+    outputs, failure = exercise.run(renamed(textbook), case, exercise.inputs(case))
+    shortcut = LearnerCode(before="layer = nn.TransformerEncoderLayer(768, 12)")
+    assert decide(exercise, case, outputs, str(failure), shortcut) == Verdict(
+        False, forbidden_message("TransformerBlock", "nn.TransformerEncoderLayer"))
+
+
+def test_outside_a_check_the_names_fail_as_before():
+    """Renamed submodules are loaded only while a check lets them: nothing outlives that check."""
+    cls = renamed(textbook)
+    failure_of(nb05.check_transformer_block, cls)
+    with pytest.raises(CheckFailed) as failure:
+        load_learner("TransformerBlock", cls(Config()), part("blocks.0"))
+    assert str(failure.value) == names_message(cls)
+
+
+@pytest.mark.parametrize("forward", [textbook, without_attention_residual, attention_given_tokens_shape],
+                         ids=lambda f: f.__name__)
+def test_the_recorded_verdict_is_the_kernels(forward, tmp_path):
+    """Graded from a record (outputs and message), the verdict is the check cell's, word for word."""
+    cls = renamed(forward)
+    exercise, case = nb05.block, nb05.block.case()
+    outputs, failure = exercise.run(cls, case, exercise.inputs(case))
+    write_record(tmp_path, {"check": "block_test/0", "exercise": list(exercise.key),
+                            "message": str(failure or "")}, outputs)
+    record = load_records(tmp_path)["block_test/0"]
+    verdict = decide(exercise, case, record["outputs"], record["message"], LearnerCode())
+    assert not verdict.passed
+    assert verdict.message == str(failure_of(nb05.check_transformer_block, cls))
+
+
+# --- End to end: 06's DemoTransformer, blocks renamed as a list and inside each block ---------
+
+class SelfAttnBlock(TransformerBlock):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.self_attn = self.attn
+        del self.attn
+
+    def forward(self, resid_pre):
+        resid_mid = resid_pre + self.self_attn(self.ln1(resid_pre))
+        return resid_mid + self.mlp(self.ln2(resid_mid))
+
+
+def demo_transformer(block=TransformerBlock, blocks="blocks", skip_last_block=False):
+    """A DemoTransformer class holding `block`s under the attribute `blocks`."""
+    def __init__(self, cfg):
+        nn.Module.__init__(self)
+        self.embed, self.pos_embed = Embed(cfg), PosEmbed(cfg)
+        setattr(self, blocks, nn.ModuleList([block(cfg) for _ in range(cfg.n_layers)]))
+        self.ln_final, self.unembed = LayerNorm(cfg), Unembed(cfg)
+
+    def forward(self, tokens):
+        resid = self.embed(tokens) + self.pos_embed(tokens)
+        for layer in getattr(self, blocks)[:-1] if skip_last_block else getattr(self, blocks):
+            resid = layer(resid)
+        return self.unembed(self.ln_final(resid))
+
+    return type(f"{blocks}_{block.__name__}", (nn.Module,), {"__init__": __init__, "forward": forward})
+
+
+def test_a_submodule_renamed_in_every_block_fails_on_the_names_only():
+    message = str(failure_of(nb06.check_demo_transformer, demo_transformer(SelfAttnBlock)))
+    assert "  missing: blocks.11.attn.W_Q" in message and "  unexpected: blocks.11.self_attn.W_Q" in message
+    assert message.splitlines()[-1].startswith(
+        "Loaded under your own names instead, your DemoTransformer computes the right thing"), message
+
+
+def test_a_renamed_list_of_blocks_is_watched_under_the_exercises_name():
+    """The diagnosis reads hooks on `model.blocks`: under the learner's names, on their `layers`."""
+    diagnosis = str(failure_of(nb06.check_demo_transformer, demo_transformer(skip_last_block=True)))
+    message = str(failure_of(nb06.check_demo_transformer, demo_transformer(blocks="layers", skip_last_block=True)))
+    assert "  unexpected: layers.0.attn.W_Q" in message
+    assert message.endswith("\nLoaded under your own names instead, your DemoTransformer is also wrong, so "
+                            "renaming alone will not pass this check:\n" + diagnosis), message

@@ -140,3 +140,21 @@ def renamed_submodule(ours: str, theirs: str) -> tuple[str, str] | None:
 def _under(names: dict[str, tuple], path: str) -> dict[str, tuple]:
     """The names (relative) and shapes of what the submodule at `path` holds."""
     return {name[len(path) + 1:]: tuple(shape) for name, shape in names.items() if name.startswith(path + ".")}
+
+
+def learner_renaming(module: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, str] | None:
+    """submodule_renaming between `weights` and the learner's `module`, whose helper buffers
+    count as in load_strict: one the course's version does not have is no parameter of theirs."""
+    if not isinstance(module, nn.Module):
+        return None
+    buffers = {name for name, _ in module.named_buffers()}
+    own = {name: tuple(t.shape) for name, t in module.state_dict().items() if name in weights or name not in buffers}
+    return submodule_renaming({name: tuple(t.shape) for name, t in weights.items()}, own)
+
+
+def renamed(weights: dict[str, torch.Tensor], renaming: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`weights` under the learner's names (renaming: exercise submodule path -> learner's)."""
+    def name_of(name: str) -> str:
+        ours = next((p for p in renaming if name.startswith(p + ".")), None)
+        return name if ours is None else renaming[ours] + name[len(ours):]
+    return {name_of(name): tensor for name, tensor in weights.items()}
