@@ -1,9 +1,10 @@
 """The one function that decides a check's verdict, wherever it is shown.
 
 `decide` takes what the learner's code produced (or the message of its failure, or both when
-only its submodules' names were wrong) and the code the learner had run before the check. The learner's check cell, `make check` and nbgrader's
-Validate call it in the learner's kernel; `make grade` and `nbgrader autograde` call it in the
-grading process on the recorded outputs. Same inputs, same verdict, same words.
+only its submodules' names were wrong) and the code the learner had run before the check. The
+learner's check cell, `make check` and nbgrader's Validate call it in the learner's kernel;
+`make grade` and `nbgrader autograde` call it in the grading process on the recorded outputs.
+Same inputs, same verdict, same words.
 
 It imports torch only when it judges: `make check`'s own process reads the learner's code with
 it and never needs torch.
