@@ -61,18 +61,43 @@ def _words(text: str) -> str:
     return " ".join(text.replace("\N{BALLOT X}", " ").split())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", sorted(SUBMISSIONS))
-def test_the_verdict_before_submitting_is_the_grade(kind, tmp_path):
-    notebook = SUBMISSIONS[kind]()
-    path = tmp_path / f"{NAME}.ipynb"
+def _shown_and_graded(name: str, notebook, tmp_path):
+    """What `make check` shows of `notebook` and what `make grade` gives it, after checking that
+    they agree cell by cell, in points and in words."""
+    path = tmp_path / f"{name}.ipynb"
     nbformat.write(notebook, path)
     shown = check_cells(path)
     with scratch_dir() as workdir:
-        graded, _ = grading.grade_notebook("learner", NAME, path, workdir)
+        graded, _ = grading.grade_notebook("learner", name, path, workdir)
     assert [(g, earned) for g, earned, _, _ in shown] == [(c.grade_id, c.points) for c in graded.cells]
     for (_, earned, _, diagnosis), cell in zip(shown, graded.cells):
         if cell.status != "passed":
-            assert _words(cell.message) in _words(diagnosis), (kind, cell.message, diagnosis)
+            assert _words(cell.message) in _words(diagnosis), (name, cell.message, diagnosis)
+    return shown, graded
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(SUBMISSIONS))
+def test_the_verdict_before_submitting_is_the_grade(kind, tmp_path):
+    _, graded = _shown_and_graded(NAME, SUBMISSIONS[kind](), tmp_path)
     expect_full = kind in ("solved", "deleted test cell")
     assert graded.score == (graded.cells[0].max_points if expect_full else 0), (kind, graded.cells)
+
+
+BLOCK = "05_transformer_block"
+BLOCK_BUG = declaration(BLOCK).example_bug
+ATTENTION_RENAMED = (BLOCK, "block_answer", "self.attn", "self.attention_heads")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", [False, True], ids=["right", "classic bug"])
+def test_a_renamed_submodule_gets_the_same_verdict_graded(bug, tmp_path):
+    """A block with `attention_heads` for `attn`: both paths fail it on the names, and both say
+    whether the computation under the learner's names is right (issue 28)."""
+    classic = [(BLOCK, BLOCK_BUG.answer, BLOCK_BUG.find, BLOCK_BUG.replace)] if bug else []
+    _, graded = _shown_and_graded(BLOCK, example_class.submission(BLOCK, True, classic + [ATTENTION_RENAMED]),
+                                  tmp_path)
+    cell = next(c for c in graded.cells if c.grade_id == "block_test")
+    assert cell.points == 0 and "missing: attn.W_Q" in cell.message, cell
+    said = ("is also wrong", BLOCK_BUG.named) if bug else ("computes the right thing",)
+    assert all(words in cell.message for words in said), cell.message

@@ -26,8 +26,8 @@ import torch
 from graders.judging import progress, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
-from graders.judging.learner import Forbidden
-from graders.judging.verdict import LearnerCode, decide
+from graders.judging.learner import Forbidden, renamed_submodules_loaded
+from graders.judging.verdict import LearnerCode, decide, names_verdict
 
 _REGISTRY: dict[tuple[str, str], "Exercise"] = {}
 
@@ -71,11 +71,19 @@ class Exercise:
         return Case(**{**self.defaults, **fields})
 
     def run(self, learner, case: Case, inputs: dict) -> tuple[dict | None, CheckFailed | None]:
-        """What `produce` made of the learner's code, or how it failed."""
-        try:
-            return self.produce(learner, case, inputs), None
-        except CheckFailed as failure:
-            return None, failure
+        """What `produce` made of the learner's code, or how it failed. Both, when the learner's
+        submodules are named otherwise than the exercise's and their code ran under their own
+        names: `decide` fails the names and says whether the computation is right."""
+        with renamed_submodules_loaded() as names_failures:
+            try:
+                outputs = self.produce(learner, case, inputs)
+            except CheckFailed as failure:
+                if not names_failures:
+                    return None, failure
+                also_failed = CheckFailed(names_verdict(self.name, str(names_failures[0]), str(failure)))
+                also_failed.__cause__ = failure.__cause__   # the learner's own line, if their code raised
+                return None, also_failed
+        return outputs, (names_failures[0] if names_failures else None)
 
     def check(self, learner, case: Case, answers: tuple = ()) -> None:
         """Grade `learner` on one case: in a grading kernel, record what it produced; otherwise

@@ -1,9 +1,10 @@
 """The one function that decides a check's verdict, wherever it is shown.
 
-`decide` takes what the learner's code produced (or the message of its failure) and the code
-the learner had run before the check. The learner's check cell, `make check` and nbgrader's
-Validate call it in the learner's kernel; `make grade` and `nbgrader autograde` call it in the
-grading process on the recorded outputs. Same inputs, same verdict, same words.
+`decide` takes what the learner's code produced (or the message of its failure, or both when
+only its submodules' names were wrong) and the code the learner had run before the check. The
+learner's check cell, `make check` and nbgrader's Validate call it in the learner's kernel;
+`make grade` and `nbgrader autograde` call it in the grading process on the recorded outputs.
+Same inputs, same verdict, same words.
 
 It imports torch only when it judges: `make check`'s own process reads the learner's code with
 it and never needs torch.
@@ -52,20 +53,43 @@ def forbidden_message(name: str, word: str) -> str:
             "versions of what you are building are not allowed in answers.")
 
 
+def names_verdict(name: str, names: str, judged: str | None) -> str:
+    """The message of a check whose submodule names are not the exercise's (`names` says which),
+    where the code ran under the learner's own names: `judged` is what is wrong with what it
+    computed there, None when it is right."""
+    if judged is None:
+        return (f"{names}\nLoaded under your own names instead, your {name} computes the right "
+                "thing: give its submodules the exercise's names (the missing ones above) and this "
+                "check passes.")
+    return (f"{names}\nLoaded under your own names instead, your {name} is also wrong, so renaming "
+            f"alone will not pass this check:\n{judged}")
+
+
 def decide(exercise, case, outputs: dict | None, failure: str, code: LearnerCode) -> Verdict:
     """The verdict on one check: `outputs` is what `produce` returned, or None when it failed
-    with the message `failure` (the learner's crash, a missing method, a library call, ...)."""
-    from graders.judging.compare import CheckFailed
-
+    with the message `failure` (the learner's crash, a missing method, a library call, ...).
+    Both come when the learner's submodules are named otherwise than the exercise's (`failure`
+    names them) and the outputs are their code's under their own names: the check fails, and
+    the message says whether the computation itself is right."""
     if outputs is None:
         return Verdict(False, failure or f"{exercise.name}: your code produced nothing to check.")
     used = forbidden_use(exercise, code)
     if used:
         return Verdict(False, forbidden_message(exercise.name, used))
+    judged = _judged(exercise, case, outputs)
+    if failure:
+        return Verdict(False, names_verdict(exercise.name, failure, judged))
+    return Verdict(judged is None, judged or "")
+
+
+def _judged(exercise, case, outputs: dict) -> str | None:
+    """What the judge finds wrong with `outputs`, or None when they are right."""
+    from graders.judging.compare import CheckFailed
+
     try:
         exercise.judge(case, outputs)
     except CheckFailed as failed:
-        return Verdict(False, str(failed))
+        return str(failed)
     except Exception as err:  # malformed outputs (wrong keys, types): the learner's loss
-        return Verdict(False, f"{exercise.name}: the recorded outputs are unusable ({type(err).__name__}: {err})")
-    return Verdict(True)
+        return f"{exercise.name}: the recorded outputs are unusable ({type(err).__name__}: {err})"
+    return None

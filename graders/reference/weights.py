@@ -95,3 +95,66 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], what: str =
         # reference) is never aliased: no clone needed (a full GPT-2 is 650 MB to clone).
         module.load_state_dict({**kept, **weights}, strict=True)
     return module
+
+
+# --- Submodules named otherwise than the exercise's ---------------------------------------------
+
+def submodule_renaming(expected: dict[str, tuple], own: dict[str, tuple]) -> dict[str, str] | None:
+    """The one renaming of submodule attributes (exercise path -> learner path: "attn" ->
+    "attention_heads", "blocks.0.attn" -> "blocks.0.self_attn") under which the learner's
+    parameter names and shapes `own` are exactly `expected`; None when there is none, or more
+    than one (`ln1`, `ln2` named `norm_a`, `norm_b`: either could be either).
+
+    A missing name and an unexpected one pair up by their longest common suffix of dotted
+    segments (renamed_submodule); a pair whose two submodules hold the same names and shapes
+    matches. The matches must be one-to-one and cover every missing and every unexpected name;
+    a parameter of the wrong shape rules out any renaming."""
+    if any(tuple(own[name]) != tuple(shape) for name, shape in expected.items() if name in own):
+        return None
+    missing = {name for name in expected if name not in own}
+    unexpected = {name for name in own if name not in expected}
+    pairs = {renamed_submodule(ours, theirs) for ours in missing for theirs in unexpected} - {None}
+    matches = {(ours, theirs) for ours, theirs in pairs if _under(expected, ours) == _under(own, theirs)}
+    renaming = dict(matches)
+    if len(set(renaming.values())) != len(matches):   # a submodule matching two: either could be it
+        return None
+    covered = ({f"{ours}.{rest}" for ours in renaming for rest in _under(expected, ours)},
+               {f"{theirs}.{rest}" for theirs in renaming.values() for rest in _under(own, theirs)})
+    return renaming if missing and covered == (missing, unexpected) else None
+
+
+def renamed_submodule(ours: str, theirs: str) -> tuple[str, str] | None:
+    """(exercise path, learner path) of the submodule renamed between two parameter names: what
+    precedes their longest common suffix, when that suffix is not empty and the two paths differ
+    in their last attribute only."""
+    a, b = ours.split("."), theirs.split(".")
+    common = 0
+    while common < min(len(a), len(b)) and a[-1 - common] == b[-1 - common]:
+        common += 1
+    a, b = a[:len(a) - common], b[:len(b) - common]
+    if common == 0 or not a or a[:-1] != b[:-1]:
+        return None
+    return ".".join(a), ".".join(b)
+
+
+def _under(names: dict[str, tuple], path: str) -> dict[str, tuple]:
+    """The names (relative) and shapes of what the submodule at `path` holds."""
+    return {name[len(path) + 1:]: tuple(shape) for name, shape in names.items() if name.startswith(path + ".")}
+
+
+def learner_renaming(module: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, str] | None:
+    """submodule_renaming between `weights` and the learner's `module`, whose helper buffers
+    count as in load_strict: one the course's version does not have is no parameter of theirs."""
+    if not isinstance(module, nn.Module):
+        return None
+    buffers = {name for name, _ in module.named_buffers()}
+    own = {name: tuple(t.shape) for name, t in module.state_dict().items() if name in weights or name not in buffers}
+    return submodule_renaming({name: tuple(t.shape) for name, t in weights.items()}, own)
+
+
+def renamed(weights: dict[str, torch.Tensor], renaming: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`weights` under the learner's names (renaming: exercise submodule path -> learner's)."""
+    def name_of(name: str) -> str:
+        ours = next((p for p in renaming if name.startswith(p + ".")), None)
+        return name if ours is None else renaming[ours] + name[len(ours):]
+    return {name_of(name): tensor for name, tensor in weights.items()}
