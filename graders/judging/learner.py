@@ -184,8 +184,6 @@ def build_module(what: str, cls, *args):
                           f"{type(err).__name__}: {err}") from err
 
 
-
-
 # The names failures of the check now running inside renamed_submodules_loaded; None outside it.
 _NAMES_FAILURES: ContextVar[list[CheckFailed] | None] = ContextVar("names_failures", default=None)
 
