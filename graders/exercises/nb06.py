@@ -13,7 +13,6 @@ from __future__ import annotations
 from graders.judging.notebook import ExampleBug, Notebook
 
 from dataclasses import replace
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -154,15 +153,17 @@ def model_trace(model: nn.Module, tokens: torch.Tensor, forward=None, runner=Non
     return trace
 
 
+_COURSE_MODEL: dict[tuple, nn.Module] = {}   # the last one built, by the settings of its config
+
+
 def course_model(case: Case) -> nn.Module:
-    """The course's model built with the case's config, with the reference weights fitted to it."""
-    return _course_model(tuple(case.settings().items()))
-
-
-@lru_cache(maxsize=1)
-def _course_model(settings: tuple) -> nn.Module:
-    cfg = replace(Config(), **dict(settings))
-    return course_module("DemoTransformer", weights(), cfg)
+    """The course's model built with the case's config, with the reference weights fitted to it;
+    kept for the next check of the same config, one model at a time (GPT-2 small is 650 MB)."""
+    settings = tuple(case.settings().items())
+    if settings not in _COURSE_MODEL:
+        _COURSE_MODEL.clear()
+        _COURSE_MODEL[settings] = course_module("DemoTransformer", weights(), case.config())
+    return _COURSE_MODEL[settings]
 
 
 def _blocks(m, resid, order):
