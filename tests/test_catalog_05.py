@@ -1,4 +1,6 @@
 """TransformerBlock grader: catalogued wiring mistakes fail with their name; correct variants pass."""
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -6,6 +8,7 @@ from torch import nn
 from graders.exercises import nb05
 from graders.judging.compare import CheckFailed
 from graders.reference.components import MLP, Attention, LayerNorm
+from graders.reference.config import Config
 
 
 class Base(nn.Module):
@@ -160,3 +163,79 @@ def test_library_block_is_refused():
 
     with pytest.raises(CheckFailed, match="your code"):
         nb05.check_transformer_block(variant(uses_course_block))
+
+
+# --- the parts built with the block's own config ----------------------------------------------
+
+OTHER_CONFIG = dict(block=3, layer_norm_eps=1e-3, n_heads=6, d_head=128)
+cfg = Config()   # as in the notebook: a global beside the `cfg` each block is given
+
+
+@pytest.mark.parametrize("forward", CORRECT, ids=lambda f: f.__name__)
+def test_correct_variants_build_their_parts_with_the_config_they_are_given(forward):
+    nb05.check_transformer_block(variant(forward), **OTHER_CONFIG)
+
+
+class PartsOfANewConfig(Base):
+    def __init__(self, cfg):
+        nn.Module.__init__(self)
+        self.ln1, self.attn = LayerNorm(Config()), Attention(Config())
+        self.ln2, self.mlp = LayerNorm(Config()), MLP(Config())
+
+    forward = textbook
+
+
+class PartsOfTheGlobalConfig(Base):
+    def __init__(self, config):
+        nn.Module.__init__(self)
+        self.ln1, self.attn = LayerNorm(cfg), Attention(cfg)
+        self.ln2, self.mlp = LayerNorm(cfg), MLP(cfg)
+
+    forward = textbook
+
+
+class LayerNormsOfANewConfig(Base):        # eps 1e-5 whatever the config says
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.ln1, self.ln2 = LayerNorm(Config()), LayerNorm(Config())
+
+    forward = textbook
+
+
+class Ln2OfTheGlobalConfig(Base):
+    def __init__(self, config):
+        super().__init__(config)
+        self.ln2 = LayerNorm(cfg)
+
+    forward = textbook
+
+
+NOT_BUILT_WITH_ITS_CONFIG = [
+    (PartsOfANewConfig, "cannot take this check's weights. Likely mistake: the submodules are not built "
+     "with the cfg passed to __init__: ln1, attn and ln2 have", "builds a new Config()"),
+    (PartsOfTheGlobalConfig, "cannot take this check's weights. Likely mistake: the submodules are not "
+     "built with the cfg passed to __init__", "reads the notebook's global `cfg`"),
+    (LayerNormsOfANewConfig, "ln1.hook_out, the first activation in forward order that differs from the "
+     "reference, does not match the reference. Likely mistake: eps is not read from cfg.layer_norm_eps: "
+     "ln1 and ln2 used 1e-05 (GPT-2's); this check's config has 0.001", "builds a new Config()"),
+    (Ln2OfTheGlobalConfig, "ln2.hook_out, the first activation in forward order that differs from the "
+     "reference, does not match the reference. Likely mistake: eps is not read from cfg.layer_norm_eps: "
+     "ln2 used 1e-05", "reads the notebook's global `cfg`"),
+]
+
+
+@pytest.mark.parametrize("cls, message, how", NOT_BUILT_WITH_ITS_CONFIG, ids=lambda v: getattr(v, "__name__", None))
+def test_parts_not_built_with_the_blocks_config_are_named(cls, message, how):
+    nb05.check_transformer_block(cls)   # GPT-2's own config: the default check cannot tell
+    with pytest.raises(CheckFailed) as failure:
+        nb05.check_transformer_block(cls, **OTHER_CONFIG)
+    first_line = str(failure.value).splitlines()[0]
+    assert message in first_line and how in first_line, str(failure.value)
+
+
+def test_the_notebook_grades_the_block_on_that_config():
+    """The case above is the one the notebook's hidden check runs."""
+    from graders.harness.manifest import notebook_checks
+
+    graded = [fields for _, fields in notebook_checks("05_transformer_block")["block_test"]]
+    assert dataclasses.asdict(nb05.block.case(**OTHER_CONFIG)) in graded

@@ -1,4 +1,6 @@
 """GPT-2 grader: Unembed, DemoTransformer and next-token-loss mistakes are named; correct variants pass."""
+import dataclasses
+
 import einops
 import pytest
 import torch
@@ -8,6 +10,7 @@ from torch import nn
 from graders.exercises import nb06
 from graders.judging.compare import CheckFailed
 from graders.reference.components import Attention, Embed, LayerNorm, PosEmbed, TransformerBlock
+from graders.reference.config import Config
 
 # --- Unembed ------------------------------------------------------------------------------
 
@@ -277,6 +280,88 @@ def test_buggy_model_is_named(cls, where, diagnosis):
     message = str(failure.value)
     first = message.splitlines()[0]
     assert where in first and diagnosis in first, message
+
+
+# --- the parts built with the model's own config ---------------------------------------------
+
+OTHER_CONFIG = dict(text=None, seed=3, seq=10, n_layers=2, layer_norm_eps=1e-3, n_heads=6, d_head=128)
+cfg = Config()   # as in the notebook: a global beside the `cfg` each model is given
+
+
+@pytest.mark.parametrize("forward", [loop, indexed_loop, functools_reduce], ids=lambda f: f.__name__)
+def test_correct_model_builds_its_parts_with_the_config_it_is_given(forward):
+    nb06.check_demo_transformer(model_variant(forward), **OTHER_CONFIG)
+
+
+class TwelveBlocks(ModelBase):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(12)])
+
+    forward = loop
+
+
+class BlocksOfANewConfig(ModelBase):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList([TransformerBlock(Config()) for _ in range(cfg.n_layers)])
+
+    forward = loop
+
+
+class LnFinalOfANewConfig(ModelBase):        # eps 1e-5 whatever the config says
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.ln_final = LayerNorm(Config())
+
+    forward = loop
+
+
+def loop_over_twelve(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    for i in range(12):
+        resid = self.blocks[i](resid)
+    return self.unembed(self.ln_final(resid))
+
+
+def loop_over_the_global_config(self, tokens):
+    resid = self.embed(tokens) + self.pos_embed(tokens)
+    for i in range(cfg.n_layers):
+        resid = self.blocks[i](resid)
+    return self.unembed(self.ln_final(resid))
+
+
+NOT_BUILT_WITH_ITS_CONFIG = [
+    (TwelveBlocks, "cannot take this check's weights. Likely mistake: n_layers is not read from cfg: "
+     "self.blocks holds 12 blocks; this check's config has n_layers 2", "not a literal"),
+    (BlocksOfANewConfig, "cannot take this check's weights. Likely mistake: the submodules are not built "
+     "with the cfg passed to __init__: blocks.0.ln1, blocks.0.attn, blocks.0.ln2, blocks.1.ln1 and 2 more "
+     "have layer_norm_eps 1e-05, n_heads 12, d_head 64;", "builds a new Config()"),
+    (LnFinalOfANewConfig, "ln_final.hook_out, the first activation in forward order that differs from the "
+     "reference, does not match the reference. Likely mistake: eps is not read from cfg.layer_norm_eps: "
+     "ln_final used 1e-05 (GPT-2's); this check's config has 0.001", "builds a new Config()"),
+    (model_variant(loop_over_twelve), "crashed on this check's config (2 layers, 6 heads of 128). Likely "
+     "mistake: n_layers is not read from cfg: this model has 2 blocks", "not range(12)"),
+    (model_variant(loop_over_the_global_config), "crashed on this check's config (2 layers, 6 heads of 128). "
+     "Likely mistake: n_layers is not read from cfg: this model has 2 blocks", "reads the notebook's global `cfg`"),
+]
+
+
+@pytest.mark.parametrize("cls, message, how", NOT_BUILT_WITH_ITS_CONFIG, ids=lambda v: getattr(v, "__name__", None))
+def test_settings_not_read_from_the_models_config_are_named(cls, message, how):
+    nb06.check_demo_transformer(cls)   # GPT-2's own config: the default check cannot tell
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_demo_transformer(cls, **OTHER_CONFIG)
+    first_line = str(failure.value).splitlines()[0]
+    assert message in first_line and how in first_line, str(failure.value)
+
+
+def test_the_notebook_grades_the_model_on_that_config():
+    """The case above is the one the notebook's hidden check runs."""
+    from graders.harness.manifest import notebook_checks
+
+    graded = [fields for _, fields in notebook_checks("06_gpt2")["model_test"]]
+    assert dataclasses.asdict(nb06.model.case(**OTHER_CONFIG)) in graded
 
 
 # --- next-token loss ------------------------------------------------------------------------

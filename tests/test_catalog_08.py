@@ -1,4 +1,5 @@
 """Notebook 08's graders: correct variants pass, each catalogued mistake fails with its diagnosis."""
+import dataclasses
 import math
 
 import pytest
@@ -502,15 +503,17 @@ def test_pipeline_mistakes_fail(fn, message):
 
 # --- generate ----------------------------------------------------------------------------------
 
-def _generate(crop=True, position=-1, pass_sampling=True, stop="per-row", pad=None, new_only=False):
+def _generate(crop=True, position=-1, pass_sampling=True, stop="per-row", pad=None, new_only=False,
+              crop_to=None):
     """`generate` with a mistake switched on. `stop`: "per-row" (right), "any" (stops when one
     row ends), "all-same-step" (the old rule: every row must sample end-of-text at once),
-    "never", "before" (drops the end-of-text token), "unpadded" (finished rows keep sampling)."""
+    "never", "before" (drops the end-of-text token), "unpadded" (finished rows keep sampling).
+    `crop_to`: a literal context length in place of model.cfg.n_ctx."""
     def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
         tokens = input_ids
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
         for _ in range(max_new_tokens):
-            context = tokens[:, -model.cfg.n_ctx:] if crop else tokens
+            context = tokens[:, -(crop_to or model.cfg.n_ctx):] if crop else tokens
             logits = model(context)[:, position]
             new = reference.sample_next_token(tokens, logits, generator, **(sampling if pass_sampling else {}))
             if eos_token_id is None or stop == "never":
@@ -592,6 +595,39 @@ def test_generate_rows_ending_at_different_steps_hidden_case():
     """The hidden case has three rows, ending after 4, 2 and 3 new tokens."""
     fails_with(nb08.check_generate, _generate(stop="any"), "after 4, 2, 3 new tokens", seed=18, batch=3)
     nb08.check_generate(reference.generate, seed=18, batch=3)
+
+
+OTHER_N_CTX = dict(seed=11, n_ctx=20)   # the visible check's model has n_ctx 16
+
+
+@pytest.mark.parametrize("fn", [reference.generate, _generate(), _generate_row_by_row])
+def test_generate_correct_variants_crop_to_the_models_n_ctx(fn):
+    nb08.check_generate(fn, **OTHER_N_CTX)
+
+
+def test_a_crop_to_the_visible_models_n_ctx_is_named():
+    nb08.check_generate(_generate(crop_to=16))   # the visible check's n_ctx: it passes
+    fails_with(nb08.check_generate, _generate(crop_to=16),
+               "(the model's n_ctx is 20, the prompt has 6 tokens). Likely mistake: the context is cropped "
+               "to a literal 16 tokens, not to the model's n_ctx (20 here)", **OTHER_N_CTX)
+
+
+@pytest.mark.parametrize("limit", [64, 1024])   # the notebook-07 model's n_ctx, GPT-2's
+def test_a_crop_to_a_literal_longer_than_the_context_is_named(limit):
+    fails_with(nb08.check_generate, _generate(crop_to=limit),
+               "(the model's n_ctx is 16). Likely mistake: the context is cropped to a literal "
+               f"{limit} tokens, not to the model's n_ctx (16 here)")
+    fails_with(nb08.check_generate, _generate(crop_to=limit),
+               "(the model's n_ctx is 20). Likely mistake: the context is cropped to a literal "
+               f"{limit} tokens, not to the model's n_ctx (20 here)", **OTHER_N_CTX)
+
+
+def test_the_notebook_grades_generate_on_that_model():
+    """The case above is the one the notebook's hidden check runs."""
+    from graders.harness.manifest import notebook_checks
+
+    graded = [fields for _, fields in notebook_checks("08_sampling")["generate_test"]]
+    assert dataclasses.asdict(nb08.check_generate.exercise.case(**OTHER_N_CTX)) in graded
 
 
 def test_a_crash_in_the_sampler_is_not_blamed_on_cropping():

@@ -5,10 +5,14 @@ the block's output is wrong, the grader reports the FIRST activation in forward 
 from the reference, read with forward hooks on the learner's own submodules:
 ln1.hook_out -> hook_attn_out -> hook_resid_mid (what goes into ln2) -> ln2.hook_out ->
 hook_mlp_out -> hook_resid_post.
+
+A hidden case builds the block with another config (n_heads, d_head, layer_norm_eps): the block
+must build its parts with the `cfg` it is given (graders.exercises.config_cases).
 """
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
@@ -19,15 +23,15 @@ from torch import nn
 from graders.reference import components
 from graders.judging.cases import Case, activations, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
-from graders.judging.learner import loaded
-from graders.reference.store import course_component, part
+from graders.reference.store import part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
+from graders.exercises.config_cases import (built_with_another_config, course_module, fitted_weights,
+                                            how_cfg_is_read, load_or_name)
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.exercises.submodules import TAKES_RESIDUAL, module_or_none, submodule_crash, watch
-from graders.judging.learner import Forbidden, run_learner
+from graders.judging.learner import Forbidden, build_module, recorded_text, run_learner, text_record
 from graders.judging.tolerance import close
-from graders.reference.weights import load_strict
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden(
@@ -71,8 +75,9 @@ def block_trace(block: nn.Module, resid_pre: torch.Tensor, forward: Callable | N
     return trace
 
 
-def _reference_block(i: int) -> nn.Module:
-    return load_strict(components.TransformerBlock(Config()), part(f"blocks.{i}")).eval()
+def course_block(case: Case) -> nn.Module:
+    """The course's block built with the case's config, with the weights of the case's block."""
+    return course_module("TransformerBlock", part(f"blocks.{case.block}"), case.config())
 
 
 # Each common mistake as a forward of a block with the course's submodules.
@@ -107,8 +112,8 @@ BLOCK_MISTAKES: dict[str, Callable] = {
 }
 
 
-def mistake_traces(i: int, resid_pre: torch.Tensor) -> dict[str, dict]:
-    block = _reference_block(i)
+def mistake_traces(block: nn.Module, resid_pre: torch.Tensor, how_read: str = "") -> dict[str, dict]:
+    """What each known mistake makes of the course's `block` on `resid_pre`, hook by hook."""
     traces = {}
     with torch.no_grad():
         for description, forward in BLOCK_MISTAKES.items():
@@ -117,6 +122,14 @@ def mistake_traces(i: int, resid_pre: torch.Tensor) -> dict[str, dict]:
         shared.ln1 = shared.ln2  # what loading does to `self.ln2 = self.ln1`: ln2's weights win
         traces["ln1 and ln2 are one LayerNorm object (e.g. `self.ln2 = self.ln1`): create two "
                "separate LayerNorms, each gets its own weights"] = block_trace(shared, resid_pre)
+        wanted, default = block.ln1.cfg.layer_norm_eps, Config().layer_norm_eps
+        for names in (("ln1", "ln2"), ("ln1",), ("ln2",)) if wanted != default else ():
+            gpt2_eps = copy.deepcopy(block)
+            for name in names:
+                getattr(gpt2_eps, name).cfg = replace(block.ln1.cfg, layer_norm_eps=default)
+            traces[f"eps is not read from cfg.layer_norm_eps: {' and '.join(names)} used {default:g} "
+                   f"(GPT-2's); this check's config has {wanted:g}. Build the LayerNorms with the cfg "
+                   f"given to TransformerBlock(cfg)" + how_read] = block_trace(gpt2_eps, resid_pre)
     return traces
 
 
@@ -166,7 +179,10 @@ def inputs_block(case: Case) -> dict:
 
 
 def produce_block(TransformerBlock, case: Case, inputs: dict) -> dict:
-    block = loaded("TransformerBlock", TransformerBlock, f"blocks.{case.block}")
+    cfg = case.config()
+    block = build_module("TransformerBlock", TransformerBlock, cfg)
+    block = load_or_name("TransformerBlock", block, fitted_weights(part(f"blocks.{case.block}"), cfg),
+                         built_with_another_config("TransformerBlock", block, case))
     x = inputs["x"]
     x_before = x.clone()
 
@@ -178,7 +194,21 @@ def produce_block(TransformerBlock, case: Case, inputs: dict) -> dict:
     outputs["random_out"] = run_learner("TransformerBlock", block,
                                         rand_float(case.seed, 2, 4, Config().d_model), forbidden=FORBIDDEN)
     outputs["unseen_out"] = run_learner("TransformerBlock", block, unseen_variant(x, case.seed), forbidden=FORBIDDEN)
+    if case.settings() and how_cfg_is_read(TransformerBlock):
+        outputs["how_cfg_is_read"] = text_record(how_cfg_is_read(TransformerBlock))
     return {k: v for k, v in outputs.items() if v is not None}
+
+
+def expected_activations(case: Case, course: nn.Module) -> dict:
+    """The reference's activations of the case's block; on a case with other settings, those of
+    the course's block built with them (`course`), which no file holds."""
+    acts, i = activations(case), case.block
+    if not case.settings():
+        return acts
+    resid_pre = acts[f"blocks.{i}.hook_resid_pre"]
+    with torch.no_grad():
+        trace = block_trace(course, resid_pre)
+    return {f"blocks.{i}.hook_resid_pre": resid_pre, **{f"blocks.{i}.{hook}": trace[hook] for hook in HOOKS}}
 
 
 def judge_block(case: Case, outputs: dict) -> None:
@@ -188,28 +218,29 @@ def judge_block(case: Case, outputs: dict) -> None:
     if bool(outputs["input_modified"]):
         raise CheckFailed("TransformerBlock changed its input tensor in place (e.g. `resid += attn_out`). "
                           "Compute a new tensor instead (`resid_mid = resid_pre + attn_out`).")
-    acts = activations(case)
+    course = course_block(case)
+    acts = expected_activations(case, course)
     expected = acts[f"blocks.{i}.hook_resid_post"]
     out = outputs.get("hook_resid_post")
     check_shape(f"TransformerBlock output (blocks.{i})", out, expected.shape, DIMS)
     if out.is_floating_point() and torch.isfinite(out).all() and close(out, expected):
-        _judge_unseen_inputs(case, outputs)
+        _judge_unseen_inputs(case, course, outputs)
         return
     if bool(outputs["shared_ln"]):
         raise CheckFailed(f"TransformerBlock output (blocks.{i}) does not match the reference. "
                           "Likely mistake: ln1 and ln2 are one LayerNorm object (e.g. "
                           "`self.ln2 = self.ln1`): create two separate LayerNorms, each gets its own weights.")
     counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
-    traces = mistake_traces(i, acts[f"blocks.{i}.hook_resid_pre"])
+    how_read = recorded_text(outputs["how_cfg_is_read"]) if "how_cfg_is_read" in outputs else ""
+    traces = mistake_traces(course, acts[f"blocks.{i}.hook_resid_pre"], how_read)
     first_divergence(f"TransformerBlock (blocks.{i})", outputs, acts,
                      [(h, f"blocks.{i}.{h}") for h in HOOKS], traces, DIMS, HINTS, counts,
                      "hook_resid_post")
     compare(f"TransformerBlock output (blocks.{i})", out, expected, DIMS)  # e.g. NaNs
 
 
-def _judge_unseen_inputs(case: Case, outputs: dict) -> None:
+def _judge_unseen_inputs(case: Case, course: nn.Module, outputs: dict) -> None:
     """Inputs no file holds: the expected outputs are computed here, with the course's block."""
-    course = course_component("TransformerBlock", f"blocks.{case.block}")
     resid_pre = activations(case)[f"blocks.{case.block}.hook_resid_pre"]
     for key, what, x in (("random_out", "a random [2, 4, d_model] input",
                           rand_float(case.seed, 2, 4, Config().d_model)),

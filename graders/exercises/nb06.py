@@ -4,13 +4,15 @@
 The full model is graded on the reference logits. When they differ, forward hooks on the
 learner's own submodules (embed, pos_embed, each block, ln_final) find the FIRST activation in
 forward order that differs: hook_embed, hook_pos_embed, blocks.{i}.hook_resid_pre / hook_resid_post,
-ln_final.hook_out, logits.
+ln_final.hook_out, logits. A hidden case builds it with another config (n_layers, n_heads, d_head,
+layer_norm_eps): the model must build its parts with the `cfg` it is given
+(graders.exercises.config_cases).
 """
 from __future__ import annotations
 
 from graders.judging.notebook import ExampleBug, Notebook
 
-from functools import lru_cache
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -20,17 +22,19 @@ from graders.reference import components
 from graders.judging.cases import Case, activations, rand_float, rand_int, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
-from graders.reference.store import course_component, part, weights
+from graders.reference.store import part, weights
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
-from graders.exercises.diagnosis import compare, diagnosis_first
-from graders.judging.learner import Forbidden, build_loaded, build_module, load_learner, run_learner
+from graders.exercises.config_cases import (built_with_another_config, course_module, fitted_weights,
+                                            how_cfg_is_read, load_or_name)
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
+from graders.judging.learner import (Forbidden, build_loaded, build_module, recorded_text, run_learner,
+                                     text_record)
 from graders.judging.tolerance import CHANGED_RELATIVE, close
 from graders.exercises.nb05 import first_divergence
 from graders.exercises.next_token import judge_loss_value
 from graders.exercises.parameter_count import check_count_parameters  # noqa: F401 (the notebook's check)
 from graders.exercises.submodules import TAKES_RESIDUAL, TAKES_TOKENS, submodule_crash, watch
-from graders.reference.weights import load_strict
 
 DIMS = ("batch", "position", "d_model")
 LOGIT_DIMS = ("batch", "position", "d_vocab")
@@ -132,8 +136,9 @@ def model_trace(model: nn.Module, tokens: torch.Tensor, forward=None, runner=Non
     named = _submodules(model)
     takes = {"embed": TAKES_TOKENS, "pos_embed": TAKES_TOKENS, "blocks": TAKES_RESIDUAL,
              "ln_final": TAKES_RESIDUAL, "unembed": TAKES_RESIDUAL}
+    n_blocks = sum(1 for name in named if name.startswith("blocks."))
     taps = [("hook_embed", "embed", 1), ("hook_pos_embed", "pos_embed", 1)] + [
-        (f"blocks.{i}.{hook}", f"blocks.{i}", which) for i in range(Config().n_layers)
+        (f"blocks.{i}.{hook}", f"blocks.{i}", which) for i in range(n_blocks)
         for hook, which in (("hook_resid_pre", 0), ("hook_resid_post", 1))] + [
         ("ln_final.hook_out", "ln_final", 1)]
 
@@ -148,9 +153,17 @@ def model_trace(model: nn.Module, tokens: torch.Tensor, forward=None, runner=Non
     return trace
 
 
-@lru_cache(maxsize=1)
-def _reference_model() -> nn.Module:
-    return load_strict(components.DemoTransformer(Config()), weights()).eval()
+_COURSE_MODEL: dict[tuple, nn.Module] = {}   # the last one built, by the settings of its config
+
+
+def course_model(case: Case) -> nn.Module:
+    """The course's model built with the case's config, with the reference weights fitted to it;
+    kept for the next check of the same config, one model at a time (GPT-2 small is 650 MB)."""
+    settings = tuple(case.settings().items())
+    if settings not in _COURSE_MODEL:
+        _COURSE_MODEL.clear()
+        _COURSE_MODEL[settings] = course_module("DemoTransformer", weights(), case.config())
+    return _COURSE_MODEL[settings]
 
 
 def _blocks(m, resid, order):
@@ -188,11 +201,26 @@ def _double_residual(m, resid):
     return resid
 
 
-def mistake_traces(tokens: torch.Tensor) -> dict[str, dict]:
-    model = _reference_model()
+def mistake_traces(model: nn.Module, tokens: torch.Tensor, how_read: str = "") -> dict[str, dict]:
+    """What each known mistake makes of the course's `model` on `tokens`, hook by hook."""
+    mistakes = _model_mistakes(model.cfg.n_layers)
+    wanted, default = model.cfg.layer_norm_eps, Config().layer_norm_eps
+    if wanted != default:
+        mistakes[f"eps is not read from cfg.layer_norm_eps: ln_final used {default:g} (GPT-2's); this "
+                 f"check's config has {wanted:g}. Build ln_final with the cfg given to "
+                 f"DemoTransformer(cfg)" + how_read] = lambda m, t: _with_ln_final_eps(m, t, default)
     with torch.no_grad():
-        return {d: model_trace(model, tokens, lambda t, f=f: f(model, t))
-                for d, f in _model_mistakes(Config().n_layers).items()}
+        return {d: model_trace(model, tokens, lambda t, f=f: f(model, t)) for d, f in mistakes.items()}
+
+
+def _with_ln_final_eps(model: nn.Module, tokens: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's logits with its ln_final reading another layer_norm_eps (put back after)."""
+    own = model.ln_final.cfg
+    model.ln_final.cfg = replace(own, layer_norm_eps=eps)
+    try:
+        return model(tokens)
+    finally:
+        model.ln_final.cfg = own
 
 
 CAUSAL_LEN = 6
@@ -205,36 +233,64 @@ def _changed_last(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def produce_model(DemoTransformer, case: Case, inputs: dict) -> dict:
-    model = _loaded_model(DemoTransformer)
+    model = _loaded_model(DemoTransformer, case)
     tokens = case.tokens()
 
     def runner(fn, inp):
         return run_learner("DemoTransformer", fn, inp, forbidden=MODEL_FORBIDDEN)
 
-    outputs = model_trace(model, tokens, runner=runner)
+    try:
+        outputs = model_trace(model, tokens, runner=runner)
+    except CheckFailed as failure:
+        if not (case.settings() and is_crash(failure)):
+            raise
+        cfg = case.config()
+        on = f"this check's config ({cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head})"
+        raise crash("DemoTransformer", failure, on, (
+            f"n_layers is not read from cfg: this model has {cfg.n_layers} blocks; loop over "
+            f"self.blocks, or range(self.cfg.n_layers)" + (how_cfg_is_read(DemoTransformer) or ", not range(12)")
+            if isinstance(failure.__cause__, IndexError) else
+            "a setting is hard-coded (GPT-2's) instead of read from self.cfg")) from failure.__cause__
     short = tokens[:, :CAUSAL_LEN]  # a short prefix keeps the property check cheap
     base, changed = runner(model, short), runner(model, _changed_last(short))
     if isinstance(base, torch.Tensor) and isinstance(changed, torch.Tensor) and base.ndim == 3:
         outputs["causal_base"] = base[:, :-1].detach().clone()
         outputs["causal_changed"] = changed[:, :-1].detach().clone()
     outputs["random_out"] = runner(model, rand_int(case.seed, 2, 4))
+    if case.settings() and how_cfg_is_read(DemoTransformer):
+        outputs["how_cfg_is_read"] = text_record(how_cfg_is_read(DemoTransformer))
     return {k: v for k, v in outputs.items() if v is not None}
 
 
-def _loaded_model(DemoTransformer):
-    """The learner's model with the reference weights, its `unembed` the course's: `Unembed` has
-    a check of its own, so a mistake there costs that check, not this one too."""
-    model = build_module("DemoTransformer", DemoTransformer, Config())
+def _loaded_model(DemoTransformer, case: Case):
+    """The learner's model built with the case's config and the reference weights fitted to it,
+    its `unembed` the course's: `Unembed` has a check of its own, so a mistake there costs that
+    check, not this one too."""
+    cfg = case.config()
+    model = build_module("DemoTransformer", DemoTransformer, cfg)
     if isinstance(getattr(model, "unembed", None), nn.Module):
-        model.unembed = components.Unembed(Config())
-    return load_learner("DemoTransformer", model, weights())
+        model.unembed = components.Unembed(cfg)
+    return load_or_name("DemoTransformer", model, fitted_weights(weights(), cfg), _not_built_with(model, case))
+
+
+def _not_built_with(model: nn.Module, case: Case) -> str:
+    """Why the learner's model does not fit the case's config, when a setting was not read."""
+    blocks, cfg = getattr(model, "blocks", None), case.config()
+    if case.settings() and isinstance(blocks, nn.ModuleList) and len(blocks) != cfg.n_layers:
+        return (f"n_layers is not read from cfg: self.blocks holds {len(blocks)} blocks; this check's "
+                f"config has n_layers {cfg.n_layers}. Build cfg.n_layers of them"
+                + (how_cfg_is_read(type(model)) or ", not a literal"))
+    return built_with_another_config("DemoTransformer", model, case)
 
 
 def judge_model(case: Case, outputs: dict) -> None:
-    cfg = Config()
+    """GPT-2's logits and activations from the files; a case with other settings is judged
+    against the course's model built with them (GPT-2's weights fitted to its config)."""
+    cfg, course, tokens = case.config(), course_model(case), case.tokens()
     check_shape("DemoTransformer logits on random tokens of shape [2, 4]", outputs.get("random_out"),
                 (2, 4, cfg.d_vocab), LOGIT_DIMS)
-    acts = activations(case)
+    with torch.no_grad():
+        acts = model_trace(course, tokens) if case.settings() else activations(case)
     expected = acts["logits"]
     logits = outputs.get("logits")
     check_shape("DemoTransformer logits", logits, expected.shape, LOGIT_DIMS)
@@ -251,7 +307,7 @@ def judge_model(case: Case, outputs: dict) -> None:
     if logits.is_floating_point() and torch.isfinite(logits).all() and close(logits, expected, cfg.n_layers):
         # Tokens no file holds logits for: the expected ones are computed here, with the course's model.
         with torch.no_grad():
-            random_expected = course_component("DemoTransformer")(rand_int(case.seed, 2, 4))
+            random_expected = course(rand_int(case.seed, 2, 4))
         compare("DemoTransformer logits on random tokens of shape [2, 4]", outputs["random_out"],
                 random_expected, LOGIT_DIMS, depth=cfg.n_layers)
         return
@@ -273,8 +329,9 @@ def judge_model(case: Case, outputs: dict) -> None:
         hints[f"blocks.{i}.hook_resid_pre"] = (
             "the first block reads embed(tokens) + pos_embed(tokens)" if i == 0 else
             f"blocks[{i}] reads the output of blocks[{i - 1}].")
-    first_divergence("DemoTransformer", outputs, acts, hooks, mistake_traces(case.tokens()), ("batch", "position", "d"),
-                     hints, counts or "each submodule called once", "logits")
+    how_read = recorded_text(outputs["how_cfg_is_read"]) if "how_cfg_is_read" in outputs else ""
+    first_divergence("DemoTransformer", outputs, acts, hooks, mistake_traces(course, tokens, how_read),
+                     ("batch", "position", "d"), hints, counts or "each submodule called once", "logits")
     compare("DemoTransformer logits", logits, expected, LOGIT_DIMS, depth=cfg.n_layers)
 
 

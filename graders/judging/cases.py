@@ -31,6 +31,7 @@ class Case:
     n_heads: int | None = None
     d_head: int | None = None
     n_ctx: int | None = None
+    n_layers: int | None = None
 
     def settings(self) -> dict:
         """The Config settings this case changes, by name."""
@@ -56,7 +57,7 @@ class Case:
                 + (f", config with {settings}" if settings else ""))
 
 
-CONFIG_FIELDS = ("layer_norm_eps", "n_heads", "d_head", "n_ctx")
+CONFIG_FIELDS = ("layer_norm_eps", "n_heads", "d_head", "n_ctx", "n_layers")
 
 
 # The keyword arguments of a check function that choose its case (the others go to the learner).

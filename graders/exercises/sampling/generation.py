@@ -1,11 +1,18 @@
 """Notebook 08's `generate(model, input_ids, max_new_tokens, generator, eos_token_id,
 **sampling)`: context cropping, sampling settings, and end-of-text, each row on its own.
 
+Cropping is to the model's own n_ctx: a hidden case runs a model with another n_ctx than the
+visible one's, and a crop to a literal (the visible model's 16, the notebook-07 model's 64,
+GPT-2's 1024) is named with the length the learner's code fed the model.
+
 The end-of-text rule: once a row has sampled `eos_token_id` (kept), its later tokens are
 `eos_token_id` too (padding), and generation stops when every row has finished (or after
 `max_new_tokens`). It is checked on a tiny Markov chain whose rows end at different steps.
 """
 from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
 
 import torch
 
@@ -21,10 +28,15 @@ EOS = 7
 N_NEW = 20
 EOS_MAX_NEW = 40
 CHAIN_STARTS = (2, 8, 5)      # greedy from 2: 5, 8, 3, EOS (4 new tokens); from 8: 2; from 5: 3
+# The context of the model that tells a crop to a literal from none (code that crashes past
+# n_ctx): longer than any context a literal could have been written for (GPT-2's 1024).
+LONG_CONTEXT = 2048
 
 
 def _generate_inputs(case: Case):
-    model = seeded_model(sampling_config(), case.seed).eval()
+    """The sampling model (with the case's n_ctx, if it sets one), its prompt, and the Markov
+    chain of the end-of-text runs with its prompt."""
+    model = seeded_model(case.config(sampling_config()), case.seed).eval()
     prompt = torch.randint(0, 300, (max(case.batch, 2), 6),
                            generator=torch.Generator().manual_seed(case.seed + 70))
     chain = markov_model(case.seed + 71, 10)
@@ -48,19 +60,34 @@ def _settings(settings: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in settings.items())
 
 
+@contextlib.contextmanager
+def _fed_lengths(model):
+    """The number of positions of every sequence the model is run on, while in the block."""
+    fed = []
+    handle = model.embed.register_forward_pre_hook(
+        lambda module, args: fed.append(args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else -1))
+    try:
+        yield fed
+    finally:
+        handle.remove()
+
+
 def produce_generate(fn, case: Case, inputs: dict) -> dict:
     model, prompt, chain, chain_prompt = _generate_inputs(case)
     outputs = {}
     for key, seed, settings in RUNS:
         copy = prompt.clone()
         try:
-            outputs[key] = run_learner("generate", fn, model, copy, N_NEW,
-                                       torch.Generator().manual_seed(seed), **settings)
+            with _fed_lengths(model) as fed:
+                outputs[key] = run_learner("generate", fn, model, copy, N_NEW,
+                                           torch.Generator().manual_seed(seed), **settings)
         except CheckFailed as failure:
             if not is_crash(failure):
                 raise
             raise _explain_crash(fn, model, prompt, seed, settings, failure) from failure.__cause__
         outputs[f"{key}_modified"] = torch.tensor(not torch.equal(copy, prompt))
+        if key == "greedy":
+            outputs["greedy_fed"] = torch.tensor(fed, dtype=torch.long)
     for key, start in (("eos", chain_prompt), ("eos_batch", _eos_batch_prompt(case))):
         try:
             outputs[key] = run_learner("generate", fn, chain, start.clone(), EOS_MAX_NEW,
@@ -91,10 +118,28 @@ def _explain_crash(fn, model, prompt, seed, settings, failure) -> CheckFailed:
                     **settings)
     except CheckFailed:
         return crash("generate", failure, on)     # it crashes within the context too: not cropping
+    cropped_to = _literal_crop(fn, settings)
+    if cropped_to:
+        return crash("generate", failure, on,
+                     f"the context is cropped to a literal {cropped_to} tokens, not to the model's n_ctx "
+                     f"({model.cfg.n_ctx} here): feed it tokens[:, -model.cfg.n_ctx:]")
     return crash("generate", failure, on,
                  f"it runs for {fits} new tokens (prompt + new = n_ctx) and crashes beyond: the "
                  f"context is not cropped. Feed the model at most the last n_ctx tokens, "
                  f"tokens[:, -model.cfg.n_ctx:], before each forward pass")
+
+
+def _literal_crop(fn, settings: dict) -> int | None:
+    """The length the learner's generate crops to whatever the model's n_ctx: what it feeds a
+    model of LONG_CONTEXT positions given a prompt that long (None when it feeds all of it)."""
+    model = seeded_model(replace(sampling_config(), n_ctx=LONG_CONTEXT), 0).eval()
+    prompt = torch.randint(0, model.cfg.d_vocab, (1, LONG_CONTEXT), generator=torch.Generator().manual_seed(0))
+    with _fed_lengths(model) as fed:
+        try:
+            run_learner("generate", fn, model, prompt, 1, torch.Generator().manual_seed(0), **settings)
+        except CheckFailed:
+            return None
+    return fed[0] if fed and fed[0] < LONG_CONTEXT else None
 
 
 @torch.no_grad()
@@ -142,7 +187,10 @@ def judge_generate(case: Case, outputs: dict) -> None:
 
 
 def _judge_greedy(model, prompt: torch.Tensor, outputs: dict) -> None:
+    """Greedy generation against the course's. The lengths the learner's code ran the model on
+    ("greedy_fed") show a crop to a literal shorter than the model's n_ctx."""
     n_prompt, n_ctx = prompt.shape[1], model.cfg.n_ctx
+    fed = outputs.get("greedy_fed")
     expected = generate(model, prompt, N_NEW, None, temperature=0.0)
     out = outputs["greedy"]
     if torch.equal(out, expected):
@@ -159,6 +207,9 @@ def _judge_greedy(model, prompt: torch.Tensor, outputs: dict) -> None:
     elif torch.equal(out, greedy_variant(model, prompt, N_NEW, crop="first")):
         why = ("the context is cropped to the FIRST n_ctx tokens (tokens[:, :n_ctx]); feed the "
                "model the LAST n_ctx tokens, tokens[:, -n_ctx:], the ones the next token follows.")
+    elif fed is not None and fed.numel() and n_prompt < int(fed.max()) < min(n_ctx, n_prompt + N_NEW - 1):
+        why = (f"the context is cropped to a literal {int(fed.max())} tokens, not to the model's n_ctx "
+               f"({n_ctx} here): feed it tokens[:, -model.cfg.n_ctx:].")
     elif first + n_prompt >= n_ctx:
         why = (f"the first wrong token is the first one after the sequence outgrows n_ctx = {n_ctx}: "
                "the context is not cropped to the last n_ctx tokens (tokens[:, -n_ctx:]).")
