@@ -61,6 +61,12 @@ class WeightLoadError(ValueError):
     """The learner's module does not have the parameters the course expects."""
 
 
+def _helper_buffers(module: nn.Module, weights) -> set[str]:
+    """The learner's buffers the course's version does not have (a helper constant such as
+    `IGNORE`): they keep the learner's value, and no weight is expected for them."""
+    return {name for name, _ in module.named_buffers() if name not in weights}
+
+
 def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], what: str = "module") -> nn.Module:
     """Copy `weights` into `module`, naming every missing, unexpected or mis-shaped parameter.
 
@@ -79,9 +85,9 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], what: str =
         elif own[name].shape != tensor.shape:
             problems.append(f"  wrong shape: {name} is {list(own[name].shape)}, "
                             f"expected {list(tensor.shape)}")
-    own_buffers = {name for name, _ in module.named_buffers()}
+    helpers = _helper_buffers(module, weights)
     for name in own:
-        if name not in weights and name not in own_buffers:
+        if name not in weights and name not in helpers:
             problems.append(f"  unexpected: {name} with shape {list(own[name].shape)} "
                             "(the course's version has no such parameter or buffer)")
     if problems:
@@ -90,7 +96,7 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], what: str =
             "\nName parameters exactly as in the exercise (nn.Parameter attributes, "
             "submodules as attributes).")
     with torch.no_grad():
-        kept = {k: v for k, v in own.items() if k in own_buffers and k not in weights}
+        kept = {k: v for k, v in own.items() if k in helpers}
         # load_state_dict copies into the module's own tensors, so `weights` (often the cached
         # reference) is never aliased: no clone needed (a full GPT-2 is 650 MB to clone).
         module.load_state_dict({**kept, **weights}, strict=True)
@@ -143,12 +149,12 @@ def _under(names: dict[str, tuple], path: str) -> dict[str, tuple]:
 
 
 def learner_renaming(module: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, str] | None:
-    """submodule_renaming between `weights` and the learner's `module`, whose helper buffers
-    count as in load_strict: one the course's version does not have is no parameter of theirs."""
+    """submodule_renaming between `weights` and the learner's `module`, its helper buffers left
+    out as load_strict leaves them out."""
     if not isinstance(module, nn.Module):
         return None
-    buffers = {name for name, _ in module.named_buffers()}
-    own = {name: tuple(t.shape) for name, t in module.state_dict().items() if name in weights or name not in buffers}
+    helpers = _helper_buffers(module, weights)
+    own = {name: tuple(t.shape) for name, t in module.state_dict().items() if name not in helpers}
     return submodule_renaming({name: tuple(t.shape) for name, t in weights.items()}, own)
 
 
