@@ -15,7 +15,7 @@ from torch import nn
 from graders.exercises.attention.common import regrouped
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
-from graders.judging.learner import load_learner, reads_global
+from graders.judging.learner import load_learner, reads_global, recorded_text, text_record
 from graders.reference import components
 from graders.reference.config import Config
 from graders.reference.weights import load_strict
@@ -48,6 +48,21 @@ def how_cfg_is_read(cls) -> str:
     if reads_global(cls, "Config"):
         return ": your code builds a new Config() instead"
     return ""
+
+
+HOW_CFG_IS_READ = "how_cfg_is_read"
+
+
+def record_how_cfg_is_read(cls, case: Case) -> dict:
+    """For `produce` on a case with other settings: `how_cfg_is_read(cls)` as a record, when it
+    says anything (the judge never sees the learner's code)."""
+    how = how_cfg_is_read(cls) if case.settings() else ""
+    return {HOW_CFG_IS_READ: text_record(how)} if how else {}
+
+
+def recorded_how_cfg_is_read(outputs: dict) -> str:
+    """For the judge: what record_how_cfg_is_read recorded ("" when nothing)."""
+    return recorded_text(outputs[HOW_CFG_IS_READ]) if HOW_CFG_IS_READ in outputs else ""
 
 
 def built_with_another_config(what: str, module: nn.Module, case: Case) -> str:

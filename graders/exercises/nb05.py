@@ -27,10 +27,11 @@ from graders.reference.store import part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.config_cases import (built_with_another_config, course_module, fitted_weights,
-                                            how_cfg_is_read, load_or_name)
+                                            load_or_name, record_how_cfg_is_read,
+                                            recorded_how_cfg_is_read)
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.exercises.submodules import TAKES_RESIDUAL, module_or_none, submodule_crash, watch
-from graders.judging.learner import Forbidden, build_module, recorded_text, run_learner, text_record
+from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.judging.tolerance import close
 
 DIMS = ("batch", "position", "d_model")
@@ -194,8 +195,7 @@ def produce_block(TransformerBlock, case: Case, inputs: dict) -> dict:
     outputs["random_out"] = run_learner("TransformerBlock", block,
                                         rand_float(case.seed, 2, 4, Config().d_model), forbidden=FORBIDDEN)
     outputs["unseen_out"] = run_learner("TransformerBlock", block, unseen_variant(x, case.seed), forbidden=FORBIDDEN)
-    if case.settings() and how_cfg_is_read(TransformerBlock):
-        outputs["how_cfg_is_read"] = text_record(how_cfg_is_read(TransformerBlock))
+    outputs.update(record_how_cfg_is_read(TransformerBlock, case))
     return {k: v for k, v in outputs.items() if v is not None}
 
 
@@ -231,7 +231,7 @@ def judge_block(case: Case, outputs: dict) -> None:
                           "Likely mistake: ln1 and ln2 are one LayerNorm object (e.g. "
                           "`self.ln2 = self.ln1`): create two separate LayerNorms, each gets its own weights.")
     counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
-    how_read = recorded_text(outputs["how_cfg_is_read"]) if "how_cfg_is_read" in outputs else ""
+    how_read = recorded_how_cfg_is_read(outputs)
     traces = mistake_traces(course, acts[f"blocks.{i}.hook_resid_pre"], how_read)
     first_divergence(f"TransformerBlock (blocks.{i})", outputs, acts,
                      [(h, f"blocks.{i}.{h}") for h in HOOKS], traces, DIMS, HINTS, counts,

@@ -26,10 +26,10 @@ from graders.reference.store import part, weights
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.config_cases import (built_with_another_config, course_module, fitted_weights,
-                                            how_cfg_is_read, load_or_name)
+                                            how_cfg_is_read, load_or_name, record_how_cfg_is_read,
+                                            recorded_how_cfg_is_read)
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
-from graders.judging.learner import (Forbidden, build_loaded, build_module, recorded_text, run_learner,
-                                     text_record)
+from graders.judging.learner import Forbidden, build_loaded, build_module, run_learner
 from graders.judging.tolerance import CHANGED_RELATIVE, close
 from graders.exercises.nb05 import first_divergence
 from graders.exercises.next_token import judge_loss_value
@@ -257,8 +257,7 @@ def produce_model(DemoTransformer, case: Case, inputs: dict) -> dict:
         outputs["causal_base"] = base[:, :-1].detach().clone()
         outputs["causal_changed"] = changed[:, :-1].detach().clone()
     outputs["random_out"] = runner(model, rand_int(case.seed, 2, 4))
-    if case.settings() and how_cfg_is_read(DemoTransformer):
-        outputs["how_cfg_is_read"] = text_record(how_cfg_is_read(DemoTransformer))
+    outputs.update(record_how_cfg_is_read(DemoTransformer, case))
     return {k: v for k, v in outputs.items() if v is not None}
 
 
@@ -329,7 +328,7 @@ def judge_model(case: Case, outputs: dict) -> None:
         hints[f"blocks.{i}.hook_resid_pre"] = (
             "the first block reads embed(tokens) + pos_embed(tokens)" if i == 0 else
             f"blocks[{i}] reads the output of blocks[{i - 1}].")
-    how_read = recorded_text(outputs["how_cfg_is_read"]) if "how_cfg_is_read" in outputs else ""
+    how_read = recorded_how_cfg_is_read(outputs)
     first_divergence("DemoTransformer", outputs, acts, hooks, mistake_traces(course, tokens, how_read),
                      ("batch", "position", "d"), hints, counts or "each submodule called once", "logits")
     compare("DemoTransformer logits", logits, expected, LOGIT_DIMS, depth=cfg.n_layers)
