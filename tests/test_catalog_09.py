@@ -420,91 +420,8 @@ def test_course_bert_agrees_with_transformers_bert_for_masked_lm():
 
 # --- One mistake, one exercise: the encoder's parts (issue 28) ---------------------------------
 
-# The solution's answer cells of sections 2-4, by cell, as a learner's notebook defines them.
-ENCODER_ANSWERS = {
-    "post_norm": '''
-class PostNormBlock(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.attn = Attention(cfg)
-        self.ln1 = LayerNorm(cfg)
-        self.mlp = MLP(cfg)
-        self.ln2 = LayerNorm(cfg)
-
-    def forward(self, resid_pre):
-        resid_mid = self.ln1(resid_pre + self.attn(resid_pre))
-        return self.ln2(resid_mid + self.mlp(resid_mid))
-''',
-    "tied": '''
-class TiedUnembed(nn.Module):
-    def __init__(self, embed):
-        super().__init__()
-        self.W_E = embed.W_E
-        self.b_U = nn.Parameter(torch.zeros(embed.W_E.shape[0]))
-
-    def forward(self, x):
-        return x @ self.W_E.T + self.b_U
-''',
-    "bert_embeddings": '''
-class BertEmbeddings(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.W_E = nn.Parameter(torch.randn(cfg.d_vocab, cfg.d_model) * cfg.init_range)
-        self.W_pos = nn.Parameter(torch.randn(cfg.n_ctx, cfg.d_model) * cfg.init_range)
-        self.W_type = nn.Parameter(torch.randn(cfg.n_token_types, cfg.d_model) * cfg.init_range)
-        self.ln = LayerNorm(cfg)
-
-    def forward(self, tokens, token_types):
-        return self.ln(self.W_E[tokens] + self.W_pos[:tokens.shape[1]] + self.W_type[token_types])
-''',
-    "encoder_block": '''
-class BidirectionalAttention(Attention):
-    def apply_causal_mask(self, attn_scores):
-        return attn_scores
-
-
-def gelu_erf(x):
-    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
-
-
-class BertMLP(MLP):
-    def forward(self, x):
-        return gelu_erf(x @ self.W_in + self.b_in) @ self.W_out + self.b_out
-
-
-class EncoderBlock(PostNormBlock):
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self.attn = BidirectionalAttention(cfg)
-        self.mlp = BertMLP(cfg)
-''',
-    "bert": '''
-class MLMHead(nn.Module):
-    def __init__(self, cfg, embed):
-        super().__init__()
-        self.W_dense = nn.Parameter(torch.randn(cfg.d_model, cfg.d_model) * cfg.init_range)
-        self.b_dense = nn.Parameter(torch.zeros(cfg.d_model))
-        self.ln = LayerNorm(cfg)
-        self.unembed = TiedUnembed(embed)
-
-    def forward(self, x):
-        return self.unembed(self.ln(gelu_erf(x @ self.W_dense + self.b_dense)))
-
-
-class BertForMLM(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.embed = BertEmbeddings(cfg)
-        self.blocks = nn.ModuleList([EncoderBlock(cfg) for _ in range(cfg.n_layers)])
-        self.mlm_head = MLMHead(cfg, self.embed)
-
-    def forward(self, tokens, token_types):
-        resid = self.embed(tokens, token_types)
-        for block in self.blocks:
-            resid = block(resid)
-        return self.mlm_head(resid)
-''',
-}
+# The solution's answer cells of sections 2-4, run in order as a learner's notebook runs them.
+ENCODER_CELLS = ("post_norm", "tied", "bert_embeddings", "encoder_block", "bert")
 # Each check of sections 2-4, by the notebook name of the class it grades.
 ENCODER_CHECKS = {"PostNormBlock": nb09.check_post_norm_block, "TiedUnembed": nb09.check_tied_unembed,
                   "BertEmbeddings": nb09.check_bert_embeddings, "EncoderBlock": nb09.check_encoder_block,
@@ -514,13 +431,20 @@ ENCODER_CHECKS = {"PostNormBlock": nb09.check_post_norm_block, "TiedUnembed": nb
 def encoder_notebook(*edits):
     """The answers run in order in one namespace, each edit (cell, solution's text, learner's text)
     made first."""
-    cells = dict(ENCODER_ANSWERS)
+    from jaxtyping import Float, Int
+    from torch import Tensor
+
+    from graders.course.example_class import solution_answers
+
+    answers = solution_answers("09_transformer_family")
+    cells = {cell: answers[f"{cell}_answer"] for cell in ENCODER_CELLS}
     for cell, old, new in edits:
         assert old in cells[cell], (cell, old)
         cells[cell] = cells[cell].replace(old, new)
-    notebook = {"math": math, "torch": torch, "F": F, "nn": nn, "Attention": Attention, "MLP": MLP,
+    notebook = {"math": math, "torch": torch, "F": F, "nn": nn, "Tensor": Tensor, "Float": Float, "Int": Int,
+                "Config": Config, "EncoderConfig": bert.EncoderConfig, "Attention": Attention, "MLP": MLP,
                 "LayerNorm": LayerNorm}
-    exec("".join(cells.values()), notebook)
+    exec(compile("\n\n".join(cells.values()), "09 answers", "exec"), notebook)
     return notebook
 
 
@@ -550,7 +474,7 @@ def test_the_encoder_solution_passes_every_check():
      "PostNormBlock"),
     ([COPIED_W_E], "TiedUnembed"),
     ([("tied", "return x @ self.W_E.T + self.b_U", "return x @ self.W_E.T")], "TiedUnembed"),
-    ([("bert_embeddings", "self.W_pos[:tokens.shape[1]]", "self.W_pos[1:tokens.shape[1] + 1]")], "BertEmbeddings"),
+    ([("bert_embeddings", "self.W_pos[:posn]", "self.W_pos[1:posn + 1]")], "BertEmbeddings"),
     ([("encoder_block", "0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))", "F.gelu(x, approximate='tanh')")],
      "EncoderBlock"),
     ([("encoder_block", "return attn_scores", "return super().apply_causal_mask(attn_scores)")], "EncoderBlock"),
@@ -758,29 +682,16 @@ def mlm_loss(logits, targets):                  # no ignore_index: scores every 
     return F.cross_entropy(logits.flatten(0, 1), targets.clamp(min=0).flatten())
 """
 
-SOLUTION_TRAIN_MLM = """
-def train_mlm(model, make_batch, n_steps, lr, generator):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for step in range(n_steps):
-        tokens, token_types = make_batch()
-        inputs, targets = mask_tokens(tokens, generator)
-        loss = mlm_loss(model(inputs, token_types), targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
-"""
-
 
 def test_a_wrong_mask_or_loss_costs_only_its_own_check():
     """A notebook whose mask_tokens and mlm_loss are wrong and whose train_mlm is right: each part
     fails its own check, and train_mlm passes its, which runs the course's parts under the
     notebook's names (issue 28: 09 charged them to the training run as well), and gives the
     learner's back afterwards."""
-    notebook = {"torch": torch, "F": F, "IGNORE": IGNORE}
-    exec(WRONG_MLM_PARTS + SOLUTION_TRAIN_MLM, notebook)
+    from graders.course.example_class import solution_answers
+
+    notebook = {"torch": torch, "F": F, "nn": nn, "IGNORE": IGNORE}
+    exec(WRONG_MLM_PARTS + solution_answers("09_transformer_family")["train_answer"], notebook)
     parts = {name: notebook[name] for name in ("mask_tokens", "mlm_loss")}
     for check, name in ((nb09.check_mask_tokens, "mask_tokens"), (nb09.check_mlm_loss, "mlm_loss")):
         with pytest.raises(CheckFailed):
