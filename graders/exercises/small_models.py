@@ -5,6 +5,8 @@ torch's global random state, and the same seed gives the same weights in every p
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -20,6 +22,19 @@ def seeded_model(cfg: Config, seed: int, model_class=None):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return model_class(cfg)
+
+
+@contextlib.contextmanager
+def fed_lengths(model):
+    """The number of positions of every sequence `model` (a seeded_model) is run on, while in the
+    block: what a learner's generation loop feeds it, call by call."""
+    fed = []
+    handle = model.embed.register_forward_pre_hook(
+        lambda module, args: fed.append(args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else -1))
+    try:
+        yield fed
+    finally:
+        handle.remove()
 
 
 def sampling_config() -> Config:

@@ -11,14 +11,13 @@ The end-of-text rule: once a row has sampled `eos_token_id` (kept), its later to
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 
 import torch
 
 from graders.exercises.diagnosis import crash, diagnosis_first, is_crash, judge_generated
 from graders.exercises.sampling.reference import GENERATION_PARTS, NEG_INF, apply_top_k, generate
-from graders.exercises.small_models import markov_model, sampling_config, seeded_model
+from graders.exercises.small_models import fed_lengths, markov_model, sampling_config, seeded_model
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
@@ -60,25 +59,13 @@ def _settings(settings: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in settings.items())
 
 
-@contextlib.contextmanager
-def _fed_lengths(model):
-    """The number of positions of every sequence the model is run on, while in the block."""
-    fed = []
-    handle = model.embed.register_forward_pre_hook(
-        lambda module, args: fed.append(args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else -1))
-    try:
-        yield fed
-    finally:
-        handle.remove()
-
-
 def produce_generate(fn, case: Case, inputs: dict) -> dict:
     model, prompt, chain, chain_prompt = _generate_inputs(case)
     outputs = {}
     for key, seed, settings in RUNS:
         copy = prompt.clone()
         try:
-            with _fed_lengths(model) as fed:
+            with fed_lengths(model) as fed:
                 outputs[key] = run_learner("generate", fn, model, copy, N_NEW,
                                            torch.Generator().manual_seed(seed), **settings)
         except CheckFailed as failure:
@@ -134,7 +121,7 @@ def _literal_crop(fn, settings: dict) -> int | None:
     model of LONG_CONTEXT positions given a prompt that long (None when it feeds all of it)."""
     model = seeded_model(replace(sampling_config(), n_ctx=LONG_CONTEXT), 0).eval()
     prompt = torch.randint(0, model.cfg.d_vocab, (1, LONG_CONTEXT), generator=torch.Generator().manual_seed(0))
-    with _fed_lengths(model) as fed:
+    with fed_lengths(model) as fed:
         try:
             run_learner("generate", fn, model, prompt, 1, torch.Generator().manual_seed(0), **settings)
         except CheckFailed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from graders.exercises.sampling.reference import forward_with_cache, generate, generate_with_cache
-from graders.exercises.small_models import cache_config, seeded_model
+from graders.exercises.small_models import cache_config, fed_lengths, seeded_model
 from graders.judging.cases import Case
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, judge_generated
 from graders.judging.compare import CheckFailed, require_tensor
@@ -126,20 +126,16 @@ WHOLE_AGAIN = ("each step feeds the whole sequence again together with the cache
 def produce_generate_cache(fn, case: Case, inputs: dict) -> dict:
     model, prompt = _cache_model(case), _cache_prompt(case)
     steps = _steps(model, prompt)
-    fed = []
-    handle = model.embed.register_forward_pre_hook(
-        lambda module, args: fed.append(args[0].shape[-1] if args and isinstance(args[0], torch.Tensor) else -1))
-    try:
-        out = run_learner("generate_with_cache", fn, model, prompt.clone(), steps)
-    except CheckFailed as failure:
-        if not is_crash(failure):
-            raise
-        on = (f"a prompt of shape {list(prompt.shape)}, max_new_tokens={steps}, at call "
-              f"{len(fed)} of the model's embedding (token counts fed: {fed[:6]})")
-        raise crash("generate_with_cache", failure, on,
-                    WHOLE_AGAIN if len(fed) > 1 and fed[1] > 1 else "") from failure.__cause__
-    finally:
-        handle.remove()
+    with fed_lengths(model) as fed:
+        try:
+            out = run_learner("generate_with_cache", fn, model, prompt.clone(), steps)
+        except CheckFailed as failure:
+            if not is_crash(failure):
+                raise
+            on = (f"a prompt of shape {list(prompt.shape)}, max_new_tokens={steps}, at call "
+                  f"{len(fed)} of the model's embedding (token counts fed: {fed[:6]})")
+            raise crash("generate_with_cache", failure, on,
+                        WHOLE_AGAIN if len(fed) > 1 and fed[1] > 1 else "") from failure.__cause__
     require_tensor("generate_with_cache(...)", out)
     outputs = {"tokens": out, "fed": torch.tensor(fed[:steps + 1], dtype=torch.long)}
     # At the edge of the context: up to n_ctx exactly must work, one token more must be refused;
