@@ -13,6 +13,8 @@ from graders.reference import bert
 from graders.reference.components import MLP, Attention, LayerNorm
 from graders.reference.config import Config
 
+from course_code import as_cell
+
 N_ORDINARY, MASK, IGNORE = nb09.N_ORDINARY, nb09.MASK, nb09.IGNORE
 
 
@@ -444,7 +446,7 @@ def encoder_notebook(*edits):
     notebook = {"math": math, "torch": torch, "F": F, "nn": nn, "Tensor": Tensor, "Float": Float, "Int": Int,
                 "Config": Config, "EncoderConfig": bert.EncoderConfig, "Attention": Attention, "MLP": MLP,
                 "LayerNorm": LayerNorm}
-    exec(compile("\n\n".join(cells.values()), "09 answers", "exec"), notebook)
+    exec(as_cell("\n\n".join(cells.values()), "09 answers"), notebook)
     return notebook
 
 

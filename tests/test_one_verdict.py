@@ -45,6 +45,10 @@ def _library_call(source: str, call: str) -> str:
 
 
 BUG = declaration(NAME).example_bug
+COURSE_MODULE = "import importlib\n_course = importlib.import_module('gra' + 'ders.reference.components')\n"
+SUBCLASSED = "class LayerNorm(_course.LayerNorm):\n    pass\n"
+EXECUTED = ("import inspect\n_ns = {'__name__': '__main__'}\nexec(inspect.getsource(_course), _ns)\n"
+            "LayerNorm = _ns['LayerNorm']\n")
 SUBMISSIONS = {
     "solved": lambda: example_class.submission(NAME, True),
     "classic bug": lambda: _answer(lambda s: s.replace(BUG.find, BUG.replace)),
@@ -53,6 +57,9 @@ SUBMISSIONS = {
     "computed-name call": lambda: _answer(lambda s: "import torch.nn.functional as F\n"
                                           + _library_call(s, 'getattr(F, "layer" + "_norm")')),
     "deleted test cell": _without_test_cell,
+    # The course's own LayerNorm (graders.judging.provenance), reached without the word `graders`.
+    "course code subclassed": lambda: _answer(lambda s: COURSE_MODULE + SUBCLASSED),
+    "course source executed": lambda: _answer(lambda s: COURSE_MODULE + EXECUTED),
     "crash": lambda: _answer(lambda s: s.replace(SOLVED_VARIANCE, "import os; os._exit(1)")),
 }
 

@@ -9,10 +9,16 @@ from graders.judging.compare import CheckFailed
 from graders.judging.learner import load_learner
 from graders.judging.records import load_records, write_record
 from graders.judging.verdict import LearnerCode, Verdict, decide, forbidden_message
+from graders.reference import components
 from graders.reference.components import MLP, Attention, Embed, LayerNorm, PosEmbed, TransformerBlock, Unembed
 from graders.reference.config import Config
 from graders.reference.store import part
 from graders.reference.weights import WeightLoadError, load_strict, renamed_submodule, submodule_renaming
+
+from course_code import course_code_allowed
+
+# The learners' models here are assembled from the course's parts, renamed.
+components_allowed = course_code_allowed(components)
 
 # --- Which renamings are found: names and shapes only ---------------------------------------
 

@@ -40,7 +40,7 @@ def _kernel_dir(root: Path, session: Session) -> Path:
 
 def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
-        demonstrations: bool = True) -> dict[int, str]:
+        demonstrations: bool = True, given: tuple[str, ...] = ()) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from

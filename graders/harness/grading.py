@@ -26,6 +26,7 @@ from graders.harness.copies import copy_flags
 from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
 from graders.exercises import find
+from graders.judging.provenance import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
 from graders.harness.sandbox import confinement_unavailable, kernel_files
@@ -130,7 +131,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
                       "Grade as root to confine it.", RuntimeWarning, stacklevel=2)
     files = None if unavailable else kernel_files(inputs)
     before = graders_snapshot()
-    problems = run(notebook, records, workdir, limits, files, inputs)
+    problems = run(notebook, records, workdir, limits, files, inputs, given=given_part_names(name))
     tampered = changed_graders(before)
     if tampered:
         result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "

@@ -16,6 +16,7 @@ verdict itself is always `graders.judging.verdict.decide`'s.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from graders.judging import progress, session
+from graders.judging import progress, provenance, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
 from graders.judging.learner import Forbidden, renamed_submodules_loaded
@@ -49,6 +50,9 @@ class Exercise:
     inputs: Callable[[Case], dict[str, torch.Tensor]] = no_inputs
     forbidden: tuple[Forbidden, ...] = ()
     defaults: dict = field(default_factory=dict)
+    # Course parts the learner's code may run in this check (a composite's parts, which have
+    # checks of their own); the notebook's given parts are allowed in every check.
+    supplies: tuple = ()
     defined_at: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -70,20 +74,34 @@ class Exercise:
         """The case a check function's keyword arguments ask for, with this exercise's defaults."""
         return Case(**{**self.defaults, **fields})
 
-    def run(self, learner, case: Case, inputs: dict) -> tuple[dict | None, CheckFailed | None]:
+    def run(self, learner, case: Case, inputs: dict, answers: tuple = ()) -> tuple[dict | None, CheckFailed | None]:
         """What `produce` made of the learner's code, or how it failed. Both, when the learner's
         submodules are named otherwise than the exercise's and their code ran under their own
-        names: `decide` fails the names and says whether the computation is right."""
+        names: `decide` fails the names and says whether the computation is right. An answer
+        that runs the course's own code fails, whatever it produced (graders.judging.provenance):
+        `answers` are what the learner passed to the check (`learner` may be built from them)."""
         with renamed_submodules_loaded() as names_failures:
-            try:
-                outputs = self.produce(learner, case, inputs)
-            except CheckFailed as failure:
+            with provenance.Watch() as watch:
+                try:
+                    outputs, failure = self.produce(learner, case, inputs), None
+                except CheckFailed as failed:
+                    outputs, failure = None, failed
+            refusal = watch.refusal(self.name, answers or learner, self.allowed_parts(),
+                                    inspect.unwrap(self.produce))
+            if refusal:
+                return None, CheckFailed(refusal)
+            if failure is not None:
                 if not names_failures:
                     return None, failure
                 also_failed = CheckFailed(names_verdict(self.name, str(names_failures[0]), str(failure)))
                 also_failed.__cause__ = failure.__cause__   # the learner's own line, if their code raised
                 return None, also_failed
         return outputs, (names_failures[0] if names_failures else None)
+
+    def allowed_parts(self) -> tuple:
+        """The course's parts the learner's code may run in this check: those it supplies, and
+        those the notebook's given cells import."""
+        return self.supplies + getattr(self.produce, "supplies", ()) + provenance.given_parts(self.notebook)
 
     def check(self, learner, case: Case, answers: tuple = ()) -> None:
         """Grade `learner` on one case: in a grading kernel, record what it produced; otherwise
@@ -94,11 +112,11 @@ class Exercise:
         with contextlib.redirect_stderr(sys.stdout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if current.recording:
-                self._record(current, learner, case)
+                self._record(current, learner, case, answers)
                 return
             place = progress.place_of_check(self.notebook)
             with progress.busy(f"Checking {self.name}"):
-                outputs, failure = self.run(learner, case, self.inputs(case))
+                outputs, failure = self.run(learner, case, self.inputs(case), answers)
                 history = session.history()
                 code = history.learner_code(self.notebook) if history else LearnerCode()
                 verdict = decide(self, case, outputs, str(failure or ""), code)
@@ -107,12 +125,12 @@ class Exercise:
             raise failure if failure is not None and str(failure) == verdict.message else CheckFailed(verdict.message)
         ok(f"{self.name}: correct on {_described(case)}{progress.points_note(place)}")
 
-    def _record(self, current: session.Session, learner, case: Case) -> None:
+    def _record(self, current: session.Session, learner, case: Case, answers: tuple = ()) -> None:
         check_id = session.next_check_id()
         if check_id is None:   # a learner's own call outside a test cell: nothing to grade
             print(f"{self.name}: not checked here; checks are graded in the test cells.")
             return
-        outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self))
+        outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self), answers)
         session.save_record(current, check_id, self.key, outputs, str(failure or ""))
         print(f"{self.name}: outputs recorded for grading on {case.describe()}.")
 

@@ -34,6 +34,7 @@ class Session:
     records: Path | None = None      # a grading kernel saves each check's outputs here ...
     inputs: Path | None = None       # ... and finds each check's inputs here
     demonstrations: bool = True
+    given: tuple = ()                # a grading kernel's notebook's given parts (provenance)
 
     @property
     def recording(self) -> bool:
@@ -45,6 +46,7 @@ class Session:
     @classmethod
     def from_json(cls, text: str) -> "Session":
         fields = json.loads(text)
+        fields["given"] = tuple(fields.get("given", ()))
         return cls(**{k: (Path(v) if k in ("records", "inputs") and v else v) for k, v in fields.items()})
 
 

@@ -235,6 +235,7 @@ def judge_block(case: Case, outputs: dict) -> None:
 
 
 block_exercise = Exercise("09_transformer_family", "EncoderBlock", produce_block, judge_block,
+                          supplies=(bert.PostNormBlock,),   # its base for the check (on_course_post_norm)
                           forbidden=(FORBIDDEN,), defaults={"text": None, "batch": 2, "seq": 12})
 check_encoder_block = block_exercise.checker(
     "Grade `EncoderBlock` against a layer of BertForMaskedLM (seeded weights and residual streams).")

@@ -1,0 +1,380 @@
+"""Where the code a check ran comes from: the second line of defence of the course's integrity.
+
+The first line is the grading kernel's file system, which holds no correct implementation of
+what its notebook grades (graders.harness.kernel_view). This one holds in every kernel, the
+learner's own included, so that the check cell, Validate, `make check` and the grade refuse a
+borrowed answer in the same words. While a check runs the learner's code (`Exercise.run`), a
+C-level profiler (cProfile: every Python function called and by whom) is on; afterwards a check
+fails when its answer
+- is the course's code: a subclass or an alias of it, or code compiled from a copy of its source;
+- reached the course's code from its own code (through library code such as torch's module
+  calls), other than the parts the check supplies and the notebook's given parts;
+- ran code of a library that holds the answers (transformer_lens, transformers);
+- replaced the profiler, or started a process or a thread, while the check ran.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import cProfile
+import functools
+import inspect
+import linecache
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]
+# Files of the graders package whose code may run inside the learner's code: the check's own
+# machinery (tripwires, submodule watchers), the config and loading helpers a learner may call.
+# None of them implements anything a notebook grades.
+MACHINERY = frozenset({
+    "__init__.py", "layout.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
+    "judging/provenance.py", "judging/session.py", "judging/progress.py", "judging/exercise.py",
+    "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
+    "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",
+    "exercises/submodules.py",
+})
+ANSWER_LIBRARIES = ("transformer_lens", "transformers")   # libraries that hold the answers
+SPAWNING = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+            "os.forkpty", "pty.spawn")
+MODULE_CALLS = os.path.join("torch", "nn", "modules", "module.py")   # checked by a module hook
+LEARNER, LIBRARY, MACHINE, COURSE, COPY, ANSWER_LIBRARY = (
+    "learner", "library", "machinery", "course", "copy", "answer library")
+
+
+@dataclass(frozen=True)
+class Origin:
+    kind: str
+    where: str = ""     # the course file, the course function a copy matches, or the library
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return tuple(sorted(str(Path(r).resolve()) + os.sep for r in roots))
+
+
+@functools.lru_cache(maxsize=1)
+def _answer_library_dirs() -> tuple[tuple[str, str], ...]:
+    import importlib.util
+
+    found = []
+    for name in ANSWER_LIBRARIES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            found += [(str(Path(p).resolve()) + os.sep, name) for p in spec.submodule_search_locations]
+    return tuple(found)
+
+
+def _fingerprint(code) -> tuple:
+    consts = tuple(repr(c) for c in code.co_consts if not inspect.iscode(c))
+    return code.co_code, code.co_names, consts
+
+
+@functools.lru_cache(maxsize=1)
+def course_index() -> dict[tuple, str]:
+    """Every function of the course's own code (not its machinery) by fingerprint, as this
+    kernel's file system shows it: how a copy compiled from its source is recognised."""
+    index: dict[tuple, str] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative in MACHINERY:
+            continue
+        try:
+            module = compile(path.read_text(), str(path), "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        stack = [module]
+        while stack:
+            code = stack.pop()
+            stack += [c for c in code.co_consts if inspect.iscode(c)]
+            if code is not module and not code.co_name.startswith("<") and len(code.co_code) >= 24:
+                index.setdefault(_fingerprint(code), f"graders/{relative} ({code.co_qualname})")
+    return index
+
+
+def _is_cell(code) -> bool:
+    """A cell of this IPython kernel: registered in linecache without a file, with the function's
+    own `def` at its first line (a course function renamed to a cell's name has not)."""
+    entry = linecache.cache.get(code.co_filename)
+    if entry is None or entry[1] is not None:
+        return False
+    if code.co_name.startswith("<"):
+        return True
+    return code.co_name in linecache.getline(code.co_filename, code.co_firstlineno)
+
+
+_ORIGINS: dict = {}
+
+
+def origin(code) -> Origin:
+    """Where a code object comes from (cached: classified once per kernel)."""
+    key = (code, code.co_filename)   # equal code objects from two files are two origins
+    found = _ORIGINS.get(key)
+    if found is None:
+        found = _ORIGINS[key] = _classify(code)
+    return found
+
+
+def _classify(code) -> Origin:
+    filename = code.co_filename
+    if os.path.isabs(filename) and os.path.isfile(filename):
+        return _file_origin(filename)
+    if _is_cell(code):
+        return Origin(LEARNER)
+    # Frozen modules, and code generated from strings (dataclasses', a learner's own exec):
+    # library code, unless it is a copy of the course's.
+    copied = None if filename.startswith("<frozen ") else course_index().get(_fingerprint(code))
+    return Origin(COPY, copied) if copied else Origin(LIBRARY)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_origin(filename: str) -> Origin:
+    path = str(Path(filename).resolve())
+    if path.startswith(str(PACKAGE) + os.sep):
+        relative = Path(path).relative_to(PACKAGE).as_posix()
+        return Origin(MACHINE if relative in MACHINERY else COURSE, f"graders/{relative}")
+    for root, name in _answer_library_dirs():
+        if path.startswith(root):
+            return Origin(ANSWER_LIBRARY, name)
+    return Origin(LIBRARY) if path.startswith(_library_roots()) else Origin(LEARNER)
+
+
+def _library_class(klass) -> bool:
+    """A class of a library the learner may use (torch's nn.Module): its attributes are not
+    looked into."""
+    filename = getattr(sys.modules.get(klass.__module__), "__file__", None)
+    return klass.__module__ == "builtins" or (filename is not None and _file_origin(filename).kind == LIBRARY)
+
+
+def _parts_of(obj) -> list:
+    """What an object is made of: itself, a method's or a partial's function, a class's own
+    attributes (along its MRO, library classes left out), an instance's class's, a tuple's items."""
+    seen, found, stack = set(), [], [obj]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        found.append(item)
+        if isinstance(item, functools.partial):
+            stack.append(item.func)
+        elif inspect.ismethod(item) or isinstance(item, (staticmethod, classmethod)):
+            stack.append(item.__func__)
+        elif isinstance(item, property):
+            stack += [f for f in (item.fget, item.fset) if f is not None]
+        elif inspect.isclass(item):
+            stack += [value for klass in item.__mro__ if not _library_class(klass)
+                      for value in vars(klass).values()]
+        elif isinstance(item, (tuple, list)):
+            stack += list(item)
+        elif not (inspect.isfunction(item) or inspect.ismodule(item) or isinstance(
+                item, (str, bytes, int, float, bool, dict, type(None)))) \
+                and not _library_class(type(item)):
+            stack.append(type(item))
+    return found
+
+
+def code_of(obj) -> list:
+    """The code objects of the functions an object is made of (see _parts_of)."""
+    return [item.__code__ for item in _parts_of(obj) if inspect.isfunction(item)]
+
+
+def _named_by(learner) -> list:
+    """What the learner's own functions name: their globals (`LN = module.LayerNorm`, an
+    instance built in a cell, a namespace a string was executed in) and their closures' cells."""
+    named = []
+    for function in (f for f in _parts_of(learner) if inspect.isfunction(f)):
+        if origin(function.__code__).kind != LEARNER:
+            continue
+        for name in function.__code__.co_names:
+            item = function.__globals__.get(name)
+            named += [item, *list(item.values())[:1000]] if isinstance(item, dict) else [item]
+        for cell in function.__closure__ or ():
+            with contextlib.suppress(ValueError):
+                named.append(cell.cell_contents)
+    return [item for item in named if not inspect.ismodule(item)]
+
+
+def _nested(codes) -> set:
+    found, stack = set(), list(codes)
+    while stack:
+        code = stack.pop()
+        if code not in found:
+            found.add(code)
+            stack += [c for c in code.co_consts if inspect.iscode(c)]
+    return found
+
+
+def allowed_code(parts) -> set:
+    """The code objects of the parts a check supplies, and of the course functions and classes
+    they name (their own parts), transitively: what the learner's code may run of the course's."""
+    allowed, stack = set(), list(parts)
+    visited: set[int] = set()
+    while stack:
+        part = stack.pop()
+        if id(part) in visited:
+            continue
+        visited.add(id(part))
+        for code in _nested(code_of(part)):
+            if code in allowed:
+                continue
+            allowed.add(code)
+            namespace = getattr(inspect.getmodule(code), "__dict__", {})
+            for name in code.co_names:
+                named = namespace.get(name)
+                if (inspect.isclass(named) or inspect.isfunction(named)) and \
+                        getattr(named, "__module__", "").startswith("graders."):
+                    stack.append(named)
+    return allowed
+
+
+_watches: list["Watch"] = []
+
+
+def _audit(event: str, args) -> None:
+    if not _watches or event not in ("sys.setprofile", "sys.settrace") and not event.startswith(SPAWNING):
+        return
+    watch = _watches[-1]
+    if event in ("sys.setprofile", "sys.settrace"):
+        if not watch.switching:
+            watch.tampered.append(f"it called {event} while the check ran (the check must see "
+                                  "the code your answer runs)")
+        return
+    if _learner_below(sys._getframe(1)):
+        watch.tampered.append(f"it started a process ({event}) while the check ran")
+
+
+def _learner_below(frame) -> bool:
+    """Whether the nearest frame that is not library code is the learner's."""
+    while frame is not None:
+        kind = origin(frame.f_code).kind
+        if kind != LIBRARY:
+            return kind in (LEARNER, COPY)
+        frame = frame.f_back
+    return False
+
+
+sys.addaudithook(_audit)
+
+
+@dataclass
+class Watch:
+    """One check's run of learner code under the profiler; `refusal` says what it found."""
+    profiler: cProfile.Profile = field(default_factory=lambda: cProfile.Profile(builtins=False))
+    tampered: list[str] = field(default_factory=list)
+    threads: set[int] = field(default_factory=set)
+    switching: bool = False
+
+    def __enter__(self) -> "Watch":
+        self.threads = {t.ident for t in threading.enumerate()}
+        _watches.append(self)
+        self.switching = True
+        self.profiler.enable()
+        self.switching = False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.switching = True
+        self.profiler.disable()
+        self.switching = False
+        _watches.remove(self)
+        started = [t for t in threading.enumerate() if t.ident not in self.threads]
+        frames = sys._current_frames()
+        if any(_learner_below(frames.get(t.ident)) for t in started):
+            self.tampered.append("it started a thread that runs its code while the check ran "
+                                 "(the check sees the calling thread only)")
+
+    def refusal(self, name: str, learner, parts=(), produce=None) -> str | None:
+        """Why the learner's answer is not its own (None when it is). `parts` may run inside the
+        learner's code, and so may the functions `produce` itself defines (a course method it
+        puts in the learner's class for the time of the check)."""
+        if self.tampered:
+            return f"{name}: your code is not checkable: {self.tampered[0]}. Remove that from your code."
+        allowed = allowed_code(parts) | (_nested([produce.__code__]) if produce is not None else set())
+        for code in code_of(learner) + code_of(_named_by(learner)):
+            found = _borrowed(code, allowed, called=False)
+            if found:
+                return _message(name, found)
+        found = self._reached(allowed)
+        return _message(name, found) if found else None
+
+    def _reached(self, allowed: set) -> Origin | None:
+        """What of the course's (or of an answer library's) the learner's code called itself: a
+        function, or a class it built; and any copy of the course's code that ran. Methods of
+        objects the check hands to the learner's code (a model, a training run) may run."""
+        called = set()
+        for entry in self.profiler.getstats():
+            if isinstance(entry.code, str):
+                continue
+            if origin(entry.code).kind == COPY:
+                called.add(entry.code)
+            if origin(entry.code).kind == LEARNER:
+                called.update(sub.code for sub in (entry.calls or ()) if not isinstance(sub.code, str))
+        for code in sorted(called, key=lambda c: (c.co_filename, c.co_firstlineno)):
+            found = _borrowed(code, allowed, called=True)
+            if found:
+                return found
+        return None
+
+
+def _borrowed(code, allowed: set, called: bool) -> Origin | None:
+    """The course's (or an answer library's) code the learner's answer is made of, or (`called`)
+    that it called: a function, or a class's constructor. None for its own code."""
+    found = origin(code)
+    if code.co_name == "<module>" or code in allowed:   # a module's import; a supplied part
+        return None
+    if found.kind == COPY:
+        return found
+    if found.kind not in (COURSE, ANSWER_LIBRARY):
+        return None
+    if called and "." in code.co_qualname.replace(".<locals>.", "") and code.co_name != "__init__":
+        return None    # a method of an object the check handed to the learner's code
+    return Origin(found.kind, found.where if found.kind != COURSE else f"{found.where} ({code.co_qualname})")
+
+
+def _message(name: str, found: Origin) -> str:
+    if found.kind == COPY:
+        return (f"{name}: your {name} runs code that is not in your notebook (compiled from a "
+                f"string): a copy of the course's {found.where}. Write it yourself in your cells.")
+    if found.kind == ANSWER_LIBRARY:
+        return (f"{name}: your {name} runs code from {found.where}, a library version of what you "
+                "are building. Build it yourself from tensor operations.")
+    return (f"{name}: your {name} runs code from {found.where}, the course's own implementation. "
+            "Write it yourself in your cells.")
+
+
+def given_part_names(notebook: str) -> tuple[str, ...]:
+    """The course's classes and functions that `notebook`'s given cells import for the learner
+    (the earlier notebooks' parts, e.g. 05's LayerNorm, Attention and MLP), as module:name."""
+    from graders.judging.testcells import released_course_sources
+
+    names = []
+    for source in sorted(released_course_sources(notebook)):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        names += [f"{node.module}:{alias.name}" for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("graders.")
+                  and not node.module.startswith("graders.judging") for alias in node.names]
+    return tuple(sorted(set(names)))
+
+
+def given_parts(notebook: str) -> tuple:
+    """The objects named by given_part_names; a grading kernel, which cannot read the notebook,
+    is handed the names in its session."""
+    import importlib
+
+    from graders.judging.session import current
+
+    names = current().given if current().recording else given_part_names(notebook)
+    parts = []
+    for name in names:
+        module, _, attribute = name.partition(":")
+        found = getattr(importlib.import_module(module), attribute, None)
+        if inspect.isclass(found) or inspect.isfunction(found):
+            parts.append(found)
+    return tuple(parts)

@@ -1,0 +1,89 @@
+"""Integrity round 3: an answer that is the course's own implementation scores nothing, in every
+notebook with a class or function exercise, whichever way it reaches that code (an import under
+a computed name, a subclass, an alias, the source read and executed, the file read and
+executed, a call from the learner's own code), and the check names what was reached.
+The correct answers of every style pass: each notebook's catalog test holds them."""
+import importlib
+import importlib.util
+import inspect
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from graders.exercises import find
+from graders.judging.compare import CheckFailed
+
+# (check, the course's implementation of what it grades, as module:name)
+COURSE_ANSWERS = {
+    "01 LayerNorm": ("01_layernorm", "LayerNorm", "graders.reference.components:LayerNorm"),
+    "02 Embed": ("02_embeddings", "Embed", "graders.reference.components:Embed"),
+    "03 Attention": ("03_attention", "Attention", "graders.reference.components:Attention"),
+    "04 gelu_new": ("04_mlp", "gelu_new", "graders.reference.components:gelu_new"),
+    "04 MLP": ("04_mlp", "MLP", "graders.reference.components:MLP"),
+    "05 TransformerBlock": ("05_transformer_block", "TransformerBlock",
+                            "graders.reference.components:TransformerBlock"),
+    "06 DemoTransformer": ("06_gpt2", "DemoTransformer", "graders.reference.components:DemoTransformer"),
+    "07 lr_at": ("07_training", "lr_at", "graders.exercises.training.tasks:reference_lr"),
+    "08 apply_top_k": ("08_sampling", "apply_top_k", "graders.exercises.sampling.reference:apply_top_k"),
+    "09 PostNormBlock": ("09_transformer_family", "PostNormBlock", "graders.reference.bert:PostNormBlock"),
+    "10 RMSNorm": ("10_modern_decoder", "RMSNorm", "graders.exercises.modern.reference:RMSNorm"),
+}
+
+
+def _obfuscated(target: str):
+    module, name = target.split(":")
+    return getattr(importlib.import_module("gra" + module[3:]), name)
+
+
+def _executed(source: str, name: str):
+    namespace: dict = {"__name__": "__main__"}   # a name sys.modules knows (dataclasses look it up)
+    exec(source, namespace)
+    return namespace[name]
+
+
+def _wrapped(course):
+    if inspect.isclass(course):
+        class Mine(nn.Module):
+            def __init__(self, *args):
+                super().__init__()
+                self.inner = course(*args)
+
+            def forward(self, *args):
+                return self.inner(*args)
+        return Mine
+
+    def mine(*args, **kwargs):
+        return course(*args, **kwargs)
+    return mine
+
+
+def _subclass_or_alias(course):
+    return type(course.__name__, (course,), {}) if inspect.isclass(course) else course
+
+
+STYLES = {
+    "imported under a computed name": lambda target: _subclass_or_alias(_obfuscated(target)),
+    "aliased": lambda target: _obfuscated(target),
+    "source read with inspect and executed": lambda target: _executed(
+        inspect.getsource(importlib.import_module(target.split(":")[0])), target.split(":")[1]),
+    "file found, read and executed": lambda target: _executed(
+        Path(importlib.util.find_spec(target.split(":")[0]).origin).read_text(), target.split(":")[1]),
+    "called from the learner's own code": lambda target: _wrapped(_obfuscated(target)),
+}
+COMPILED = ("source read with inspect and executed", "file found, read and executed")
+
+
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("exercise", COURSE_ANSWERS)
+def test_the_course_code_as_an_answer_scores_nothing_and_is_named(exercise, style):
+    notebook, name, target = COURSE_ANSWERS[exercise]
+    answer = STYLES[style](target)
+    check = find((notebook, name))
+    with pytest.raises(CheckFailed) as failure:
+        check.check(answer, check.case())
+    message = str(failure.value)
+    where = "graders/" + target.split(":")[0].removeprefix("graders.").replace(".", "/") + ".py"
+    assert where in message, message
+    expected = "compiled from a string" if style in COMPILED else "the course's own implementation"
+    assert expected in message.splitlines()[0], message
