@@ -265,6 +265,7 @@ def main(argv=None) -> int:
 
     from graders.harness.limits import TimeLimits
     from graders.harness.gradebook import CourseError
+    from graders.harness.sandbox import confinement_unavailable, unconfined_notice
     from graders.reference.model import ReferenceUnavailable
     from graders.reference.store import reference_id
 
@@ -302,6 +303,9 @@ def main(argv=None) -> int:
     except ReferenceUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    unavailable = confinement_unavailable()
+    if unavailable:
+        print(unconfined_notice(unavailable), file=sys.stderr, flush=True)
     try:
         entries = grade_class(args.submissions, args.out, args.notebooks or None, args.workers,
                               args.scheduler, limits, course)
