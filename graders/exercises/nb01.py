@@ -161,4 +161,7 @@ NOTEBOOK = Notebook(
                costs=('layernorm_test',), named='sample variance'),
     pictures=1,
     course_code=('reference/components.py',),
+    implementations=(
+        'reference/components.py:LayerNorm',
+    ),
 )

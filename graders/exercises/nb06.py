@@ -382,4 +382,10 @@ NOTEBOOK = Notebook(
                costs=('model_test',), named='no positional embedding'),
     pictures=2,
     course_code=('reference/components.py',),
+    implementations=(
+        'reference/components.py:Unembed',
+        'reference/components.py:DemoTransformer',
+        'exercises/parameter_count.py:expected_counts',
+        'exercises/next_token.py:reference_loss',
+    ),
 )

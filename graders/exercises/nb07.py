@@ -49,4 +49,11 @@ NOTEBOOK = Notebook(
                '',
                costs=('train_test', 'shakespeare_test'), named='optimizer.zero_grad() is missing'),
     course_code=('exercises/training/*.py',),
+    implementations=(
+        'exercises/training/tasks.py:reference_lr',
+        'exercises/training/tasks.py:reference_reversal',
+        'exercises/training/tasks.py:per_position',
+        'exercises/training/practice.py:reference_groups',
+        'exercises/training/reversal.py:reference_evaluate',
+    ),
 )

@@ -40,16 +40,19 @@ def _kernel_dir(root: Path, session: Session) -> Path:
 
 def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
-        demonstrations: bool = True, given: tuple[str, ...] = ()) -> dict[int, str]:
+        demonstrations: bool = True, given: tuple[str, ...] = (),
+        overlays: list[tuple[Path, Path]] = ()) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
     `inputs_dir` (reference activations are withheld); without, they judge in the kernel (the
     learner's own pre-submission check). With `confined_to` (a root grader), the kernel is
     confined and sees those of the grader's files only (see graders.harness.sandbox). Without
-    `demonstrations`, the demonstration cells skip themselves, as they do in grading.
+    `demonstrations`, the demonstration cells skip themselves, as they do in grading. `given`
+    names the notebook's given parts for a grading kernel (graders.judging.provenance); a confined
+    kernel sees each of `overlays`' graders files as its sealed copy (graders.harness.kernel_view).
     """
-    session = Session(records, inputs_dir, demonstrations and records is None)
+    session = Session(records, inputs_dir, demonstrations and records is None, tuple(given))
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
         # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
         # rewrite would start the next kernel as root.
@@ -64,7 +67,7 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             sockets.mkdir()
             for folder in (workdir, records, sockets):
                 os.chown(folder, uid, uid)
-            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, root, confined_to, uid, sockets))
+            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, root, confined_to, uid, sockets, overlays))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
             try:

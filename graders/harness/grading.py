@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ from graders.exercises import find
 from graders.judging.provenance import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
-from graders.harness.sandbox import confinement_unavailable, kernel_files
+from graders.harness.kernel_view import overlays
+from graders.harness.sandbox import confinement_unavailable, kernel_files, unconfined_notice
 
 
 @dataclass
@@ -126,12 +128,12 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     prepare_inputs(wanted, inputs)
     unavailable = confinement_unavailable()
     if unavailable:
-        warnings.warn(f"learner code runs unconfined, with this grader's file access "
-                      f"(solutions/, the course cache, other students' files): {unavailable}. "
-                      "Grade as root to confine it.", RuntimeWarning, stacklevel=2)
+        warnings.warn(unconfined_notice(unavailable), RuntimeWarning, stacklevel=2)
     files = None if unavailable else kernel_files(inputs)
     before = graders_snapshot()
-    problems = run(notebook, records, workdir, limits, files, inputs, given=given_part_names(name))
+    with tempfile.TemporaryDirectory(prefix="gpt2-sealed-") as sealed_copies:
+        problems = run(notebook, records, workdir, limits, files, inputs, given=given_part_names(name),
+                       overlays=[] if unavailable else overlays(name, Path(sealed_copies)))
     tampered = changed_graders(before)
     if tampered:
         result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "

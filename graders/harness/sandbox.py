@@ -1,8 +1,9 @@
 """The learner's kernel: a scrubbed environment, and (for a root grader) a confined file system.
 
 A confined kernel (see `graders.harness.sandbox_kernel.confine`) sees the system, Python and the
-graders package read-only; the course weights it loads the learner's modules with; the
-tokenizer files; tiny Shakespeare; the inputs its checks receive; its own folder and sockets; a
+graders package read-only, the latter as its notebook's kernel view (the course's
+implementations and judges sealed: graders.harness.kernel_view); the course weights it loads
+the learner's modules with; the tokenizer files; tiny Shakespeare; the inputs its checks receive; its own folder and sockets; a
 fresh /tmp and course cache. It never sees the reference activations, the reference model's
 own files, solutions/, .git, the grading output or other students' folders.
 """
@@ -55,6 +56,16 @@ def confinement_unavailable() -> str | None:
     return None
 
 
+def unconfined_notice(why: str) -> str:
+    """What an instructor is told, once at the start of grading, when kernels cannot be confined."""
+    return (f"NOT CONFINED: {why}. Learner code will run with your own file access and network: it "
+            "can read solutions/ (and the hidden tests in them), the course's implementations, the "
+            "course cache and other students' folders. An answer that is the course's own code still "
+            "fails its check (graders/judging/provenance.py), but code that first disables that "
+            "check is not stopped. To confine every kernel, grade as root (sudo make grade ...) or "
+            "inside a container.")
+
+
 def kernel_files(inputs_dir: Path) -> list[Path]:
     """The grader's files a confined kernel may read, made readable by its uid: the course
     weights (learner modules are loaded with them), the tokenizer, tiny Shakespeare and the
@@ -75,10 +86,11 @@ def kernel_files(inputs_dir: Path) -> list[Path]:
     return files
 
 
-def sandbox_plan(workdir: Path, root: Path, files: list[Path], uid: int, sockets: Path) -> dict:
-    """What a confined kernel sees: the system, Python and the graders package read-only,
-    `files`, its own folder and sockets; a fresh /tmp and course cache; nothing else of the
-    course folder."""
+def sandbox_plan(workdir: Path, root: Path, files: list[Path], uid: int, sockets: Path,
+                 overlays: list[tuple[Path, Path]] = ()) -> dict:
+    """What a confined kernel sees: the system, Python and the graders package read-only (with
+    each of `overlays`' files shown as its sealed copy: graders.harness.kernel_view), `files`,
+    its own folder and sockets; a fresh /tmp and course cache; nothing else of the course folder."""
     from graders.reference.paths import cache_dir
 
     package = Path(__file__).resolve().parents[1]
@@ -90,6 +102,7 @@ def sandbox_plan(workdir: Path, root: Path, files: list[Path], uid: int, sockets
     mounts += [(str(p), "ro") for p in {Path(sys.base_prefix).resolve(), Path(sys.prefix), package,
                                         package.parent / "data", *files} if p.exists()]
     mounts += [(str(workdir), "rw"), (str(sockets), "rw")]
+    mounts += [(str(path), "over", str(copy)) for path, copy in overlays]
     return {"uid": uid, "root": str(root), "cwd": str(workdir), "mounts": sorted(mounts)}
 
 

@@ -71,7 +71,8 @@ def confine(plan: dict, connection_file: str) -> str:
     "ro" bound read-only, "link" a copy of a symlink (/bin -> usr/bin), "rw" bound writable
     (the kernel's folder), "tree" bound with its submounts (/dev, /proc, /sys), "tmp" a fresh
     tmpfs owned by the kernel's uid, "empty" an empty read-only tmpfs (hides a folder that a
-    shallower mount would show).
+    shallower mount would show), and (path, "over", source) the file `source` shown read-only at
+    `path`.
     """
     uid, root = plan["uid"], plan["root"]
     with open(connection_file) as f:  # mode 0600, root's: read it before dropping privileges
@@ -80,8 +81,12 @@ def confine(plan: dict, connection_file: str) -> str:
     size = f"size={os.environ.get(MEMORY_ENV, '8192')}m"
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     read_only = [root]
-    for path, kind in sorted(plan["mounts"], key=lambda m: m[0].rstrip("/").count("/")):
+    for path, kind, *source in sorted(plan["mounts"], key=lambda m: m[0].rstrip("/").count("/")):
         target = root + path
+        if kind == "over":   # a file shown as another (a sealed copy of a graders module)
+            _mount(source[0], target, None, MS_BIND)
+            read_only.append(target)
+            continue
         if kind == "link":
             _mountpoint(os.path.dirname(target), True, uid)
             os.symlink(os.readlink(path), target)

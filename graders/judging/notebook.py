@@ -27,6 +27,10 @@ class Notebook:
     # Grader files (globs under graders/) whose functions solve this notebook's exercises: an
     # answer that copies one is flagged for the instructor (graders.harness.copies).
     course_code: tuple[str, ...] = ()
+    # The course's implementations of this notebook's exercises ("reference/components.py:LayerNorm",
+    # under graders/): sealed in the grading kernels of this notebook and the earlier ones
+    # (graders.harness.kernel_view).
+    implementations: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not (len(self.name) > 3 and self.name[:2].isdigit() and self.name[2] == "_"):

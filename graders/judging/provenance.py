@@ -45,6 +45,10 @@ LEARNER, LIBRARY, MACHINE, COURSE, COPY, ANSWER_LIBRARY = (
     "learner", "library", "machinery", "course", "copy", "answer library")
 
 
+class CourseCodeSealed(RuntimeError):
+    """Raised by the course's code as a grading kernel sees it (graders.harness.kernel_view)."""
+
+
 @dataclass(frozen=True)
 class Origin:
     kind: str
@@ -150,7 +154,7 @@ def _library_class(klass) -> bool:
 
 
 def _parts_of(obj) -> list:
-    """What an object is made of: itself, a method's or a partial's function, a class's own
+    """What an object is made of: itself, a method's, a partial's or a wrapper's function, a class's own
     attributes (along its MRO, library classes left out), an instance's class's, a tuple's items."""
     seen, found, stack = set(), [], [obj]
     while stack:
@@ -161,6 +165,8 @@ def _parts_of(obj) -> list:
         found.append(item)
         if isinstance(item, functools.partial):
             stack.append(item.func)
+        elif inspect.isfunction(item) and hasattr(item, "__wrapped__"):   # a decorator's wrapper
+            stack.append(item.__wrapped__)
         elif inspect.ismethod(item) or isinstance(item, (staticmethod, classmethod)):
             stack.append(item.__func__)
         elif isinstance(item, property):
@@ -208,7 +214,8 @@ def _nested(codes) -> set:
     return found
 
 
-def allowed_code(parts) -> set:
+@functools.lru_cache(maxsize=64)
+def allowed_code(parts: tuple) -> frozenset:
     """The code objects of the parts a check supplies, and of the course functions and classes
     they name (their own parts), transitively: what the learner's code may run of the course's."""
     allowed, stack = set(), list(parts)
@@ -223,12 +230,13 @@ def allowed_code(parts) -> set:
                 continue
             allowed.add(code)
             namespace = getattr(inspect.getmodule(code), "__dict__", {})
-            for name in code.co_names:
-                named = namespace.get(name)
-                if (inspect.isclass(named) or inspect.isfunction(named)) and \
-                        getattr(named, "__module__", "").startswith("graders."):
-                    stack.append(named)
-    return allowed
+            modules = [namespace[n] for n in code.co_names if inspect.ismodule(namespace.get(n))]
+            for name in code.co_names:   # a global, or an attribute of a module it names (bert.X)
+                for named in [namespace.get(name)] + [getattr(m, name, None) for m in modules]:
+                    if (inspect.isclass(named) or inspect.isfunction(named)) and \
+                            getattr(named, "__module__", "").startswith("graders."):
+                        stack.append(named)
+    return frozenset(allowed)
 
 
 _watches: list["Watch"] = []
@@ -293,7 +301,7 @@ class Watch:
         puts in the learner's class for the time of the check)."""
         if self.tampered:
             return f"{name}: your code is not checkable: {self.tampered[0]}. Remove that from your code."
-        allowed = allowed_code(parts) | (_nested([produce.__code__]) if produce is not None else set())
+        allowed = allowed_code(tuple(parts)) | (_nested([produce.__code__]) if produce is not None else set())
         for code in code_of(learner) + code_of(_named_by(learner)):
             found = _borrowed(code, allowed, called=False)
             if found:
@@ -346,6 +354,7 @@ def _message(name: str, found: Origin) -> str:
             "Write it yourself in your cells.")
 
 
+@functools.lru_cache(maxsize=None)
 def given_part_names(notebook: str) -> tuple[str, ...]:
     """The course's classes and functions that `notebook`'s given cells import for the learner
     (the earlier notebooks' parts, e.g. 05's LayerNorm, Attention and MLP), as module:name."""

@@ -25,11 +25,19 @@ POSITIONS = 6
 CIRCUIT_FORBIDDEN = Forbidden("the circuits", source_words=["components.Attention", "graders.reference"])
 
 
-def _attention(case: Case):
-    from graders.reference.components import Attention
-    from graders.reference.weights import load_strict
+class AttentionWeights(torch.nn.Module):
+    """One block's attention weights as attributes (`attn.W_Q`, ...): what the learner's circuits
+    read. Not the course's Attention, which a grading kernel of 03 does not have."""
 
-    return load_strict(Attention(Config()), part(f"blocks.{case.block}.attn"), "Attention").eval()
+    def __init__(self, weights: dict):
+        super().__init__()
+        self.cfg = Config()
+        for name, value in weights.items():
+            self.register_buffer(name, value)
+
+
+def _attention(case: Case) -> AttentionWeights:
+    return AttentionWeights(part(f"blocks.{case.block}.attn")).eval()
 
 
 def _residual(case: Case) -> torch.Tensor:

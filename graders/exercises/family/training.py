@@ -126,7 +126,8 @@ def judge_train(case: Case, outputs: dict) -> None:
                       "with mask_tokens and the generator passed in.")
 
 
-exercise = Exercise("09_transformer_family", "train_mlm", produce, judge_train, defaults={"text": None})
+exercise = Exercise("09_transformer_family", "train_mlm", produce, judge_train, defaults={"text": None},
+                    supplies=tuple(MLM_PARTS.values()))
 check_mlm_training = exercise.checker(
     "Train the grader's seeded encoder with the learner's `train_mlm` (with the course's mask_tokens "
     "and mlm_loss) for a fixed number of steps, then measure its held-out MLM loss.", learner=MLMRun)

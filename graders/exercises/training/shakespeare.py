@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from graders.exercises.diagnosis import diagnosis_first
-from graders.exercises.training.runs import (CountingBatches, TrainingRun, judge_loop, one_thread,
+from graders.exercises.training.runs import (TRAIN_PARTS, CountingBatches, TrainingRun, judge_loop, one_thread,
                                              run_training, stuck_diagnosis)
 from graders.exercises.training.tasks import (
     BELOW_UNIGRAM, MIN_CONTEXT_GAIN, N_SMOKE_VAL_WINDOWS, N_VAL_WINDOWS, SHAKESPEARE,
@@ -163,10 +163,12 @@ def judge_shakespeare_smoke(case: Case, outputs: dict) -> None:
 
 shakespeare_exercise = Exercise("07_training", "train (tiny Shakespeare)",
                                 _shakespeare_producer(SHAKESPEARE, N_VAL_WINDOWS),
-                                diagnosis_first(judge_shakespeare), defaults={"text": None})
+                                diagnosis_first(judge_shakespeare), defaults={"text": None},
+                                supplies=tuple(TRAIN_PARTS.values()))
 smoke_exercise = Exercise("07_training", "train (tiny Shakespeare, short run)",
                           _shakespeare_producer(SMOKE, N_SMOKE_VAL_WINDOWS),
-                          diagnosis_first(judge_shakespeare_smoke), defaults={"text": None})
+                          diagnosis_first(judge_shakespeare_smoke), defaults={"text": None},
+                          supplies=tuple(TRAIN_PARTS.values()))
 check_shakespeare_training = shakespeare_exercise.checker(
     "The graded run: train the 2-layer d_model-128 compact-vocabulary model on tiny Shakespeare "
     "with `train`.",

@@ -7,7 +7,7 @@ import math
 import torch
 
 from graders.exercises.diagnosis import diagnosis_first
-from graders.exercises.training.runs import (CountingBatches, TrainingRun, judge_loop, one_thread,
+from graders.exercises.training.runs import (TRAIN_PARTS, CountingBatches, TrainingRun, judge_loop, one_thread,
                                              reported_losses, run_training, stuck_diagnosis)
 from graders.exercises.training.tasks import (
     BAND_ABOVE, BAND_BELOW, D_VOCAB, FIRST_HALF_MAX_ACCURACY, FLOOR, N_TEST_SEQUENCES,
@@ -107,7 +107,7 @@ def judge_train(case: Case, outputs: dict) -> None:
 
 
 train_exercise = Exercise("07_training", "train (reversal task)", produce_train, diagnosis_first(judge_train),
-                          defaults={"text": None})
+                          defaults={"text": None}, supplies=tuple(TRAIN_PARTS.values()))
 check_train = train_exercise.checker(
     """Train a fresh 2-layer model with the learner's `train` on the grader's data and budget.
 

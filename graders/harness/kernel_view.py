@@ -1,0 +1,125 @@
+"""What a confined grading kernel sees of the graders package: the first line of defence.
+
+A notebook's kernel needs the course's machinery (running the learner's code, recording what it
+produced) and the earlier notebooks' parts its given cells import, nothing that answers its
+own exercises. Each graded module whose functions implement an exercise (declared beside the
+notebook: `Notebook.implementations`), or judge one (every exercise's `judge` and `inputs`, and
+the `*_mistakes` catalogs), is shown to the kernel as a sealed copy: the same names, classes
+and signatures, every such body replaced by a `raise`. Imports keep working and a learner who
+reaches for the course's code gets the same refusal as in their own kernel
+(graders.judging.provenance), but no correct implementation is on the kernel's file system.
+
+Kept real: what the notebook's given cells import and what its checks' `produce` functions run
+in the kernel, among it the parts its composites' checks supply, with the course functions and
+classes they name. Those are the one way in (a composite's parts are in the kernel from its
+start); provenance refuses them in the part's own check.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+from graders.judging.provenance import PACKAGE, allowed_code, given_parts
+
+SEALED_ERROR = "CourseCodeSealed"
+
+
+def _exercises_of(notebook: str) -> list:
+    from graders.exercises import grader_module
+    from graders.judging.exercise import _REGISTRY
+
+    grader_module(notebook)
+    return [e for key, e in sorted(_REGISTRY.items()) if key[0] == notebook]
+
+
+def _function_name(fn) -> tuple[Path, str] | None:
+    """(file, top-level name) of a module-level function or class of the graders package."""
+    fn = inspect.unwrap(fn)
+    module = inspect.getmodule(fn)
+    path = Path(getattr(module, "__file__", "") or "").resolve()
+    name = getattr(fn, "__qualname__", "")
+    if not path.is_relative_to(PACKAGE) or "." in name or "<" in name:
+        return None
+    return path, name
+
+
+def sealed(notebook: str) -> dict[Path, set[str]]:
+    """The top-level functions and classes, by file, that `notebook`'s kernel sees sealed."""
+    from graders.exercises import declared_notebooks
+
+    declared = declared_notebooks()
+    wanted: dict[Path, set[str]] = {}
+
+    def add(path: Path, name: str) -> None:
+        wanted.setdefault(path, set()).add(name)
+
+    for name, declaration in declared.items():
+        if name >= notebook:
+            for entry in declaration.implementations:
+                file, _, symbol = entry.partition(":")
+                add(PACKAGE / file, symbol)
+        for exercise in _exercises_of(name):
+            for fn in (exercise.judge, exercise.inputs):
+                found = _function_name(fn)
+                if found:
+                    add(*found)
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_mistakes"):
+                add(path.resolve(), node.name)
+    kept = _kept(notebook)
+    return {path: names - kept.get(path, set()) for path, names in wanted.items() if names - kept.get(path, set())}
+
+
+def _kept(notebook: str) -> dict[Path, set[str]]:
+    """What stays real: the given parts, and what every exercise's `produce` runs in the kernel
+    (its supplied parts among it), with the course's functions and classes they name."""
+    parts = list(given_parts(notebook))
+    for exercise in _exercises_of(notebook):
+        parts += [inspect.unwrap(exercise.produce), *exercise.supplies, *getattr(exercise.produce, "supplies", ())]
+    kept: dict[Path, set[str]] = {}
+    for code in allowed_code(tuple(parts)):
+        module_file = Path(code.co_filename).resolve()
+        top = code.co_qualname.split(".")[0]
+        if module_file.is_relative_to(PACKAGE) and "<" not in top:
+            kept.setdefault(module_file, set()).add(top)
+    return kept
+
+
+def sealed_source(path: Path, names: set[str]) -> str:
+    """`path`'s module with the bodies of `names` (top-level functions, and classes' methods)
+    replaced by a raise that names them."""
+    tree = ast.parse(path.read_text())
+    module = path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", ".")
+
+    def raising(qualname: str) -> list[ast.stmt]:
+        return ast.parse(f"raise {SEALED_ERROR}({module + '.' + qualname!r})").body
+
+    body = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
+            node.body = raising(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name in names:
+            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            for method in methods:
+                method.body = raising(f"{node.name}.{method.name}")
+            node.body = methods or [ast.Pass()]
+        body.append(node)
+    at = next((i for i, n in enumerate(body) if not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+               and not (i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))), 0)
+    body[at:at] = ast.parse(f"from graders.judging.provenance import {SEALED_ERROR}").body
+    tree.body = body
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def overlays(notebook: str, folder: Path) -> list[tuple[Path, Path]]:
+    """(the graders file, its sealed copy written in `folder`) for each file `notebook`'s kernel
+    sees sealed."""
+    found = []
+    for path, names in sorted(sealed(notebook).items()):
+        copy = folder / path.relative_to(PACKAGE)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(sealed_source(path, names))
+        found.append((path, copy))
+    return found

@@ -1,0 +1,62 @@
+"""What a confined grading kernel sees of the graders package (graders.harness.kernel_view): the
+course's implementation of what its notebook grades, and every judge, only as a sealed copy."""
+import inspect
+
+import pytest
+
+from graders.harness import kernel_view
+from graders.judging.provenance import PACKAGE, CourseCodeSealed
+from graders.reference import components
+
+COMPONENTS = PACKAGE / "reference" / "components.py"
+
+
+def _sealed_module(names):
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(kernel_view.sealed_source(COMPONENTS, names), "<sealed components>", "exec"), namespace)
+    return namespace
+
+
+def test_a_sealed_class_keeps_its_name_and_methods_but_none_of_its_code():
+    sealed = _sealed_module({"LayerNorm"})["LayerNorm"]
+    assert [m for m in vars(sealed) if inspect.isfunction(vars(sealed)[m])] == \
+        [m for m in vars(components.LayerNorm) if inspect.isfunction(vars(components.LayerNorm)[m])]
+    source = kernel_view.sealed_source(COMPONENTS, {"LayerNorm"})
+    real = inspect.getsource(components.LayerNorm.forward).split("\n", 1)[1]   # its body
+    assert real.strip() and real.strip().splitlines()[0].strip() not in source
+    with pytest.raises(CourseCodeSealed, match="graders.reference.components.LayerNorm.__init__"):
+        sealed(components.Config())
+
+
+def test_what_is_not_sealed_stays_as_it_is():
+    namespace = _sealed_module({"LayerNorm"})
+    assert inspect.getsource(components.gelu_new).split("\n", 1)[1].strip().splitlines()[0].strip() in \
+        kernel_view.sealed_source(COMPONENTS, {"LayerNorm"})
+    x = components.torch.randn(3, 4)
+    assert components.torch.equal(namespace["gelu_new"](x), components.gelu_new(x))
+
+
+def _names(notebook):
+    return {(path.relative_to(PACKAGE).as_posix(), name)
+            for path, names in kernel_view.sealed(notebook).items() for name in names}
+
+
+def test_a_notebook_kernel_has_its_own_exercises_sealed_and_its_given_parts_real():
+    block = _names("05_transformer_block")
+    assert ("reference/components.py", "TransformerBlock") in block
+    assert not {("reference/components.py", n) for n in ("LayerNorm", "Attention", "MLP")} & block
+    assert ("reference/components.py", "LayerNorm") in _names("01_layernorm")
+    assert ("reference/components.py", "DemoTransformer") in _names("01_layernorm")   # later ones too
+
+
+def test_every_judge_is_sealed_in_every_kernel():
+    from graders.exercises import find
+    from graders.judging.exercise import _REGISTRY
+
+    layernorm = _names("01_layernorm")
+    find(("10_modern_decoder", "RMSNorm"))
+    for key, exercise in sorted(_REGISTRY.items()):
+        judge = inspect.unwrap(exercise.judge)
+        if "." not in judge.__qualname__ and "<" not in judge.__qualname__:
+            where = (inspect.getsourcefile(judge).split("graders/", 1)[1], judge.__qualname__)
+            assert where in layernorm, (key, where)
