@@ -238,6 +238,16 @@ def test_each_picture_cell_draws_an_image_in_the_solution_run(name, solution_run
 
 
 @SOLUTION_RUNS
+@pytest.mark.parametrize("name", sorted(PICTURES))
+@pytest.mark.slow
+def test_the_reference_run_sums_up_full_points(name, solution_run):
+    """`make solutions` (its test cells hold the hidden tests too) ends as a learner's full run
+    does: every check passes, with the notebook's points (issue 36)."""
+    summary = "".join(o.get("text", "") for o in solution_run(name)[0].cells[-1].outputs)
+    assert f"Progress in {name}: " in summary and "every check passes" in summary, summary
+
+
+@SOLUTION_RUNS
 @pytest.mark.slow
 def test_notebook_10s_demonstration_printed_the_losses_its_text_states(solution_run):
     """The sentence after notebook 10's training demonstration states the two validation losses

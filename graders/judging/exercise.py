@@ -120,7 +120,8 @@ class Exercise:
                 history = session.history()
                 code = history.learner_code(self.notebook) if history else LearnerCode()
                 verdict = decide(self, case, outputs, str(failure or ""), code)
-            progress.record(self.key, place, answers, verdict.passed)
+            progress.record(self.key, place, answers, verdict.passed,
+                            unwritten=getattr(failure, "unwritten", False) and str(failure) == verdict.message)
         if not verdict.passed:   # the learner's own failure keeps its traceback (their line)
             raise failure if failure is not None and str(failure) == verdict.message else CheckFailed(verdict.message)
         ok(f"{self.name}: correct on {_described(case)}{progress.points_note(place)}")

@@ -81,8 +81,10 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
                           f"{forbidden.instead} instead of calling the library version.") from None
     except CheckFailed:
         raise
-    except NotImplementedError:
-        raise CheckFailed(f"{what}: not implemented yet: write it in the cell above.") from None
+    except NotImplementedError as err:
+        raised = _unwritten_part(err, fn)
+        raise unwritten(f"{what} calls {raised}, which is not written yet: write it in its cell above."
+                        if raised else f"{what}: not implemented yet: write it in the cell above.") from None
     except Exception as err:  # the learner's bug: report it in their terms, not torch's
         raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
                           f"  while running on {describe_args(args)}.") from err
@@ -162,6 +164,31 @@ def mentions(code: str, word: str) -> bool:
                      else re.escape(word), code) is not None
 
 
+def unwritten(message: str) -> CheckFailed:
+    """The failure of a check whose answer (or a part it uses) is still nbgrader's stub: the
+    notebook's summary says "not written yet" of it, not "its check fails"."""
+    failure = CheckFailed(message)
+    failure.unwritten = True
+    return failure
+
+
+def _unwritten_part(err: NotImplementedError, learner) -> str | None:
+    """The learner's method that raised `err`, when it is not one of `learner`'s own (a given
+    __init__ building the learner's unwritten DecoderLayer): its qualified name."""
+    from graders.judging.provenance import LEARNER, origin
+
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or origin(tb.tb_frame.f_code).kind != LEARNER:
+        return None
+    owner, _, _ = tb.tb_frame.f_code.co_qualname.rpartition(".")
+    if not owner or owner.endswith("<locals>"):
+        return None   # a function: the learner's own, or a helper of theirs
+    own = learner if isinstance(learner, type) else type(learner)
+    return None if owner.split(".")[-1] == own.__name__ else tb.tb_frame.f_code.co_qualname.split(".<locals>.")[-1]
+
+
 def describe_args(args) -> str:
     parts = []
     for a in args:
@@ -178,8 +205,12 @@ def build_module(what: str, cls, *args):
         raise CheckFailed(f"{what}: expected your class (a subclass of nn.Module), got {cls!r}.")
     try:
         return cls(*args)
-    except NotImplementedError:
-        raise CheckFailed(f"{what}: __init__ is not implemented yet.") from None
+    except NotImplementedError as err:
+        raised = _unwritten_part(err, cls)
+        owner, _, method = (raised or "").rpartition(".")
+        raise unwritten(f"{what}: {cls.__name__} builds {owner}, whose `{method}` is not written yet: "
+                        "write it in its cell above." if owner
+                        else f"{what}: __init__ is not implemented yet.") from None
     except Exception as err:
         raise CheckFailed(f"{what}: creating {cls.__name__}(cfg) raised "
                           f"{type(err).__name__}: {err}") from err

@@ -80,15 +80,18 @@ def points_note(place: Place | None) -> str:
     return ""
 
 
-def record(key: tuple[str, str], place: Place | None, answers, passed: bool) -> None:
-    """Remember a check's verdict in this kernel. A pass counts for the answers it ran on only
-    in a test cell; a failure counts wherever it happens."""
+UNWRITTEN = "unwritten"   # a check's verdict on nbgrader's stub: failed, and not started
+
+
+def record(key: tuple[str, str], place: Place | None, answers, passed: bool, unwritten: bool = False) -> None:
+    """Remember a check's verdict in this kernel (`unwritten`: it failed on a stub). A pass
+    counts for the answers it ran on only in a test cell; a failure counts wherever it happens."""
     with contextlib.suppress(Exception):
         if place is not None:
             cell = _verdicts.setdefault((place.notebook, place.cell.grade_id), {})
             if place.index == 0:
                 cell.clear()
-            cell[place.index] = passed
+            cell[place.index] = UNWRITTEN if unwritten and not passed else passed
         for a in answers:
             if inspect.isfunction(a) or inspect.isclass(a):
                 verdicts = _answers.setdefault(id(a), (a, {}))[1]
@@ -172,7 +175,8 @@ def progress(notebook: str) -> None:
         if all(verdicts.get(i) is True for i in range(len(cell.calls))):
             earned += cell.points
             continue
-        state = "its check fails" if False in verdicts.values() else "not checked yet"
+        state = ("its check fails" if False in verdicts.values() else
+                 "not written yet" if UNWRITTEN in verdicts.values() else "not checked yet")
         todo.append(f"{_names(cell)} ({_points(cell.points)}, {state})")
     if not todo:
         print(f"\N{CHECK MARK} Progress in {notebook}: {earned:g} of {_points(total)}: every check passes.")

@@ -41,15 +41,16 @@ def produce(learner, case: Case, inputs: dict) -> dict:
     q, k = _qk(case)
     outputs = {}
     for theta in THETAS:
-        cos, sin = _pair(run_learner("rope_cos_sin", rope_cos_sin, positions, D_HEAD, theta, forbidden=FORBIDDEN))
+        cos, sin = _pair(run_learner("RoPE (rope_cos_sin)", rope_cos_sin, positions, D_HEAD, theta,
+                                     forbidden=FORBIDDEN))
         outputs[f"cos_{theta:g}"], outputs[f"sin_{theta:g}"] = cos, sin
     cos, sin = ref.rope_cos_sin(positions, D_HEAD, THETAS[0])
-    outputs["q_rotated"] = run_learner("apply_rope", apply_rope, q, cos, sin, forbidden=FORBIDDEN)
+    outputs["q_rotated"] = run_learner("RoPE (apply_rope)", apply_rope, q, cos, sin, forbidden=FORBIDDEN)
     for name, start in (("scores", 0), ("scores_shifted", offset(case))):
-        cos, sin = _pair(run_learner("rope_cos_sin", rope_cos_sin, positions + start, D_HEAD, THETAS[0],
+        cos, sin = _pair(run_learner("RoPE (rope_cos_sin)", rope_cos_sin, positions + start, D_HEAD, THETAS[0],
                                      forbidden=FORBIDDEN))
-        q_rot = run_learner("apply_rope", apply_rope, q, cos, sin, forbidden=FORBIDDEN)
-        k_rot = run_learner("apply_rope", apply_rope, k, cos, sin, forbidden=FORBIDDEN)
+        q_rot = run_learner("RoPE (apply_rope)", apply_rope, q, cos, sin, forbidden=FORBIDDEN)
+        k_rot = run_learner("RoPE (apply_rope)", apply_rope, k, cos, sin, forbidden=FORBIDDEN)
         outputs[name] = q_rot @ k_rot.transpose(-1, -2)
     return outputs
 
