@@ -212,6 +212,14 @@ def _layer(kind):
             if kind == "parallel":
                 out, cache = self.attn(self.ln1(x), cos, sin, past)
                 return x + out + self.mlp(self.ln2(x)), cache
+            if kind == "old_past":
+                x = x + self.attn(self.ln1(x), cos, sin, past)[0]
+                return x + self.mlp(self.ln2(x)), past
+            if kind == "queries_cached":
+                x_in = self.ln1(x)
+                out, (keys, values) = self.attn(x_in, cos, sin, past)
+                x = x + out
+                return x + self.mlp(self.ln2(x)), (keys * 2, values)
             out, cache = self.attn(self.ln1(x), cos, sin, past)
             return out + self.mlp(self.ln2(out)), cache
     return DecoderLayer
@@ -223,6 +231,10 @@ def test_decoder_layer_passes_and_its_mistakes_are_named():
     fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
     fails_with(nb10.check_decoder_layer, _layer("parallel"), expected="Likely mistake: attention and the MLP both read")
     fails_with(nb10.check_decoder_layer, _layer("no_residual"), expected="Likely mistake: the residual is not added")
+    # The cache it returns (issue 38): the old `past`, or other tensors than the attention's cache.
+    fails_with(nb10.check_decoder_layer, _layer("old_past"),
+               expected="Likely mistake: the `past` passed in is returned instead of the cache your attention")
+    fails_with(nb10.check_decoder_layer, _layer("queries_cached"), expected="cached keys")
 
 
 class RestartingPositions(ref.ModernDecoder):
@@ -289,6 +301,35 @@ def _generate(cache=True):
     return generate_greedy
 
 
+def _append_then_call(pick=lambda logits: logits[:, -1].argmax(-1, keepdim=True), keep_cache=True):
+    """The usual loop: append the chosen token, then call the model, once more after the last."""
+    def generate_greedy(model, tokens, n_new):
+        logits, past = model(tokens)
+        for _ in range(n_new):
+            token = pick(logits)
+            tokens = torch.cat([tokens, token], dim=1)
+            logits, new_past = model(token, past)
+            past = new_past if keep_cache else None
+        return tokens
+    return generate_greedy
+
+
+def test_generate_greedy_with_a_call_after_the_last_token_passes():
+    nb10.check_generate_greedy(_append_then_call())
+    nb10.check_generate_greedy(_append_then_call(), seed=3, batch=3, seq=4)
+
+
+@pytest.mark.parametrize("learner, expected", [
+    (_append_then_call(lambda logits: logits[:, 0].argmax(-1, keepdim=True)),
+     "Likely mistake: the next token is read from the first position's logits"),
+    (_append_then_call(lambda logits: logits[:, -1].argmin(-1, keepdim=True)),
+     "Likely mistake: the least likely token is taken"),
+    (_append_then_call(keep_cache=False), "Likely mistake: the cache is fed wrongly"),
+])
+def test_a_wrong_token_is_named_before_the_calls_are_counted(learner, expected):
+    fails_with(nb10.check_generate_greedy, learner, expected=expected)
+
+
 def test_generate_greedy_passes_and_its_mistakes_are_named():
     nb10.check_generate_greedy(_generate())
     nb10.check_generate_greedy(_generate(), seed=3, batch=3, seq=4)
@@ -305,6 +346,27 @@ def _bytes(heads="n_kv_heads", factor=2):
         element = torch.finfo(dtype).bits // 8
         return factor * cfg.n_layers * batch * seq_len * getattr(cfg, heads) * cfg.d_head * element
     return kv_cache_bytes
+
+
+def _bytes_per_number(size):
+    def kv_cache_bytes(cfg, batch, seq_len, dtype):
+        return 2 * cfg.n_layers * batch * seq_len * cfg.n_kv_heads * cfg.d_head * size
+    return kv_cache_bytes
+
+
+@pytest.mark.parametrize("learner, expected", [
+    (_bytes_per_number(2), "Likely mistake: the dtype is ignored: every number is counted as 2 bytes"),
+    (_bytes_per_number(4), "Likely mistake: the dtype is ignored: every number is counted as 4 bytes"),
+    (lambda cfg, batch, seq_len, dtype: _bytes(heads="n_heads")(cfg, batch, seq_len, torch.float32),
+     "Likely mistake: n_heads is used: the cache holds the keys and values of the n_kv_heads KV heads only "
+     "(that is what grouped-query attention saves). And: the dtype is ignored: every number is counted as 4"),
+    (lambda cfg, batch, seq_len, dtype: 8 * _bytes()(cfg, batch, seq_len, dtype), "Likely mistake: bits, not bytes"),
+])
+def test_kv_cache_bytes_tells_each_factor_apart_over_the_dtypes(learner, expected):
+    """2 bytes a number and keys only are both half of float32's answer: bfloat16's and float64's
+    answers tell them apart (issue 38)."""
+    for seed, batch in ((0, 1), (1, 3)):
+        fails_with(nb10.check_kv_cache_bytes, learner, expected=expected, seed=seed, batch=batch)
 
 
 def test_kv_cache_bytes_passes_and_its_mistakes_are_named():

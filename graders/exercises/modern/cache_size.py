@@ -50,38 +50,60 @@ def measured(case: Case) -> int:
     return cache_bytes(cache)
 
 
+def _element(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def size_mistakes(cfg: ref.ModernConfig, batch: int, seq: int, element: int) -> dict[str, int]:
+    """What each mistake in the cache's shape answers, for numbers of `element` bytes ("" is right)."""
     per_head = 2 * cfg.n_layers * batch * seq * cfg.d_head * element
     return {
+        "": per_head * cfg.n_kv_heads,
         "n_heads is used: the cache holds the keys and values of the n_kv_heads KV heads only "
         "(that is what grouped-query attention saves)": per_head * cfg.n_heads,
         "only the keys are counted: the cache holds keys and values, two tensors per layer":
             per_head * cfg.n_kv_heads // 2,
         "one layer is counted: every layer has its own keys and values": per_head * cfg.n_kv_heads // cfg.n_layers,
-        "bits, not bytes: an element of this dtype takes dtype's bits / 8 bytes": per_head * cfg.n_kv_heads * 8,
         "the batch is left out: every sequence of the batch has its own cache": per_head * cfg.n_kv_heads // batch,
         "d_model is used for the keys' width: a layer caches n_kv_heads * d_head numbers per position "
         "for the keys (and as many for the values)": per_head // cfg.d_head * cfg.d_model,
     }
 
 
+def element_mistakes() -> dict[str, callable]:
+    """How an answer may size one number of each dtype, by the mistake it is ("" is right)."""
+    found = {"": _element,
+             "bits, not bytes: an element of this dtype takes dtype's bits / 8 bytes": lambda d: 8 * _element(d)}
+    for size in (1, 2, 4, 8):
+        found[f"the dtype is ignored: every number is counted as {size} byte{'s' if size > 1 else ''}, "
+              "whatever the dtype (float32 takes 4, bfloat16 2, float64 8)"] = lambda d, size=size: size
+    return found
+
+
+def explained(cfg: ref.ModernConfig, batch: int, seq: int, answers: dict) -> list[str]:
+    """The fewest mistakes, in the cache's shape and in the size of a number, that give every
+    dtype's answer at once: a factor that shows in one dtype only (2 bytes a number, or keys
+    only, are both half of float32's) is told apart by the others."""
+    found = [[m for m in (shaped, sized) if m] for sized, element in element_mistakes().items()
+             for shaped in size_mistakes(cfg, batch, seq, 1)
+             if all(size_mistakes(cfg, batch, seq, element(d))[shaped] == got for d, got in answers.items())]
+    return min(found, key=len, default=[])   # one mistake before two that happen to agree
+
+
 def judge(case: Case, outputs: dict) -> None:
     cfg, floats = size_config(case), measured(case) // 4   # the course's cache is float32
-    for dtype in DTYPES:
-        element = torch.empty((), dtype=dtype).element_size()
-        got, right = int(outputs[str(dtype)]), floats * element
-        if got == right:
-            continue
-        message = (f"kv_cache_bytes(cfg, batch={case.batch}, seq_len={case.seq}, dtype={dtype}) = {got:,} for "
-                   f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
-                   f"d_head={cfg.d_head}, d_model={cfg.d_model}: not the size of the cache for those tokens.")
-        if dtype != torch.float32 and got == floats * 4:
-            message += f" Likely mistake: the dtype is ignored: {dtype} takes {element} bytes per number."
-        else:
-            named = [why for why, value in size_mistakes(cfg, case.batch, case.seq, element).items() if value == got]
-            if named:
-                message += f" Likely mistake: {' Or: '.join(named)}."
-        raise CheckFailed(message)
+    answers = {dtype: int(outputs[str(dtype)]) for dtype in DTYPES}
+    wrong = [dtype for dtype in DTYPES if answers[dtype] != floats * _element(dtype)]
+    if not wrong:
+        return
+    dtype = wrong[0]
+    message = (f"kv_cache_bytes(cfg, batch={case.batch}, seq_len={case.seq}, dtype={dtype}) = {answers[dtype]:,} "
+               f"for n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
+               f"d_head={cfg.d_head}, d_model={cfg.d_model}: not the size of the cache for those tokens.")
+    named = explained(cfg, case.batch, case.seq, answers)
+    if named:
+        message += f" Likely mistake: {'. And: '.join(named)}."
+    raise CheckFailed(message)
 
 
 exercise = Exercise(NOTEBOOK, "kv_cache_bytes", produce, judge, forbidden=(FORBIDDEN,),

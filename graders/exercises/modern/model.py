@@ -29,6 +29,8 @@ DIMS, LOGIT_DIMS = ("batch", "position", "d_model"), ("batch", "position", "d_vo
 
 # --- DecoderLayer ------------------------------------------------------------------------------
 
+CACHE_DIMS = ("batch", "kv_head", "position", "d_head")
+
 def with_course_parts(module: nn.Module, cfg: ref.ModernConfig) -> nn.Module:
     """The learner's layer or model with the course's versions of the parts that have checks of
     their own (the norms, attention and the MLP in a layer; the layers and the final norm in the
@@ -58,6 +60,9 @@ def produce_layer(DecoderLayer, case: Case, inputs: dict) -> dict:
     result = run_learner("DecoderLayer", layer, *_layer_input(case, cfg), forbidden=FORBIDDEN)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CheckFailed(f"DecoderLayer returned {type(result).__name__}; return (x, (keys, values)).")
+    cache = result[1]
+    if isinstance(cache, (tuple, list)) and len(cache) == 2 and all(isinstance(t, torch.Tensor) for t in cache):
+        return {"out": result[0], "keys": cache[0], "values": cache[1]}
     return {"out": result[0]}
 
 
@@ -95,6 +100,16 @@ def judge_layer(case: Case, outputs: dict) -> None:
     compare(f"DecoderLayer (blocks.{case.block})", outputs.get("out"), expected, DIMS,
             mistakes=layer_mistakes(x, component(weights(case.seed), f"blocks.{case.block}"), cos, sin),
             hint="x = x + attn(ln1(x)); x = x + mlp(ln2(x)).")
+    if "keys" not in outputs or "values" not in outputs:
+        raise CheckFailed("DecoderLayer: its x is right, but it does not return (keys, values) tensors as its "
+                          "cache. Likely mistake: the `past` passed in is returned instead of the cache your "
+                          "attention returned.")
+    w = component(weights(case.seed), f"blocks.{case.block}")
+    _, (keys, values) = ref.attention(ref.rms_norm(x, w["ln1.w"], cfg.rms_norm_eps), component(w, "attn"), cos, sin)
+    for name, cached in (("keys", keys), ("values", values)):
+        compare(f"DecoderLayer (blocks.{case.block})'s cached {name}", outputs.get(name), cached, CACHE_DIMS,
+                hint="return the (keys, values) your attention returned: the cache of this call, "
+                     "not the `past` passed in.")
 
 
 layer_exercise = Exercise(NOTEBOOK, "DecoderLayer", produce_layer, diagnosis_first(judge_layer),
@@ -205,27 +220,57 @@ def produce_generate(generate_greedy, case: Case, inputs: dict) -> dict:
     return {"out": out, "fed": torch.tensor(fed, dtype=torch.long)}
 
 
+# How a greedy loop can pick its next token from the last logits, by the mistake it would be.
+PICKS = {
+    None: lambda logits: logits[:, -1].argmax(-1, keepdim=True),
+    "the next token is read from the first position's logits, not the last's (logits[:, -1])":
+        lambda logits: logits[:, 0].argmax(-1, keepdim=True),
+    "the least likely token is taken (argmin for argmax)": lambda logits: logits[:, -1].argmin(-1, keepdim=True),
+}
+
+
+def _continued(hf, prompt: torch.Tensor, pick, cached: bool = False) -> torch.Tensor:
+    """The prompt continued by N_NEW tokens, each chosen by `pick` from the logits the loop sees:
+    the whole sequence's, or (`cached`) the prompt's first and then the new token's alone."""
+    tokens = prompt
+    with torch.no_grad():
+        for step in range(N_NEW):
+            logits = hf(tokens).logits
+            tokens = torch.cat([tokens, pick(logits if step == 0 or not cached else logits[:, -1:])], dim=1)
+    return tokens
+
+
 def judge_generate(case: Case, outputs: dict) -> None:
+    """The tokens first, with what a wrong one says of the loop; then how the model was called:
+    the prompt once, then each new token alone with the cache. One more call after the last
+    token (the usual append-then-call loop) is fine: its logits are not used."""
     cfg = ref.ModernConfig()
     prompt, hf = tokens_for(case, cfg), hf_model(case.seed)
     judge_generated("generate_greedy(model, tokens, 8)", outputs.get("out"), prompt, N_NEW)
-    fed = outputs["fed"].tolist()
-    if fed[1:] != [1] * (N_NEW - 1) or fed[:1] != [case.seq]:
+    out, fed = outputs["out"], outputs["fed"].tolist()
+    expected = _continued(hf, prompt, PICKS[None])
+    cached = fed[:1] == [case.seq] and set(fed[1:]) <= {1}
+    if not torch.equal(out, expected):
+        wrong = (out != expected).nonzero()[0].tolist()
+        named = next((m for m, pick in PICKS.items()
+                      if m and torch.equal(out, _continued(hf, prompt, pick, cached))), None)
+        if named is None and cached:
+            named = ("the cache is fed wrongly (each new token must go in with the cache the last call "
+                     "returned), or the next token is not the argmax (sampled?)")
+        raise CheckFailed(f"generate_greedy: token {wrong[1]} of sequence {wrong[0]} is "
+                          f"{int(out[tuple(wrong)])}, LlamaForCausalLM's greedy choice is "
+                          f"{int(expected[tuple(wrong)])}. "
+                          + (f"Likely mistake: {named}." if named else
+                             "Pass the cache the model returned back in with the next token, and take "
+                             "the argmax of the last position's logits."))
+    if not cached or len(fed) not in (N_NEW, N_NEW + 1):
         raise CheckFailed(f"generate_greedy fed the model {fed} tokens per call; with a KV cache, the "
                           f"prompt ({case.seq} tokens) goes in once, then each new token alone, with the "
                           "cache: model(next_token, past). Likely mistake: "
                           + ("the cache is not used: the whole sequence is fed again at every step."
-                             if len(fed) > 1 and fed[1] > 1 else "the model is called another number of times."))
-    tokens = prompt
-    with torch.no_grad():   # the reference: the full sequence each step, greedily
-        for _ in range(N_NEW):
-            tokens = torch.cat([tokens, hf(tokens).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    if not torch.equal(outputs["out"], tokens):
-        wrong = (outputs["out"] != tokens).nonzero()[0].tolist()
-        raise CheckFailed(f"generate_greedy: token {wrong[1]} of sequence {wrong[0]} is "
-                          f"{int(outputs['out'][tuple(wrong)])}, LlamaForCausalLM's greedy choice is "
-                          f"{int(tokens[tuple(wrong)])}. Pass the cache the model returned back in with the "
-                          "next token, and take the argmax of the last position's logits.")
+                             if len(fed) > 1 and fed[1] > 1 else
+                             f"the model is called {len(fed)} times for {N_NEW} new tokens "
+                             f"({N_NEW} calls, or {N_NEW + 1} with one after the last token, are right)."))
 
 
 generate_exercise = Exercise(NOTEBOOK, "generate_greedy", produce_generate, judge_generate,
