@@ -113,13 +113,30 @@ def sealed_source(path: Path, names: set[str]) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def overlays(notebook: str, folder: Path) -> list[tuple[Path, Path]]:
-    """(the graders file, its sealed copy written in `folder`) for each file `notebook`'s kernel
-    sees sealed."""
-    found = []
-    for path, names in sorted(sealed(notebook).items()):
-        copy = folder / path.relative_to(PACKAGE)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(sealed_source(path, names))
-        found.append((path, copy))
-    return found
+def overlays(notebook: str) -> list[tuple[Path, Path]]:
+    """(the graders file, its sealed copy) for each file `notebook`'s kernel sees sealed. The
+    copies are made once per version of the graders and the released notebooks (what decides
+    them), in the course cache: a grading kernel's cache is a fresh folder of its own."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    from graders.layout import EXERCISES
+    from graders.reference.paths import cache_dir
+
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")) + sorted(EXERCISES.glob("*.ipynb")):
+        digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
+    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / notebook
+    if not folder.is_dir():
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{notebook}."))
+        for path, names in sorted(sealed(notebook).items()):
+            copy = staging / path.relative_to(PACKAGE)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(sealed_source(path, names))
+        try:
+            os.rename(staging, folder)
+        except OSError:   # another grader made it meanwhile: theirs is the same
+            shutil.rmtree(staging, ignore_errors=True)
+    return [(PACKAGE / copy.relative_to(folder), copy) for copy in sorted(folder.rglob("*.py"))]

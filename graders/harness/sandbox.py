@@ -3,9 +3,10 @@
 A confined kernel (see `graders.harness.sandbox_kernel.confine`) sees the system, Python and the
 graders package read-only, the latter as its notebook's kernel view (the course's
 implementations and judges sealed: graders.harness.kernel_view); the course weights it loads
-the learner's modules with; the tokenizer files; tiny Shakespeare; the inputs its checks receive; its own folder and sockets; a
-fresh /tmp and course cache. It never sees the reference activations, the reference model's
-own files, solutions/, .git, the grading output or other students' folders.
+the learner's modules with; the tokenizer files; tiny Shakespeare; the inputs its checks
+receive; its own folder and sockets; a fresh /tmp and course cache. It never sees the reference
+activations, the reference model's own files, solutions/, .git, the grading output or other
+students' folders.
 """
 from __future__ import annotations
 
