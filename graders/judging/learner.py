@@ -83,7 +83,7 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
         raise
     except NotImplementedError as err:
         raised = _unwritten_part(err, fn)
-        raise unwritten(f"{what} calls {raised}, which is not written yet: write it in its cell above."
+        raise unwritten(f"{what}: {raised} is not written yet (your {what} calls it)."
                         if raised else f"{what}: not implemented yet: write it in the cell above.") from None
     except Exception as err:  # the learner's bug: report it in their terms, not torch's
         raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
@@ -185,6 +185,9 @@ def _unwritten_part(err: NotImplementedError, learner) -> str | None:
     owner, _, _ = tb.tb_frame.f_code.co_qualname.rpartition(".")
     if not owner or owner.endswith("<locals>"):
         return None   # a function: the learner's own, or a helper of theirs
+    learner = getattr(learner, "__self__", learner)   # a bound method: its object's class
+    if inspect.isfunction(learner) or inspect.isbuiltin(learner):
+        return None   # a function the check calls: which class is the learner's is not known
     own = learner if isinstance(learner, type) else type(learner)
     return None if owner.split(".")[-1] == own.__name__ else tb.tb_frame.f_code.co_qualname.split(".<locals>.")[-1]
 
@@ -208,9 +211,8 @@ def build_module(what: str, cls, *args):
     except NotImplementedError as err:
         raised = _unwritten_part(err, cls)
         owner, _, method = (raised or "").rpartition(".")
-        raise unwritten(f"{what}: {cls.__name__} builds {owner}, whose `{method}` is not written yet: "
-                        "write it in its cell above." if owner
-                        else f"{what}: __init__ is not implemented yet.") from None
+        raise unwritten(f"{what}: {owner}.{method} is not written yet ({cls.__name__} builds {owner})."
+                        if owner else f"{what}: __init__ is not implemented yet.") from None
     except Exception as err:
         raise CheckFailed(f"{what}: creating {cls.__name__}(cfg) raised "
                           f"{type(err).__name__}: {err}") from err
