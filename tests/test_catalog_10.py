@@ -40,30 +40,33 @@ def test_the_course_decoder_matches_llama_whole_and_cached():
 
 # --- RMSNorm -----------------------------------------------------------------------------------
 
-def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False):
+def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False, eps=None,
+          in_input_dtype=False, weight_first=False, cast_back=True):
     class RMSNorm(nn.Module):
         def __init__(self, cfg):
             super().__init__()
             self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
 
         def forward(self, x):
-            x32 = x.float()
+            x32 = x if in_input_dtype else x.float()
             if center:
                 x32 = x32 - x32.mean(-1, keepdim=True)
             ms = (torch.einsum("bpd,bpd->bp", x32, x32)[..., None] / x.shape[-1] if einsum
                   else x32.pow(2).mean(-1, keepdim=True))
             if norm:
                 ms = ms * x.shape[-1]
-            scaled = (x32 / (ms.sqrt() + self.cfg.rms_norm_eps) if eps_outside
-                      else x32 * torch.rsqrt(ms + self.cfg.rms_norm_eps))
-            return scaled.to(x.dtype) * (self.w if weight else 1)
+            epsilon = self.cfg.rms_norm_eps if eps is None else eps
+            scaled = (x32 / (ms.sqrt() + epsilon) if eps_outside else x32 * torch.rsqrt(ms + epsilon))
+            if weight_first:
+                return (scaled * self.w.float()).to(x.dtype)
+            return (scaled.to(x.dtype) if cast_back else scaled) * (self.w if weight else 1)
     return RMSNorm
 
 
-@pytest.mark.parametrize("cls", [ref.RMSNorm, _norm(), _norm(einsum=True)])
+@pytest.mark.parametrize("cls", [ref.RMSNorm, _norm(), _norm(einsum=True), _norm(weight_first=True)])
 def test_rms_norm_correct_variants_pass(cls):
     nb10.check_rms_norm(cls)
-    nb10.check_rms_norm(cls, seed=3, batch=1, seq=30)
+    nb10.check_rms_norm(cls, seed=3, batch=1, seq=30, rms_norm_eps=1e-5)
 
 
 @pytest.mark.parametrize("cls, expected", [
@@ -71,9 +74,18 @@ def test_rms_norm_correct_variants_pass(cls):
     (_norm(eps_outside=True), "Likely mistake: eps is added outside the square root"),
     (_norm(weight=False), "Likely mistake: the learned weight w is not applied"),
     (_norm(norm=True), "Likely mistake: dividing by the norm"),
+    (_norm(in_input_dtype=True), "Likely mistake: the mean square is computed in float16"),
+    (_norm(cast_back=False), "Likely mistake: the normalised x is not cast back"),
 ])
 def test_rms_norm_mistakes_are_named(cls, expected):
     fails_with(nb10.check_rms_norm, cls, expected=expected)
+
+
+def test_rms_norm_with_eps_written_in_fails_a_config_with_another():
+    nb10.check_rms_norm(_norm(eps=1e-6))
+    fails_with(nb10.check_rms_norm, _norm(eps=1e-6), rms_norm_eps=1e-5,
+               expected="Likely mistake: eps is not read from the config: 1e-06 is used where this config's "
+                        "rms_norm_eps is 1e-05")
 
 
 # --- RoPE --------------------------------------------------------------------------------------
@@ -282,9 +294,23 @@ def test_a_part_with_a_check_of_its_own_costs_only_that_check():
     fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
 
 
+class ThetaWrittenIn(ref.ModernDecoder):
+    def forward(self, tokens, past=None):
+        start = 0 if past is None else past[0][0].shape[2]
+        cos, sin = ref.rope_cos_sin(torch.arange(start, start + tokens.shape[1]), self.cfg.d_head, 10000.0)
+        x, cache = self.W_E[tokens], []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, cos, sin, None if past is None else past[i])
+            cache.append(layer_cache)
+        return self.ln_final(x) @ self.W_U, cache
+
+
 def test_model_passes_and_its_mistakes_are_named():
     nb10.check_modern_decoder(ref.ModernDecoder)
-    nb10.check_modern_decoder(ref.ModernDecoder, seed=6, batch=1, seq=20)
+    nb10.check_modern_decoder(ref.ModernDecoder, seed=6, batch=1, seq=20, rope_theta=500000.0)
+    nb10.check_modern_decoder(ThetaWrittenIn)
+    fails_with(nb10.check_modern_decoder, ThetaWrittenIn, rope_theta=500000.0,
+               expected="Likely mistake: rope_theta is not read from the config")
     fails_with(nb10.check_modern_decoder, RestartingPositions, expected="Likely mistake: positions restart at 0")
     fails_with(nb10.check_modern_decoder, NoFinalNorm, expected="Likely mistake: the final RMSNorm is missing")
 

@@ -133,7 +133,7 @@ def _model_run(what, model, *args):
 
 
 def produce_model(ModernDecoder, case: Case, inputs: dict) -> dict:
-    cfg = ref.ModernConfig()
+    cfg = case.config(ref.ModernConfig())
     model = load_attention(ModernDecoder, cfg, weights(case.seed), "ModernDecoder", with_course_parts)
     tokens, split = tokens_for(case, cfg), case.seq // 2
     logits, _ = _model_run("ModernDecoder", model, tokens)
@@ -153,11 +153,24 @@ def _course_model(cfg: ref.ModernConfig, seed: int) -> nn.Module:
     return model.eval()
 
 
+def _run_course(model: nn.Module, tokens: torch.Tensor, cached: bool) -> torch.Tensor:
+    """The course model's logits: whole, or (`cached`) in the check's two chunks."""
+    if not cached:
+        return model(tokens)[0]
+    split = tokens.shape[1] // 2
+    first, past = model(tokens[:, :split])
+    return torch.cat([first, model(tokens[:, split:], past)[0]], 1)
+
+
 def model_mistakes(case: Case, cached: bool) -> dict[str, torch.Tensor]:
-    cfg = ref.ModernConfig()
+    cfg = case.config(ref.ModernConfig())
     model, tokens, split = _course_model(cfg, case.seed), tokens_for(case, cfg), case.seq // 2
     found = {}
     with torch.no_grad():
+        if cfg.rope_theta != ref.ModernConfig().rope_theta:
+            found[f"rope_theta is not read from the config: cos and sin use {ref.ModernConfig().rope_theta:g} "
+                  f"where this config has {cfg.rope_theta:g} (pass self.cfg.rope_theta to rope_cos_sin)"] = \
+                _run_course(_course_model(ref.ModernConfig(), case.seed), tokens, cached)
         if cached:
             first, past = model(tokens[:, :split])
             second, _ = model(tokens[:, split:])              # positions 0.. again, and no past
@@ -179,9 +192,9 @@ def model_mistakes(case: Case, cached: bool) -> dict[str, torch.Tensor]:
 
 
 def judge_model(case: Case, outputs: dict) -> None:
-    cfg = ref.ModernConfig()
+    cfg = case.config(ref.ModernConfig())
     with torch.no_grad():
-        expected = hf_model(case.seed)(tokens_for(case, cfg)).logits
+        expected = hf_model(case.seed, **case.settings())(tokens_for(case, cfg)).logits
     depth = cfg.n_layers + 1
     compare("ModernDecoder logits, compared with LlamaForCausalLM's", outputs.get("logits"), expected,
             LOGIT_DIMS, mistakes=model_mistakes(case, cached=False), depth=depth,
