@@ -232,6 +232,19 @@ def _layer(kind):
                 out, (keys, values) = self.attn(x_in, cos, sin, past)
                 x = x + out
                 return x + self.mlp(self.ln2(x)), (keys * 2, values)
+            if kind == "ln1_twice":
+                out, cache = self.attn(self.ln1(x), cos, sin, past)
+                return x + out + self.mlp(self.ln1(x + out)), cache
+            if kind == "no_mlp_residual":
+                out, cache = self.attn(self.ln1(x), cos, sin, past)
+                return self.mlp(self.ln2(x + out)), cache
+            if kind == "half_mlp":      # nobody's catalog: named by its place
+                out, cache = self.attn(self.ln1(x), cos, sin, past)
+                return x + out + 0.5 * self.mlp(self.ln2(x + out)), cache
+            if kind == "attn_on_mlp_input":   # nobody's catalog: the MLP first, then attention
+                m = x + self.mlp(self.ln2(x))
+                out, cache = self.attn(self.ln1(m), cos, sin, past)
+                return m + out, cache
             out, cache = self.attn(self.ln1(x), cos, sin, past)
             return out + self.mlp(self.ln2(out)), cache
     return DecoderLayer
@@ -243,6 +256,14 @@ def test_decoder_layer_passes_and_its_mistakes_are_named():
     fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
     fails_with(nb10.check_decoder_layer, _layer("parallel"), expected="Likely mistake: attention and the MLP both read")
     fails_with(nb10.check_decoder_layer, _layer("no_residual"), expected="Likely mistake: the residual is not added")
+    fails_with(nb10.check_decoder_layer, _layer("ln1_twice"),
+               expected="Likely mistake: ln1 is used before the MLP too, where ln2 belongs")
+    fails_with(nb10.check_decoder_layer, _layer("no_mlp_residual"),
+               expected="Likely mistake: the residual is not added around the MLP")
+    fails_with(nb10.check_decoder_layer, _layer("half_mlp"),
+               expected="Likely mistake: the layer's output is 1·(x + attn_out) + 0.5·mlp_out")
+    fails_with(nb10.check_decoder_layer, _layer("attn_on_mlp_input"),
+               expected="ln1's output (Llama's input_layernorm), the first activation in forward order")
     # The cache it returns (issue 38): the old `past`, or other tensors than the attention's cache.
     fails_with(nb10.check_decoder_layer, _layer("old_past"),
                expected="Likely mistake: the `past` passed in is returned instead of the cache your attention")
