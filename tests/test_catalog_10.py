@@ -291,6 +291,45 @@ class NoFinalNorm(ref.ModernDecoder):
         return x @ self.W_U, cache
 
 
+def _model(kind):
+    """A model with one mistake in what it hands its layers (issue 38's unlisted classes)."""
+    class ModernDecoder(ref.ModernDecoder):
+        def forward(self, tokens, past=None):
+            start = 0 if past is None else past[0][0].shape[2]
+            cos, sin = ref.rope_cos_sin(torch.arange(start, start + tokens.shape[1]), self.cfg.d_head,
+                                        self.cfg.rope_theta)
+            if kind == "swapped":
+                cos, sin = sin, cos
+            x, cache = self.W_E[tokens] * (math.sqrt(self.cfg.d_model) if kind == "scaled" else 1), []
+            for i, block in enumerate(self.blocks):
+                layer_past = None if past is None else past[0 if kind == "layer0_cache" else i]
+                y, layer_cache = block(x, cos, sin, layer_past)
+                x = x if kind == "skip_last" and i == len(self.blocks) - 1 else y
+                cache.append(layer_cache)
+            return self.ln_final(x) @ (self.W_E.T if kind == "tied" else self.W_U), cache
+    return ModernDecoder
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("scaled", "the first place in forward order that differs from LlamaForCausalLM's is the embedding (what "
+               "blocks[0] reads). Likely mistake: the embedding is multiplied by 16"),
+    ("swapped", "the first place in forward order that differs from LlamaForCausalLM's is the cos and sin given "
+                "to blocks[0]. Likely mistake: cos and sin are swapped"),
+    ("tied", "Likely mistake: the unembedding is tied to W_E"),
+    ("layer0_cache", "the first place in forward order that differs from LlamaForCausalLM's from position 6 on (the "
+                     "chunk that runs on the cache) is the cache given to blocks[1]. Likely mistake: blocks[1] is "
+                     "given layer 0's cache: every layer gets layer 0's"),
+    ("skip_last", "is the final norm's input. Likely mistake: it is blocks[2]'s output: the final norm reads the "
+                  "last layer's output"),
+])
+def test_model_mistakes_nobody_listed_are_named_by_place(kind, expected):
+    fails_with(nb10.check_modern_decoder, _model(kind), expected=expected)
+
+
+def test_model_in_another_correct_style_passes():
+    nb10.check_modern_decoder(_model("right"))
+
+
 def test_a_part_with_a_check_of_its_own_costs_only_that_check():
     """One mistake, one exercise: a layer built on a wrong attention, norm or MLP passes the layer's
     check, and a model built on wrong layers or a wrong final norm passes the model's; the parts'

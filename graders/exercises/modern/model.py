@@ -16,7 +16,7 @@ from torch import nn
 
 from graders.exercises.diagnosis import compare, diagnosis_first, judge_generated
 from graders.exercises.divergence import first_divergence
-from graders.exercises.modern import layer_flow
+from graders.exercises.modern import layer_flow, model_flow
 from graders.exercises.modern import reference as ref
 from graders.exercises.modern.attention import FORBIDDEN, ROPE_PARTS, load_attention
 from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
@@ -125,10 +125,12 @@ def produce_model(ModernDecoder, case: Case, inputs: dict) -> dict:
     cfg = case.config(ref.ModernConfig())
     model = load_attention(ModernDecoder, cfg, weights(case.seed), "ModernDecoder", with_course_parts)
     tokens, split = tokens_for(case, cfg), case.seq // 2
-    logits, _ = _model_run("ModernDecoder", model, tokens)
-    first, past = _model_run("ModernDecoder", model, tokens[:, :split])
-    second, cache = _model_run("ModernDecoder (with the cache of the first chunk)", model, tokens[:, split:], past)
-    outputs = {"logits": logits, "cached": torch.cat([first, second], dim=1)}
+    (logits, _), whole = model_flow.record(model, lambda: _model_run("ModernDecoder", model, tokens), "whole")
+    (first, past), first_steps = model_flow.record(
+        model, lambda: _model_run("ModernDecoder", model, tokens[:, :split]), "first")
+    (second, cache), cached_steps = model_flow.record(model, lambda: _model_run(
+        "ModernDecoder (with the cache of the first chunk)", model, tokens[:, split:], past), "cached")
+    outputs = {"logits": logits, "cached": torch.cat([first, second], dim=1), **whole, **first_steps, **cached_steps}
     if not (isinstance(cache, (list, tuple)) and len(cache) == cfg.n_layers
             and all(isinstance(c, (list, tuple)) and len(c) == 2 for c in cache)):
         raise CheckFailed("ModernDecoder's cache: return one (keys, values) pair per layer, in a list.")
@@ -182,8 +184,15 @@ def model_mistakes(case: Case, cached: bool) -> dict[str, torch.Tensor]:
 
 def judge_model(case: Case, outputs: dict) -> None:
     cfg = case.config(ref.ModernConfig())
-    with torch.no_grad():
-        expected = hf_model(case.seed, **case.settings())(tokens_for(case, cfg)).logits
+    tokens, split = tokens_for(case, cfg), case.seq // 2
+    steps, w = model_flow.llama_steps(hf_model(case.seed, **case.settings()), tokens), weights(case.seed)
+    expected, cached = steps["logits"], outputs.get("cached")
+    what = "ModernDecoder, compared with LlamaForCausalLM"
+    if isinstance(outputs.get("logits"), torch.Tensor) and outputs["logits"].shape == expected.shape:
+        model_flow.diverged(what, outputs, steps, "whole", cfg, range(case.seq), w, tokens, outputs["logits"])
+    if isinstance(cached, torch.Tensor) and cached.shape == expected.shape:
+        model_flow.diverged(what, outputs, steps, "first", cfg, range(split), w, tokens, cached[:, :split])
+        model_flow.diverged(what, outputs, steps, "cached", cfg, range(split, case.seq), w, tokens, cached[:, split:])
     depth = cfg.n_layers + 1
     compare("ModernDecoder logits, compared with LlamaForCausalLM's", outputs.get("logits"), expected,
             LOGIT_DIMS, mistakes=model_mistakes(case, cached=False), depth=depth,
