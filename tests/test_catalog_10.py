@@ -41,7 +41,7 @@ def test_the_course_decoder_matches_llama_whole_and_cached():
 # --- RMSNorm -----------------------------------------------------------------------------------
 
 def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False, eps=None,
-          in_input_dtype=False, weight_first=False, cast_back=True):
+          in_input_dtype=False, weight_first=False, cast_back=True, dim=-1, one_plus=False):
     class RMSNorm(nn.Module):
         def __init__(self, cfg):
             super().__init__()
@@ -52,14 +52,15 @@ def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False
             if center:
                 x32 = x32 - x32.mean(-1, keepdim=True)
             ms = (torch.einsum("bpd,bpd->bp", x32, x32)[..., None] / x.shape[-1] if einsum
-                  else x32.pow(2).mean(-1, keepdim=True))
+                  else x32.pow(2).mean(dim, keepdim=True))
             if norm:
                 ms = ms * x.shape[-1]
             epsilon = self.cfg.rms_norm_eps if eps is None else eps
             scaled = (x32 / (ms.sqrt() + epsilon) if eps_outside else x32 * torch.rsqrt(ms + epsilon))
             if weight_first:
                 return (scaled * self.w.float()).to(x.dtype)
-            return (scaled.to(x.dtype) if cast_back else scaled) * (self.w if weight else 1)
+            w = (1 + self.w) if one_plus else self.w if weight else 1
+            return (scaled.to(x.dtype) if cast_back else scaled) * w
     return RMSNorm
 
 
@@ -76,6 +77,9 @@ def test_rms_norm_correct_variants_pass(cls):
     (_norm(norm=True), "Likely mistake: dividing by the norm"),
     (_norm(in_input_dtype=True), "Likely mistake: the mean square is computed in float16"),
     (_norm(cast_back=False), "Likely mistake: the normalised x is not cast back"),
+    (_norm(dim=1), "Likely mistake: the mean square is taken over positions (dim 1)"),
+    (_norm(one_plus=True), "Likely mistake: the weight is applied as (1 + w)"),
+    (_norm(center=True, einsum=True), "Likely mistake: the mean is subtracted"),
 ])
 def test_rms_norm_mistakes_are_named(cls, expected):
     fails_with(nb10.check_rms_norm, cls, expected=expected)
@@ -90,13 +94,15 @@ def test_rms_norm_with_eps_written_in_fails_a_config_with_another():
 
 # --- RoPE --------------------------------------------------------------------------------------
 
-def _table(exponent=2, base=None, interleaved=False, float64=False):
+def _table(exponent=2, base=None, interleaved=False, float64=False, swapped=False, degrees=False, first=0):
     def rope_cos_sin(positions, d_head, theta):
         dtype = torch.float64 if float64 else torch.float32
         i = torch.arange(d_head // 2, dtype=dtype)
-        angles = positions.to(dtype)[:, None] * (base or theta) ** (-exponent * i / d_head)
+        angles = (positions.to(dtype)[:, None] + first) * (base or theta) ** (-exponent * i / d_head)
+        angles = torch.rad2deg(angles) if degrees else angles
         angles = angles.repeat_interleave(2, -1) if interleaved else angles.repeat(1, 2)
-        return angles.cos().float(), angles.sin().float()
+        cos, sin = angles.cos().float(), angles.sin().float()
+        return (sin, cos) if swapped else (cos, sin)
     return rope_cos_sin
 
 
@@ -125,7 +131,10 @@ def test_rope_correct_variants_pass(table):
     (_table(interleaved=True), _apply(), "Likely mistake: the frequencies are interleaved"),
     (_table(), _apply("interleaved"), "Likely mistake: pairs interleaved where transformers' Llama rotates halves"),
     (_table(), _apply("wrong_way"), "Likely mistake: the rotation turns the wrong way"),
-    (_table(), _apply("cos_only"), "every position shifted by 7"),
+    (_table(), _apply("cos_only"), "Likely mistake: the sin term is missing"),
+    (_table(swapped=True), _apply(), "Likely mistake: cos and sin are swapped"),
+    (_table(degrees=True), _apply(), "Likely mistake: the angles are in degrees"),
+    (_table(first=1), _apply(), "Likely mistake: the positions start at 1"),
 ])
 def test_rope_mistakes_are_named(table, apply, expected):
     fails_with(nb10.check_rope, table, apply, expected=expected)
@@ -139,7 +148,9 @@ def _mlp(kind="right"):
             gate, up = x @ self.W_gate, x @ self.W_up
             hidden = {"right": F.silu(gate) * up, "sigmoid": gate * torch.sigmoid(gate) * up,
                       "swapped": F.silu(up) * gate, "gelu": F.gelu(gate) * up,
-                      "both": F.silu(gate) * F.silu(up), "self": F.silu(gate) * gate}[kind]
+                      "both": F.silu(gate) * F.silu(up), "self": F.silu(gate) * gate,
+                      "relu": torch.relu(gate) * up, "after": F.silu(gate * up), "no_up": F.silu(gate),
+                      "sum_tanh": torch.tanh(gate) + up}[kind]
             return hidden @ self.W_down
     return SwiGLU
 
@@ -154,6 +165,11 @@ def test_swiglu_correct_variants_pass(cls):
     ("swapped", "Likely mistake: gate and up are swapped"), ("gelu", "Likely mistake: GELU instead of SiLU"),
     ("both", "Likely mistake: the activation is applied to both branches"),
     ("self", "Likely mistake: silu(gate) * gate"),
+    ("relu", "Likely mistake: ReLU instead of SiLU on the gate"),
+    ("after", "Likely mistake: the activation is applied after the product"),
+    ("no_up", "Likely mistake: the up projection is missing from the product"),
+    ("sum_tanh", "Likely mistake: the branches are added: SwiGLU multiplies them, silu(gate) * up (and tanh where "
+                 "SiLU belongs)"),
 ])
 def test_swiglu_mistakes_are_named(kind, expected):
     fails_with(nb10.check_swiglu, _mlp(kind), expected=expected)

@@ -87,12 +87,22 @@ def rms_norm_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
     found = {
         "the mean is subtracted (that is LayerNorm): RMSNorm divides x itself by its root mean "
         "square, with no centring and no bias": centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w,
+        "x is divided by its standard deviation (the centred variance): RMSNorm divides by the root of "
+        "mean(x**2), x not centred": x / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt() * w,
         "eps is added outside the square root: it belongs inside, sqrt(mean(x**2) + eps)":
             x / (ms.sqrt() + eps) * w,
+        "eps is missing: sqrt(mean(x**2) + eps)": x / ms.sqrt() * w,
+        "the square root is missing: x / sqrt(mean(x**2) + eps)": x / (ms + eps) * w,
         "the learned weight w is not applied": x / (ms + eps).sqrt(),
+        "the weight is applied as (1 + w), Gemma's convention: Llama multiplies by w": x / (ms + eps).sqrt() * (1 + w),
         "dividing by the norm sqrt(sum(x**2)) instead of the root mean square sqrt(mean(x**2))":
             x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt() * w,
     }
+    for dim, axis in ((1, "positions"), (0, "the batch")):
+        found[f"the mean square is taken over {axis} (dim {dim}): it is over d_model, the last axis"] = \
+            x / (x.pow(2).mean(dim, keepdim=True) + eps).sqrt() * w
+    found["the mean square is taken over the whole tensor: it is over d_model, per position"] = \
+        x / (x.pow(2).mean() + eps).sqrt() * w
     default = ref.ModernConfig().rms_norm_eps
     if eps != default:
         found[f"eps is not read from the config: {default:g} is used where this config's rms_norm_eps is "
@@ -156,18 +166,43 @@ def produce_swiglu(SwiGLU, case: Case, inputs: dict) -> dict:
     return {"out": run_learner("SwiGLU", mlp, _mlp_input(case), forbidden=MLP_FORBIDDEN)}
 
 
+# Activations a gate might be given, by name: the one the output matches is named.
+ACTIVATIONS = {
+    "SiLU": F.silu, "GELU": F.gelu, "GELU (tanh approximation)": lambda z: F.gelu(z, approximate="tanh"),
+    "ReLU": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "softplus": F.softplus, "ELU": F.elu,
+    "Mish": F.mish, "leaky ReLU": F.leaky_relu, "no activation": lambda z: z,
+}
+# How the two branches might be combined, with what each says (SiLU's own wording).
+STRUCTURES = {
+    "gate": (lambda a, g, u: a(g) * u, ""),
+    "swapped": (lambda a, g, u: a(u) * g, "gate and up are swapped: SiLU goes on the gate branch, "
+                                          "silu(x @ W_gate) * (x @ W_up)"),
+    "both": (lambda a, g, u: a(g) * a(u), "the activation is applied to both branches: only the gate goes "
+                                          "through SiLU"),
+    "self": (lambda a, g, u: a(g) * g, "silu(gate) * gate (the SiLU formula z * sigmoid(z) mixed up with the "
+                                       "gating): the gate's SiLU multiplies the *up* branch, x @ W_up"),
+    "after": (lambda a, g, u: a(g * u), "the activation is applied after the product: silu(x @ W_gate) * "
+                                        "(x @ W_up), not silu((x @ W_gate) * (x @ W_up))"),
+    "no up": (lambda a, g, u: a(g), "the up projection is missing from the product: silu(x @ W_gate) * (x @ W_up)"),
+    "no gate": (lambda a, g, u: a(u), "the gate projection is missing: silu(x @ W_gate) multiplies x @ W_up"),
+    "sum": (lambda a, g, u: a(g) + u, "the branches are added: SwiGLU multiplies them, silu(gate) * up"),
+}
+
+
 def swiglu_mistakes(x: torch.Tensor, w: dict) -> dict:
+    """Every way of combining the gate and up branches with every activation, but the right one."""
     gate, up = x @ w["W_gate"], x @ w["W_up"]
-    return {
-        "gate and up are swapped: SiLU goes on the gate branch, silu(x @ W_gate) * (x @ W_up)":
-            (F.silu(up) * gate) @ w["W_down"],
-        "GELU instead of SiLU: SwiGLU's gate is silu(z) = z * sigmoid(z)":
-            (F.gelu(gate) * up) @ w["W_down"],
-        "the activation is applied to both branches: only the gate goes through SiLU":
-            (F.silu(gate) * F.silu(up)) @ w["W_down"],
-        "silu(gate) * gate (the SiLU formula z * sigmoid(z) mixed up with the gating): the gate's "
-        "SiLU multiplies the *up* branch, x @ W_up": (F.silu(gate) * gate) @ w["W_down"],
-    }
+    found = {}
+    for name, activation in ACTIVATIONS.items():     # SiLU's first: silu(g) is also sigmoid(g) * g
+        for structure, (combine, says) in STRUCTURES.items():
+            if structure == "gate" and name == "SiLU":
+                continue
+            if structure == "gate":
+                description = f"{name} instead of SiLU on the gate: SwiGLU's gate is silu(z) = z * sigmoid(z)"
+            else:
+                description = says + ("" if name == "SiLU" else f" (and {name} where SiLU belongs)")
+            found[description] = combine(activation, gate, up) @ w["W_down"]
+    return found
 
 
 def judge_swiglu(case: Case, outputs: dict) -> None:

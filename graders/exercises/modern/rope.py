@@ -8,6 +8,8 @@ then the rotation itself.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 
 import torch
@@ -64,17 +66,21 @@ def _pair(result) -> tuple[torch.Tensor, torch.Tensor]:
 
 def table_mistakes(positions: torch.Tensor, theta: float) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """(cos, sin) of the usual mistakes in the frequency table, by description."""
-    def table(base=theta, exponent=2, interleaved=False):
+    def table(base=theta, exponent=2, interleaved=False, unit=1.0, first=0, swapped=False):
         index = torch.arange(0, D_HEAD, 2, dtype=torch.float32) * exponent / 2
-        angles = positions.float()[:, None] / base ** (index / D_HEAD)
+        angles = (positions.float()[:, None] + first) / base ** (index / D_HEAD) * unit
         angles = angles.repeat_interleave(2, -1) if interleaved else torch.cat([angles, angles], -1)
-        return angles.cos(), angles.sin()
+        return (angles.sin(), angles.cos()) if swapped else (angles.cos(), angles.sin())
 
     found = {"the frequency exponent is off by a factor of 2: theta ** (-2i / d_head) for i = 0 .. "
              "d_head/2 - 1, i.e. torch.arange(0, d_head, 2) / d_head": table(exponent=1),
              "the frequencies are interleaved (f0, f0, f1, f1, ...) as in the paper's pairs: "
              "transformers' Llama rotates halves, so the table holds them twice in a row, "
-             "cat([freqs, freqs])": table(interleaved=True)}
+             "cat([freqs, freqs])": table(interleaved=True),
+             "cos and sin are swapped: return (cos, sin), in that order": table(swapped=True),
+             "the angles are in degrees: torch.cos and torch.sin take radians, m * theta ** (-2i / d_head)":
+                 table(unit=180 / math.pi),
+             "the positions start at 1: the first position is 0, with angle 0": table(first=1)}
     if theta != 10000.0:
         found["a wrong base: the frequencies use 10000, not the theta you are given"] = table(base=10000.0)
     return found
@@ -89,6 +95,7 @@ def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
             x * cos - ref.rotate_half(x) * sin,
         "the halves are not swapped: x * cos + rotate_half(x) * sin needs rotate_half(x) = "
         "cat([-x2, x1])": x * cos + torch.cat([-x[..., :half], x[..., half:]], -1) * sin,
+        "the sin term is missing: x * cos + rotate_half(x) * sin": x * cos,
     }
 
 
@@ -102,10 +109,6 @@ def judge(case: Case, outputs: dict) -> None:
                     outputs.get(f"{name}_{theta:g}"), expected[i], TABLE_DIMS,
                     mistakes={why: pair[i] for why, pair in mistakes.items()},
                     hint="angle[m, j] = m * theta ** (-2i / d_head) with i = j mod (d_head / 2).")
-    compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
-            "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
-            hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
-                 "only: the same rotation for both, a pure rotation of each pair.")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     q, k = _qk(case)
@@ -113,6 +116,10 @@ def judge(case: Case, outputs: dict) -> None:
     expected, _ = apply_rotary_pos_emb(q, k, cos[None], sin[None])
     compare(f"apply_rope(q {list(q.shape)}, cos, sin)", outputs.get("q_rotated"), expected, X_DIMS,
             mistakes=rotation_mistakes(q, cos, sin), hint="x * cos + rotate_half(x) * sin.")
+    compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
+            "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
+            hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
+                 "only: the same rotation for both, a pure rotation of each pair.")
 
 
 exercise = Exercise(NOTEBOOK, "RoPE", produce, diagnosis_first(judge), forbidden=(FORBIDDEN,), defaults=DEFAULTS)
