@@ -211,6 +211,14 @@ class AsManyKVHeads(ref.GQAttention):
         self.W_V = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_model, cfg.d_head))
 
 
+class RepeatedKeysCached(ExpandAttention):
+    def forward(self, x, cos, sin, past=None):
+        out, (k, v) = super().forward(x, cos, sin, None if past is None else tuple(
+            t[:, ::self.cfg.n_heads // self.cfg.n_kv_heads] for t in past))
+        group = self.cfg.n_heads // k.shape[1]
+        return out, (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+
+
 @pytest.mark.parametrize("cls", [ref.GQAttention, ExpandAttention])
 def test_attention_correct_variants_pass(cls):
     nb10.check_gq_attention(cls)
@@ -224,6 +232,11 @@ def test_attention_correct_variants_pass(cls):
     (_attention(rope_keys=False), "Likely mistake: RoPE is applied to the queries only"),
     (_attention(offset_mask=False), "Likely mistake: the causal mask ignores the cache"),
     (AsManyKVHeads, "Likely mistake: the keys and values are used as if there were n_heads of them"),
+    (_attention(mask=False), "Likely mistake: the causal mask is missing"),
+    (_attention(softmax_dim=-2), "Likely mistake: the softmax is over the queries (dim -2)"),
+    (_attention(cache_new_only=True), "the difference comes with the cache) does not match the reference. "
+                                      "Likely mistake: the cache returned holds this call's keys and values only"),
+    (RepeatedKeysCached, "Likely mistake: the keys and values are cached after they were repeated"),
 ])
 def test_attention_mistakes_are_named(cls, expected):
     fails_with(nb10.check_gq_attention, cls, expected=expected)

@@ -76,6 +76,17 @@ def _run(what, attn, cfg, *args):
     return result
 
 
+def _check_cache_heads(what: str, past, cfg: ref.ModernConfig) -> None:
+    """A cache of the keys after they were repeated to every query head: named before the next
+    call trips over it (torch.cat of n_heads and n_kv_heads heads)."""
+    keys = past[0] if isinstance(past, tuple) and past and isinstance(past[0], torch.Tensor) else None
+    if keys is not None and keys.ndim == 4 and keys.shape[1] == cfg.n_heads != cfg.n_kv_heads:
+        raise CheckFailed(f"{what}: the cache it returned holds {cfg.n_heads} heads of keys; it holds the "
+                          f"{cfg.n_kv_heads} KV heads. Likely mistake: the keys and values are cached after they "
+                          "were repeated to every query head: cache them before repeat_interleave, and repeat "
+                          "the whole (cached + new) keys for the scores.")
+
+
 def produce(GQAttention, case: Case, inputs: dict) -> dict:
     outputs = {}
     for cfg in ref.variants():
@@ -87,6 +98,7 @@ def produce(GQAttention, case: Case, inputs: dict) -> dict:
         outputs[f"{tag}.full"] = _run(what, attn, cfg, x[:, :case.seq], cos[:case.seq], sin[:case.seq])[0]
         past, chunks = None, []
         for start, stop in splits(case.seq):
+            _check_cache_heads(what, past, cfg)
             out, past = _run(what, attn, cfg, x[:, start:stop], cos[start:stop], sin[start:stop], past)
             chunks.append(out)
         outputs[f"{tag}.cached"] = torch.cat(chunks, dim=1)
@@ -113,7 +125,13 @@ def attention_mistakes(x, w, cos, sin, cfg, seq: int | None = None) -> dict[str,
         "RoPE is applied to the queries only: rotate the keys too (q·k then depends on m - n)":
             run(rope_keys=False),
     }
+    found["the causal mask is missing: query i may see keys 0 .. i only (scores above the diagonal "
+          "set to -inf before the softmax)"] = run(mask=False)
+    found["the softmax is over the queries (dim -2): each query's scores are normalised over the keys, "
+          "the last axis"] = run(softmax_dim=-2)
     if seq is not None:
+        found["the cache returned holds this call's keys and values only: it is the cached ones followed "
+              "by the new ones (the concatenation the scores used)"] = run(cache_new_only=True)
         found["the causal mask ignores the cache: new query i sits at position past_len + i and may see "
               "every key up to it (torch.ones(n_q, n_k).triu(1 + n_k - n_q))"] = run(offset_mask=False)
     return found
@@ -132,7 +150,8 @@ def judge(case: Case, outputs: dict) -> None:
         compare(f"{what} on {case.seq} positions at once", outputs.get(f"{tag}.full"), expected[:, :case.seq],
                 DIMS, mistakes=attention_mistakes(x[:, :case.seq], w, cos[:case.seq], sin[:case.seq], cfg),
                 hint="scores = q @ k.T / sqrt(d_head) with each query head reading its group's KV head.")
-        compare(f"{what} through your cache, in chunks {splits(case.seq)}", outputs.get(f"{tag}.cached"),
+        compare(f"{what} through your cache, in chunks {splits(case.seq)} (the same positions at once are "
+                "right: the difference comes with the cache)", outputs.get(f"{tag}.cached"),
                 expected, DIMS, mistakes=attention_mistakes(x, w, cos, sin, cfg, case.seq),
                 hint="concatenate the cached keys and values before the new ones (dim 2), and let new "
                      "query i see keys 0 .. past_len + i.")

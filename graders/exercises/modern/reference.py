@@ -104,7 +104,8 @@ class SwiGLU(nn.Module):
 
 
 def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups="interleave",
-              scale=None, rope_values=False, rope_keys=True, offset_mask=True):
+              scale=None, rope_values=False, rope_keys=True, offset_mask=True, mask=True, softmax_dim=-1,
+              cache_new_only=False):
     """Grouped-query attention; the keywords switch on the catalogued mistakes.
     Returns (output, (keys, values)) with the cache holding only the KV heads (after RoPE)."""
     n_heads, n_kv = w["W_Q"].shape[0], w["W_K"].shape[0]
@@ -113,6 +114,7 @@ def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups
     v = torch.einsum("bpd,ndh->bnph", x, w["W_V"])
     k = apply_rope(k, cos, sin) if rope_keys else k
     v = apply_rope(v, cos, sin) if rope_values else v
+    new_k, new_v = k, v
     if past is not None:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
     if groups == "interleave":   # query head h reads KV head h // (n_heads / n_kv)
@@ -122,9 +124,10 @@ def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups
     scores = q @ k_all.transpose(-1, -2) / (scale or math.sqrt(q.shape[-1]))
     n_q, n_k = scores.shape[-2:]
     diagonal = 1 + (n_k - n_q if offset_mask else 0)
-    scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(diagonal), float("-inf"))
-    z = scores.softmax(-1) @ v_all                                   # [batch, n_heads, posn, d_head]
-    return torch.einsum("bnph,nhd->bpd", z, w["W_O"]), (k, v)
+    if mask:
+        scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(diagonal), float("-inf"))
+    z = scores.softmax(softmax_dim) @ v_all                          # [batch, n_heads, posn, d_head]
+    return torch.einsum("bnph,nhd->bpd", z, w["W_O"]), (new_k, new_v) if cache_new_only else (k, v)
 
 
 class GQAttention(nn.Module):
