@@ -1,0 +1,134 @@
+"""The course's answers to notebook 11 (sealed in the grading kernels, graders.harness.kernel_view):
+bytes, GPT-2's byte-to-unicode table, the pre-tokenizer, an incremental BPE trainer, and GPT-2's
+encoder and decoder. The encoder and the decoder are judged against tiktoken, the trainer is the
+reference for training (tiktoken has none)."""
+from __future__ import annotations
+
+import heapq
+from collections import Counter, defaultdict
+
+import regex
+
+from graders.reference.tokenizer import END_OF_TEXT, GPT2_PATTERN
+
+
+def text_to_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def bytes_to_text(values: list[int]) -> str:
+    return bytes(values).decode("utf-8", errors="replace")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table: printable bytes stand for themselves, the others for chr(256 + n)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for value in range(256):
+        if value in printable:
+            table[value] = chr(value)
+        else:
+            table[value] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def pretokenize(text: str) -> list[str]:
+    return regex.findall(GPT2_PATTERN, text)
+
+
+class _Largest:
+    """A heap entry that pops the most frequent pair first, the greatest pair among equals."""
+    __slots__ = ("count", "pair")
+
+    def __init__(self, count: int, pair: tuple[bytes, bytes]):
+        self.count, self.pair = count, pair
+
+    def __lt__(self, other: "_Largest") -> bool:
+        return (self.count, self.pair) > (other.count, other.pair)
+
+
+def merge_pair(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
+    """`symbols` with each occurrence of `pair`, left to right and not overlapping, made one."""
+    merged, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and symbols[i] == pair[0] and symbols[i + 1] == pair[1]:
+            merged.append(pair[0] + pair[1])
+            i += 2
+        else:
+            merged.append(symbols[i])
+            i += 1
+    return merged
+
+
+def train_bpe(text: str, n_merges: int) -> list[tuple[bytes, bytes]]:
+    """BPE merges in order, learned incrementally: a merge recounts only the pre-tokens that hold
+    its pair, and a heap of (count, pair) finds the next one. Stops early when no pair is left."""
+    counts = Counter(pretokenize(text))
+    words = [[bytes([b]) for b in word.encode("utf-8")] for word in counts]
+    weights = list(counts.values())
+    pair_counts: Counter = Counter()
+    holders: dict[tuple[bytes, bytes], set[int]] = defaultdict(set)
+    for index, (symbols, weight) in enumerate(zip(words, weights)):
+        for pair in zip(symbols, symbols[1:]):
+            pair_counts[pair] += weight
+            holders[pair].add(index)
+    heap = [_Largest(count, pair) for pair, count in pair_counts.items()]
+    heapq.heapify(heap)
+    merges: list[tuple[bytes, bytes]] = []
+    while heap and len(merges) < n_merges:
+        top = heapq.heappop(heap)
+        if pair_counts.get(top.pair) != top.count:
+            continue   # stale: the pair's count changed since this entry was pushed
+        merges.append(top.pair)
+        changed = set()
+        for index in holders.pop(top.pair):
+            symbols, weight = words[index], weights[index]
+            merged = merge_pair(symbols, top.pair)
+            if len(merged) == len(symbols):
+                continue
+            for pair in zip(symbols, symbols[1:]):
+                pair_counts[pair] -= weight
+                changed.add(pair)
+            for pair in zip(merged, merged[1:]):
+                pair_counts[pair] += weight
+                holders[pair].add(index)
+                changed.add(pair)
+            words[index] = merged
+        for pair in changed:
+            if pair_counts[pair] > 0:
+                heapq.heappush(heap, _Largest(pair_counts[pair], pair))
+            else:
+                del pair_counts[pair]
+    return merges
+
+
+def bpe(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """One pre-token (in the table's characters) split into GPT-2's tokens: the lowest-ranked
+    pair present is merged, everywhere in the word, until no ranked pair is left."""
+    symbols = list(word)
+    while len(symbols) > 1:
+        pair = min(zip(symbols, symbols[1:]), key=lambda p: ranks.get(p, float("inf")))
+        if pair not in ranks:
+            break
+        symbols = [s.decode() for s in merge_pair([s.encode() for s in symbols], (pair[0].encode(), pair[1].encode()))]
+    return symbols
+
+
+def encode(text: str, encoder: dict[str, int], ranks: dict[tuple[str, str], int],
+           allow_special: bool = False) -> list[int]:
+    table = bytes_to_unicode()
+    pieces = regex.split(f"({regex.escape(END_OF_TEXT)})", text) if allow_special else [text]
+    ids = []
+    for piece in pieces:
+        if allow_special and piece == END_OF_TEXT:
+            ids.append(encoder[END_OF_TEXT])
+            continue
+        for chunk in pretokenize(piece):
+            ids += [encoder[token] for token in bpe("".join(table[b] for b in chunk.encode("utf-8")), ranks)]
+    return ids
+
+
+def decode(ids: list[int], decoder: dict[int, str]) -> str:
+    inverse = {char: value for value, char in bytes_to_unicode().items()}
+    return bytes(inverse[char] for i in ids for char in decoder[i]).decode("utf-8", errors="replace")
