@@ -196,7 +196,7 @@ ENCODE_PARTS = {"pretokenize": ref.pretokenize, "bytes_to_unicode": ref.bytes_to
                 "byte_encoder": CourseTable(ref.bytes_to_unicode())}
 encode_exercise = Exercise(NOTEBOOK, "encode", with_course_functions(produce_encode, ENCODE_PARTS), judge_encode,
                            inputs=inputs_text, forbidden=(TIKTOKEN,),
-                           defaults={"text": None})
+                           defaults={"text": None}, describe=_where)
 check_encode = encode_exercise.checker("Grade `encode` token for token against tiktoken's GPT-2 encoding.")
 
 
@@ -270,5 +270,6 @@ def judge_decode(case: Case, outputs: dict) -> None:
 DECODE_PARTS = {"byte_decoder": CourseTable({c: b for b, c in ref.bytes_to_unicode().items()}),
                 "bytes_to_unicode": ref.bytes_to_unicode}
 decode_exercise = Exercise(NOTEBOOK, "decode", with_course_functions(produce_decode, DECODE_PARTS), judge_decode,
-                           inputs=inputs_decode, forbidden=(TIKTOKEN,), defaults={"text": None})
+                           inputs=inputs_decode, forbidden=(TIKTOKEN,), defaults={"text": None},
+                           describe=_where)
 check_decode = decode_exercise.checker("Grade `decode` against tiktoken's decode (a round trip of hidden texts).")

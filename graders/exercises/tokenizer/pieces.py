@@ -104,7 +104,8 @@ def judge_bytes(case: Case, outputs: dict) -> None:
 
 
 bytes_exercise = Exercise(NOTEBOOK, "text_to_bytes and bytes_to_text", produce_bytes, judge_bytes,
-                          inputs=inputs_text, forbidden=(TIKTOKEN,), defaults={"text": None})
+                          inputs=inputs_text, forbidden=(TIKTOKEN,), defaults={"text": None},
+                          describe=_where)
 check_bytes = bytes_exercise.checker("Grade `text_to_bytes` and `bytes_to_text` (UTF-8, errors=\"replace\").",
                                      learner=lambda text_to_bytes, bytes_to_text: (text_to_bytes, bytes_to_text))
 
@@ -159,7 +160,8 @@ def judge_table(case: Case, outputs: dict) -> None:
                       f"Likely mistake: {likely}.")
 
 
-table_exercise = Exercise(NOTEBOOK, "bytes_to_unicode", produce_table, judge_table, forbidden=(TIKTOKEN,))
+table_exercise = Exercise(NOTEBOOK, "bytes_to_unicode", produce_table, judge_table, forbidden=(TIKTOKEN,),
+                          describe=lambda case: "encoder.json's 256 one-byte tokens")
 check_bytes_to_unicode = table_exercise.checker("Grade `bytes_to_unicode` against encoder.json's one-byte tokens.")
 
 
@@ -222,5 +224,6 @@ def judge_pretokenize(case: Case, outputs: dict) -> None:
 
 
 pretokenize_exercise = Exercise(NOTEBOOK, "pretokenize", produce_pretokenize, judge_pretokenize,
-                                inputs=inputs_text, forbidden=(TIKTOKEN,), defaults={"text": None})
+                                inputs=inputs_text, forbidden=(TIKTOKEN,), defaults={"text": None},
+                                describe=_where)
 check_pretokenize = pretokenize_exercise.checker("Grade `pretokenize` against GPT-2's pattern (tiktoken's).")

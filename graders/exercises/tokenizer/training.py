@@ -132,14 +132,17 @@ def _diagnosis(text: str, before: list, theirs: tuple, ours: tuple) -> str:
             f"pre-token occurs, and take the most frequent.")
 
 
+def _where(case: Case) -> str:
+    return "the corpus shown" if case.seed == 0 else f"hidden corpus {case.seed}"
+
+
 def judge_train(case: Case, outputs: dict) -> None:
-    where = "the corpus shown" if case.seed == 0 else f"hidden corpus {case.seed}"
-    judge_merges(_corpus(case), N_MERGES, recorded_merges(outputs), where)
+    judge_merges(_corpus(case), N_MERGES, recorded_merges(outputs), _where(case))
 
 
 TRAIN_PARTS = {"pretokenize": ref.pretokenize}
 train = Exercise(NOTEBOOK, "train_bpe", with_course_functions(produce_train, TRAIN_PARTS), judge_train,
-                 inputs=inputs_train, forbidden=(FORBIDDEN,), defaults={"text": None})
+                 inputs=inputs_train, forbidden=(FORBIDDEN,), defaults={"text": None}, describe=_where)
 check_train_bpe = train.checker(f"Grade `train_bpe` ({N_MERGES} merges) against the course's trainer.")
 
 
@@ -215,6 +218,7 @@ def judge_speed(case: Case, outputs: dict) -> None:
 
 
 speed = Exercise(NOTEBOOK, "train_bpe speed", with_course_functions(produce_speed, TRAIN_PARTS), judge_speed,
-                 inputs=inputs_speed, forbidden=(FORBIDDEN,), defaults={"text": None})
+                 inputs=inputs_speed, forbidden=(FORBIDDEN,), defaults={"text": None},
+                 describe=lambda case: f"{SPEED_MERGES} merges of the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare")
 check_train_bpe_speed = speed.checker(
     f"Time `train_bpe` on {SPEED_MERGES} merges of the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare.")
