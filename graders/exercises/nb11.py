@@ -14,9 +14,9 @@ __all__ = ["NOTEBOOK", "check_bytes", "check_bytes_to_unicode", "check_pretokeni
 
 NOTEBOOK = Notebook(
     "11_tokenizer",
-    # The classic mistake of the example class's buggy student: one pass of merges, not repeated.
-    ExampleBug("encode_answer", "PLACEHOLDER", "PLACEHOLDER", costs=("encode_test",),
-               named="the merges applied in one left-to-right pass"),
+    # The classic mistake of the example class's buggy student: <|endoftext|> encoded as text.
+    ExampleBug("encode_answer", "pieces = text.split(END_OF_TEXT) if allow_special else [text]",
+               "pieces = [text]", costs=("encode_test",), named="the special token is split into pieces"),
     pictures=1,
     course_code=("exercises/tokenizer/reference.py", "exercises/tokenizer/naive.py"),
     implementations=tuple(f"exercises/tokenizer/{entry}" for entry in (
