@@ -38,8 +38,9 @@ def main() -> None:
     text, n = training.speed_corpus(), training.SPEED_MERGES
     course, profiled = timed(reference.train_bpe, text, n), timed(reference.train_bpe, text, n, profiled=True)
     naive = timed(naive_train, text, n)
+    ceiling = max(training.CEILING_FACTOR * profiled, training.CEILING_FLOOR)
     print(f"the speed check's training ({len(text):,} characters, {n} merges): course trainer {course:.2f} s "
-          f"({profiled:.2f} s profiled, ceiling {max(training.CEILING_FACTOR * profiled, training.CEILING_FLOOR):.1f} s); "
+          f"({profiled:.2f} s profiled, ceiling {ceiling:.1f} s); "
           f"naive trainer {naive:.2f} s: {naive / course:.0f}x the course trainer")
 
 

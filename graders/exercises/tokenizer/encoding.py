@@ -4,12 +4,11 @@ under the learner's names in these checks, so a mistake in either costs its own 
 from __future__ import annotations
 
 import json
-
-import torch
+from functools import lru_cache
 
 from graders.exercises.tokenizer import reference as ref
 from graders.exercises.tokenizer.pieces import TIKTOKEN, _text, _where, inputs_text
-from graders.exercises.tokenizer.wire import ids_tensor, tensor_text, text_tensor
+from graders.exercises.tokenizer.wire import as_list, ids_tensor, tensor_text, text_tensor
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
@@ -25,17 +24,11 @@ class CourseTable(dict):
     __hash__ = object.__hash__
 
 
-def _ids(values, what: str) -> list[int]:
-    if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) for v in values):
-        raise CheckFailed(f"{what}: return a list of ints (token ids); got {type(values).__name__}"
-                          + (f" of {type(values[0]).__name__}" if isinstance(values, (list, tuple)) and values else "") + ".")
-    return list(values)
-
-
 # --- 5. Encoding ---------------------------------------------------------------------------------
 
 def _table_skipped(failure: CheckFailed) -> bool:
-    key = failure.__cause__.args[0] if isinstance(failure.__cause__, KeyError) and failure.__cause__.args else None
+    cause = failure.__cause__
+    key = cause.args[0] if isinstance(cause, KeyError) and cause.args else None
     return isinstance(key, str) and any(ord(c) <= 32 or 127 <= ord(c) <= 160 for c in key)
 
 
@@ -43,8 +36,8 @@ def produce_encode(encode, case: Case, inputs: dict) -> dict:
     text, out = tensor_text(inputs["text"]), {}
     for name, allow in (("ordinary", False), ("special", True)):
         try:
-            out[name] = ids_tensor(_ids(run_learner("encode", encode, text, allow_special=allow, forbidden=TIKTOKEN),
-                                        "encode"))
+            ids = run_learner("encode", encode, text, allow_special=allow, forbidden=TIKTOKEN)
+            out[name] = ids_tensor(as_list("encode", ids, int, "a list of ints (token ids)"))
         except CheckFailed as failure:
             if _table_skipped(failure):
                 raise CheckFailed(f"encode raised {failure.__cause__!r}: that key is not a token of encoder.json. "
@@ -55,12 +48,12 @@ def produce_encode(encode, case: Case, inputs: dict) -> dict:
     return out
 
 
-def _splits(ranks) -> list[tuple[str, object]]:
+def _splits(encoder: dict, ranks: dict) -> list[tuple[str, object]]:
     """Wrong ways to split one pre-token (in the table's characters): (the mistake, the split)."""
     def greedy(word):
         tokens, i = [], 0
         while i < len(word):
-            j = max(j for j in range(i + 1, len(word) + 1) if j == i + 1 or word[i:j] in _vocab())
+            j = max(j for j in range(i + 1, len(word) + 1) if j == i + 1 or word[i:j] in encoder)
             tokens.append(word[i:j])
             i = j
         return tokens
@@ -104,16 +97,9 @@ def _splits(ranks) -> list[tuple[str, object]]:
     ]
 
 
-_VOCAB: set = set()
-
-
-def _vocab() -> set:
-    if not _VOCAB:
-        _VOCAB.update(_files()[0])
-    return _VOCAB
-
-
+@lru_cache(maxsize=1)
 def _files() -> tuple[dict, dict]:
+    """(encoder.json, vocab.bpe's ranks), as the notebook reads them."""
     encoder_json, vocab_bpe = bpe_files()
     encoder = json.loads(encoder_json.read_text(encoding="utf-8"))
     merges = [tuple(line.split()) for line in vocab_bpe.read_text(encoding="utf-8").splitlines()[1:] if line]
@@ -125,7 +111,7 @@ def encode_mistakes(text: str, allow_special: bool) -> dict[str, list[list[int]]
     encoder, ranks = _files()
     table = ref.bytes_to_unicode()
     found = {}
-    for likely, split in _splits(ranks):
+    for likely, split in _splits(encoder, ranks):
         ids = []
         for piece in (text.split(END_OF_TEXT) if allow_special else [text]):
             for chunk in ref.pretokenize(piece):
@@ -139,6 +125,8 @@ def _first_difference(theirs: list[int], expected: list[int], text: str) -> str:
     """Where the learner's ids first part from tiktoken's: the pre-token, and its tokens either way."""
     encoding = gpt2_encoding()
     at = next((i for i, (a, b) in enumerate(zip(theirs, expected)) if a != b), min(len(theirs), len(expected)))
+    if at == len(expected):
+        return f"{len(theirs) - at} more tokens than tiktoken's {at}, after all of them: {theirs[at:at + 8]}."
     position, start = 0, 0
     for chunk in ref.pretokenize(text):
         n = len(encoding.encode_ordinary(chunk))
@@ -153,7 +141,9 @@ def _first_difference(theirs: list[int], expected: list[int], text: str) -> str:
             break
         mine.append(token)
         spelled += encoding.decode_single_token_bytes(token)
-    pieces = lambda ids: [encoding.decode_single_token_bytes(i) for i in ids if 0 <= i < encoding.n_vocab]
+    def pieces(ids: list[int]) -> list[bytes]:
+        return [encoding.decode_single_token_bytes(i) for i in ids if 0 <= i < encoding.n_vocab]
+
     head = (f"token {at} is {theirs[at] if at < len(theirs) else 'missing'}, expected "
             f"{expected[at] if at < len(expected) else 'nothing (yours is longer)'}, in the pre-token "
             f"{text[start:start + 20]!r}: yours {pieces(mine)}, tiktoken's {pieces(right)}.")
@@ -164,7 +154,8 @@ def _first_difference(theirs: list[int], expected: list[int], text: str) -> str:
     if spelled != chunk:
         return head + " Your tokens spell other bytes than the text: check the byte table and the ids."
     if len(mine) > len(right):
-        return head + " The same bytes, in more tokens: some merges were not made (repeat until no ranked pair is left)."
+        return head + (" The same bytes, in more tokens: some merges were not made (repeat until no ranked "
+                       "pair is left).")
     return head + " The same bytes, cut otherwise: the merges were made in another order than their ranks."
 
 
@@ -179,7 +170,8 @@ def judge_encode(case: Case, outputs: dict) -> None:
             continue
         where = f"encode on {_where(case)}{mode}"
         if mode and END_OF_TEXT in text and theirs == wanted_ordinary:
-            raise CheckFailed(f"{where}: {END_OF_TEXT} became {len(encoding.encode_ordinary(END_OF_TEXT))} tokens. "
+            pieces = len(encoding.encode_ordinary(END_OF_TEXT))
+            raise CheckFailed(f"{where}: {END_OF_TEXT} became {pieces} tokens. "
                               f"Likely mistake: the special token is split into pieces: when it is allowed, cut the "
                               f"text at {END_OF_TEXT} first and give each one the id {encoding.eot_token}.")
         if not mode and END_OF_TEXT in text and theirs == wanted_special:
@@ -256,10 +248,12 @@ def judge_decode(case: Case, outputs: dict) -> None:
         theirs, expected = tensor_text(outputs[f"text_{i}"]), encoding.decode(run)
         if theirs == expected:
             continue
-        what = (f"decode(encode(text)) on {_where(case)}" if i == 0 else f"decode([{run[0]}]), a token that holds "
-                f"part of a character ({encoding.decode_single_token_bytes(run[0])!r})")
+        what = (f"decode(encode(text)) on {_where(case)}" if i == 0 else
+                f"decode([{run[0]}]), a token that holds part of a character "
+                f"({encoding.decode_single_token_bytes(run[0])!r})")
         at = next((j for j, (a, b) in enumerate(zip(theirs, expected)) if a != b), min(len(theirs), len(expected)))
-        head = f"{what}: {theirs[max(0, at - 10):at + 10]!r} at character {at}, expected {expected[max(0, at - 10):at + 10]!r}."
+        head = (f"{what}: {theirs[max(0, at - 10):at + 10]!r} at character {at}, expected "
+                f"{expected[max(0, at - 10):at + 10]!r}.")
         for likely, text in decode_mistakes(run).items():
             if theirs == text:
                 raise CheckFailed(f"{head} Likely mistake: {likely}.")

@@ -11,7 +11,7 @@ import torch
 
 from graders.exercises.tokenizer import reference as ref
 from graders.exercises.tokenizer.texts import hidden_text
-from graders.exercises.tokenizer.wire import pieces_tensors, tensor_text, tensors_pieces, text_tensor
+from graders.exercises.tokenizer.wire import as_list, pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
@@ -55,10 +55,10 @@ def produce_bytes(learner, case: Case, inputs: dict) -> dict:
     text_to_bytes, bytes_to_text = learner
     text = tensor_text(inputs["text"])
     values = run_learner("text_to_bytes", text_to_bytes, text, forbidden=TIKTOKEN)
-    if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) for v in values):
-        raise CheckFailed(f"text_to_bytes: return a list of ints (byte values); got {type(values).__name__}"
-                          + (f" of {type(values[0]).__name__}" if isinstance(values, (list, tuple)) and values else "") + ".")
-    out = {"values": torch.tensor(list(values), dtype=torch.int64)}
+    if isinstance(values, (bytes, bytearray)):   # iterates as ints: the same values
+        values = list(values)
+    values = as_list("text_to_bytes", values, int, "a list of ints (byte values)")
+    out = {"values": torch.tensor(values, dtype=torch.int64)}
     for i, cut in enumerate([text.encode("utf-8"), *_cut_inside_characters(text)]):
         try:
             back = run_learner("bytes_to_text", bytes_to_text, list(cut), forbidden=TIKTOKEN)
@@ -66,7 +66,8 @@ def produce_bytes(learner, case: Case, inputs: dict) -> dict:
             if isinstance(failure.__cause__, UnicodeDecodeError):
                 raise CheckFailed(f"bytes_to_text raised UnicodeDecodeError on {list(cut)}, bytes that end or start "
                                   "inside a character. Likely mistake: decoding strictly: decode with "
-                                  "errors=\"replace\", as GPT-2 does, so that a cut character becomes '\ufffd'.") from None
+                                  "errors=\"replace\", as GPT-2 does, so that a cut character becomes "
+                                  "'\ufffd'.") from None
             raise
         if not isinstance(back, str):
             raise CheckFailed(f"bytes_to_text: return a str; got {type(back).__name__}.")
@@ -100,7 +101,8 @@ def judge_bytes(case: Case, outputs: dict) -> None:
             raise CheckFailed(f"bytes_to_text on {list(cut)[:12]}: {back!r}, expected {wanted!r}. Likely mistake: "
                               "errors=\"ignore\" drops the cut character; errors=\"replace\" shows it as '\ufffd', "
                               "as GPT-2 does.")
-        raise CheckFailed(f"bytes_to_text on {list(cut)[:12]}: {back!r}, expected {wanted!r} (UTF-8, errors=\"replace\").")
+        raise CheckFailed(f"bytes_to_text on {list(cut)[:12]}: {back!r}, expected {wanted!r} "
+                          "(UTF-8, errors=\"replace\").")
 
 
 bytes_exercise = Exercise(NOTEBOOK, "text_to_bytes and bytes_to_text", produce_bytes, judge_bytes,
@@ -143,7 +145,8 @@ def judge_table(case: Case, outputs: dict) -> None:
         return
     wrong = [b for b in range(256) if chars[b] != expected[b]]
     first = wrong[0]
-    shown = f"byte {first} maps to {chr(chars[first])!r} (U+{chars[first]:04X}), expected {chr(expected[first])!r} (U+{expected[first]:04X})"
+    shown = (f"byte {first} maps to {chr(chars[first])!r} (U+{chars[first]:04X}), expected "
+             f"{chr(expected[first])!r} (U+{expected[first]:04X})")
     if chars == list(range(256)):
         likely = ("every byte stands for itself (chr(b)): the space, the newline and the control bytes "
                   "would then be invisible or unprintable in vocab.bpe; those (and only those) move to chr(256 + n)")
@@ -191,9 +194,7 @@ def produce_pretokenize(pretokenize, case: Case, inputs: dict) -> dict:
             raise CheckFailed("pretokenize: Python's `re` does not know \\p{L} or \\p{N} (bad escape). Likely "
                               "mistake: `re` in place of `regex`: import regex and call regex.findall.") from None
         raise
-    if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, str) for c in chunks):
-        raise CheckFailed(f"pretokenize: return a list of str; got {type(chunks).__name__}"
-                          + (f" of {type(chunks[0]).__name__}" if isinstance(chunks, (list, tuple)) and chunks else "") + ".")
+    chunks = as_list("pretokenize", chunks, str, "a list of str")
     flat, lengths = pieces_tensors([c.encode("utf-8") for c in chunks])
     return {"chunks": flat, "lengths": lengths}
 

@@ -51,11 +51,12 @@ def _merges_record(merges) -> dict:
     if not isinstance(merges, (list, tuple)):
         raise CheckFailed(f"train_bpe: return a list of merges, (bytes, bytes) pairs; got {type(merges).__name__}.")
     for merge in merges:
-        if not (isinstance(merge, tuple) and len(merge) == 2 and all(isinstance(p, bytes) for p in merge)):
+        if not (isinstance(merge, (tuple, list)) and len(merge) == 2
+                and all(isinstance(p, (bytes, bytearray)) for p in merge)):
             raise CheckFailed(f"train_bpe: each merge must be a pair of bytes objects, like (b' t', b'he'); "
                               f"got {merge!r}.")
-    lefts, left_lengths = pieces_tensors([m[0] for m in merges])
-    rights, right_lengths = pieces_tensors([m[1] for m in merges])
+    lefts, left_lengths = pieces_tensors([bytes(m[0]) for m in merges])
+    rights, right_lengths = pieces_tensors([bytes(m[1]) for m in merges])
     return {"lefts": lefts, "left_lengths": left_lengths, "rights": rights, "right_lengths": right_lengths}
 
 
@@ -219,6 +220,6 @@ def judge_speed(case: Case, outputs: dict) -> None:
 
 speed = Exercise(NOTEBOOK, "train_bpe speed", with_course_functions(produce_speed, TRAIN_PARTS), judge_speed,
                  inputs=inputs_speed, forbidden=(FORBIDDEN,), defaults={"text": None},
-                 describe=lambda case: f"{SPEED_MERGES} merges of the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare")
+                 describe=lambda case: f"{SPEED_MERGES} merges of {SPEED_CHARACTERS:,} characters of Shakespeare")
 check_train_bpe_speed = speed.checker(
     f"Time `train_bpe` on {SPEED_MERGES} merges of the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare.")

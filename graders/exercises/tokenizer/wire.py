@@ -1,8 +1,20 @@
 """Strings, lists of byte strings and lists of ids as the tensors a record holds (safetensors: a
-check's inputs and outputs cross between the kernel and the judge as tensors only)."""
+check's inputs and outputs cross between the kernel and the judge as tensors only), and the
+one-line failure of a learner's function that returns something else than a list."""
 from __future__ import annotations
 
 import torch
+
+from graders.judging.compare import CheckFailed
+
+
+def as_list(what: str, values, kind: type, wanted: str) -> list:
+    """`values` as a list of `kind`, or a one-line failure naming what the learner's code returned."""
+    if isinstance(values, (list, tuple)) and all(isinstance(v, kind) for v in values):
+        return list(values)
+    wrong = [v for v in values if not isinstance(v, kind)] if isinstance(values, (list, tuple)) else []
+    inner = f" holding a {type(wrong[0]).__name__}" if wrong else ""
+    raise CheckFailed(f"{what}: return {wanted}; got a {type(values).__name__}{inner}.")
 
 
 def text_tensor(text: str) -> torch.Tensor:
