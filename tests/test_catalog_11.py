@@ -295,6 +295,12 @@ def test_training_mistakes_are_named(mistake, expected):
     fails_with(nb11.check_train_bpe, _trainer(mistake), expected=expected, seed=seed)
 
 
+def test_a_fast_trainer_with_a_mistake_fails_the_speed_check_at_its_first_wrong_merge(monkeypatch):
+    monkeypatch.setattr(training, "SPEED_CHARACTERS", 60_000)
+    fails_with(nb11.check_train_bpe_speed, lambda text, n: train_incremental(text.lower(), n),
+               expected="Likely mistake: the pairs are miscounted")
+
+
 def test_training_output_of_another_kind_is_named_in_one_line():
     fails_with(nb11.check_train_bpe, lambda text, n: [("t", "h")],
                expected="each merge must be a pair of bytes objects")

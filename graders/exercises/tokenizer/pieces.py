@@ -9,14 +9,13 @@ import regex
 import tiktoken
 import torch
 
-from graders.exercises.tokenizer import reference as ref
 from graders.exercises.tokenizer.texts import hidden_text
 from graders.exercises.tokenizer.wire import as_list, pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
-from graders.reference.tokenizer import GPT2_PATTERN, bpe_files
+from graders.reference.tokenizer import GPT2_PATTERN, bpe_files, gpt2_encoding
 
 NOTEBOOK = "11_tokenizer"
 VISIBLE_TEXT = "Héllo, wörld! It's 2024:  naïve   café 🙂 日本<|endoftext|>\n\n    indented"
@@ -126,11 +125,11 @@ def produce_table(bytes_to_unicode, case: Case, inputs: dict) -> dict:
             "size": torch.tensor(len(table))}
 
 
-def _encoder_byte_tokens() -> list[str]:
-    """GPT-2's 256 one-byte tokens, in id order (ids 0 to 255): the table's values, as encoder.json
-    has them."""
-    encoder = json.loads(bpe_files()[0].read_text(encoding="utf-8"))
-    return sorted((t for t in encoder if len(t) == 1), key=encoder.get)[:256]
+def _encoder_json_table() -> list[int]:
+    """GPT-2's table as encoder.json has it: for each byte value, the code point of the one-character
+    token whose id tiktoken gives that byte."""
+    decoder = {i: token for token, i in json.loads(bpe_files()[0].read_text(encoding="utf-8")).items()}
+    return [ord(decoder[gpt2_encoding().encode_single_token(bytes([value]))]) for value in range(256)]
 
 
 def judge_table(case: Case, outputs: dict) -> None:
@@ -139,8 +138,7 @@ def judge_table(case: Case, outputs: dict) -> None:
         missing = [b for b, c in enumerate(chars) if c == -1][:5]
         raise CheckFailed(f"bytes_to_unicode: {size} entries; the table has one for each of the 256 byte values "
                           f"(missing: {missing}{' ...' if len(missing) == 5 else ''}).")
-    expected = [ord(c) for c in ref.bytes_to_unicode().values()]
-    assert set(map(chr, expected)) == set(_encoder_byte_tokens())   # the table spells encoder.json's tokens
+    expected = _encoder_json_table()
     if chars == expected:
         return
     wrong = [b for b in range(256) if chars[b] != expected[b]]
