@@ -25,6 +25,11 @@ class Forbidden:
     # The grader also looks for source_words in the whole notebook's code; False limits that to
     # the exercise's own answer cells, for words that other exercises of the notebook need.
     notebook_wide: bool = True
+    # Library code that computes the answer, as "package.module" (all of it) or
+    # "package.module:Qualname" (one function or class): the check fails if any of it runs while
+    # the learner's code runs, however it was reached (a subclass, an alias, a call from a
+    # library). For the libraries a notebook teaches next to (tiktoken in 11, torch.optim in 12).
+    library_code: Sequence[str] = field(default_factory=tuple)
 
 
 ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")
