@@ -457,7 +457,17 @@ def test_tiktoken_is_not_an_answer():
         return enc.encode(text, allowed_special="all" if allow_special else set())
 
     fails_with(nb11.check_encode, encode_with_tiktoken,
-               expected="encode: your code calls `Encoding.encode`. Implement GPT-2's tokenizer yourself")
+               expected="your encode runs Encoding.encode from tiktoken, a library version of GPT-2's tokenizer")
+    def decode_with_it(ids):
+        return enc.decode(ids)
+
+    def encode_with_its_core(text, allow_special=False):
+        return enc._core_bpe.encode_ordinary(text)
+
+    fails_with(nb11.check_decode, decode_with_it, expected="runs Encoding.decode from tiktoken")
+    fails_with(nb11.check_encode, encode_with_its_core, expected="your code uses `._core_bpe`")
+    fails_with(nb11.check_pretokenize, lambda text: regex.findall(enc._pat_str, text),
+               expected="your code uses `._pat_str`")
 
 
 # --- 6. Decoding

@@ -195,8 +195,10 @@ check_encode = encode_exercise.checker("Grade `encode` token for token against t
 # --- 6. Decoding ---------------------------------------------------------------------------------
 
 def inputs_decode(case: Case) -> dict:
+    """tiktoken's ids of the case's text, and those of its tokens that hold part of a character
+    (computed here: no tiktoken code may run while the learner's is watched)."""
     ids = gpt2_encoding().encode(_text(case), allowed_special={END_OF_TEXT})
-    return {"ids": ids_tensor(ids)}
+    return {"ids": ids_tensor(ids), "partial": ids_tensor(_split_characters(ids))}
 
 
 def _split_characters(ids: list[int]) -> list[int]:
@@ -213,7 +215,7 @@ def _split_characters(ids: list[int]) -> list[int]:
 
 def produce_decode(decode, case: Case, inputs: dict) -> dict:
     ids, out = inputs["ids"].tolist(), {}
-    for i, run in enumerate([ids, *([token] for token in _split_characters(ids))]):
+    for i, run in enumerate([ids, *([token] for token in inputs["partial"].tolist())]):
         try:
             text = run_learner("decode", decode, run, forbidden=TIKTOKEN)
         except CheckFailed as failure:
