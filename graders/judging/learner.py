@@ -180,7 +180,7 @@ def unwritten(message: str) -> CheckFailed:
 def _unwritten_part(err: NotImplementedError, learner) -> str | None:
     """The learner's method that raised `err`, when it is not one of `learner`'s own (a given
     __init__ building the learner's unwritten DecoderLayer): its qualified name."""
-    from graders.judging.provenance import LEARNER, origin
+    from graders.judging.origins import LEARNER, origin
 
     tb = err.__traceback__
     while tb is not None and tb.tb_next is not None:

@@ -187,7 +187,7 @@ class Watch:
             return f"{name}: your code is not checkable: {self.tampered[0]}. Remove that from your code."
         allowed = allowed_code(tuple(parts)) | (_nested([produce.__code__]) if produce is not None else set())
         for code in code_of(learner) + code_of(_named_by(learner)):
-            found = _borrowed(code, allowed, called=False)
+            found = _borrowed(code, allowed)
             if found:
                 return _message(name, found)
         found = self._reached(allowed)
@@ -210,8 +210,8 @@ class Watch:
 
     def _reached(self, allowed: set) -> Origin | None:
         """What of the course's (or of an answer library's) the learner's code called itself: a
-        function, or a class it built; and any copy of the course's code that ran. Methods of
-        objects the check hands to the learner's code (a model, a training run) may run."""
+        function, a method, or a class it built; and any copy of the course's code that ran. The
+        check's helpers it hands to the learner's code (07's batch source) are supplied parts."""
         called = set()
         for entry in self.profiler.getstats():
             if isinstance(entry.code, str):
@@ -221,15 +221,16 @@ class Watch:
             if origin(entry.code).kind == LEARNER:
                 called.update(sub.code for sub in (entry.calls or ()) if not isinstance(sub.code, str))
         for code in sorted(called, key=lambda c: (c.co_filename, c.co_firstlineno)):
-            found = _borrowed(code, allowed, called=True)
+            found = _borrowed(code, allowed)
             if found:
                 return found
         return None
 
 
-def _borrowed(code, allowed: set, called: bool) -> Origin | None:
-    """The course's (or an answer library's) code the learner's answer is made of, or (`called`)
-    that it called: a function, or a class's constructor. None for its own code."""
+def _borrowed(code, allowed: set) -> Origin | None:
+    """The course's (or an answer library's) code the learner's answer is made of or called: a
+    function, a method (even with the learner's own `self`), a class's constructor. None for its
+    own code and for the parts the check allows."""
     found = origin(code)
     if code.co_name == "<module>" or code in allowed:   # a module's import; a supplied part
         return None
@@ -237,8 +238,6 @@ def _borrowed(code, allowed: set, called: bool) -> Origin | None:
         return found
     if found.kind not in (COURSE, ANSWER_LIBRARY):
         return None
-    if called and "." in code.co_qualname.replace(".<locals>.", "") and code.co_name != "__init__":
-        return None    # a method of an object the check handed to the learner's code
     return Origin(found.kind, found.where if found.kind != COURSE else f"{found.where} ({code.co_qualname})")
 
 
