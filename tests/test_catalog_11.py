@@ -499,3 +499,18 @@ def test_decoding_correct_styles_pass():
 ])
 def test_decoding_mistakes_are_named(learner, expected):
     fails_with(nb11.check_decode, learner, expected=expected)
+
+
+# --- One mistake, one exercise
+
+def test_a_mistake_in_the_pre_tokenizer_or_the_table_costs_only_their_checks(monkeypatch):
+    """Training, encoding and decoding run the course's pretokenize and byte table under the
+    learner's names: a wrong one fails its own check only."""
+    module = globals()
+    monkeypatch.setitem(module, "pretokenize", lambda text: text.split(" "))
+    monkeypatch.setitem(module, "byte_encoder", {b: chr(b) for b in range(256)})
+    monkeypatch.setitem(module, "byte_decoder", {chr(b): b for b in range(256)})
+    fails_with(nb11.check_pretokenize, pretokenize, expected="Likely mistake")
+    nb11.check_train_bpe(train_recount, seed=1)
+    nb11.check_encode(encode_by_index, seed=2)
+    nb11.check_decode(decode, seed=2)

@@ -9,8 +9,8 @@ from graders.exercises.tokenizer.pieces import VISIBLE_TEXT, check_bytes, check_
 from graders.exercises.tokenizer.training import VISIBLE_CORPUS, check_train_bpe, check_train_bpe_speed
 from graders.judging.notebook import ExampleBug, Notebook
 
-__all__ = ["NOTEBOOK", "VISIBLE_TEXT", "VISIBLE_CORPUS", "check_bytes", "check_bytes_to_unicode", "check_pretokenize", "check_train_bpe",
-           "check_train_bpe_speed", "check_encode", "check_decode"]
+__all__ = ["NOTEBOOK", "VISIBLE_TEXT", "VISIBLE_CORPUS", "check_bytes", "check_bytes_to_unicode",
+           "check_pretokenize", "check_train_bpe", "check_train_bpe_speed", "check_encode", "check_decode"]
 
 NOTEBOOK = Notebook(
     "11_tokenizer",

@@ -21,16 +21,11 @@ def bytes_to_text(values: list[int]) -> str:
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's table: printable bytes stand for themselves, the others for chr(256 + n)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for value in range(256):
-        if value in printable:
-            table[value] = chr(value)
-        else:
-            table[value] = chr(256 + extra)
-            extra += 1
-    return table
+    """GPT-2's table (OpenAI's encoder.py): printable bytes stand for themselves, the n-th of the
+    others for chr(256 + n)."""
+    printable = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
+    others = [value for value in range(256) if value not in printable]
+    return {value: chr(value) if value in printable else chr(256 + others.index(value)) for value in range(256)}
 
 
 def pretokenize(text: str) -> list[str]:
