@@ -137,6 +137,8 @@ def _pattern(pattern, module=regex, flags=0):
     (_pattern(r"""'(?:[sdmt]|ll|ve|re)| ?[a-zA-Z]+| ?[0-9]+| ?[^\sa-zA-Z0-9]+|\s+(?!\S)|\s+""", re), 0,
      "Likely mistake: letters and digits are ASCII only"),
     (lambda text: text.split(" "), 0, "Likely mistake: your pre-tokens do not add up to the text"),
+    (_pattern(PATTERN.replace("(?:", "(")), 0, "Likely mistake: a capturing group in the pattern"),
+    (_pattern(PATTERN.replace("(?:", "(").replace(r" ?\p{L}+", r"( ?\p{L}+)")), 0, "Likely mistake: a capturing group"),
     # Nobody listed this one: numbers in threes, as later tokenizers cut them. Located, not named.
     (_pattern(PATTERN.replace(r" ?\p{N}+", r" ?\p{N}{1,3}")), 3,
      "pre-token 23 is ' 794', expected ' 7946'; yours around it: '44' ' 20' ' 794' '6' ' 095'"),

@@ -191,6 +191,9 @@ def produce_pretokenize(pretokenize, case: Case, inputs: dict) -> dict:
             raise CheckFailed("pretokenize: Python's `re` does not know \\p{L} or \\p{N} (bad escape). Likely "
                               "mistake: `re` in place of `regex`: import regex and call regex.findall.") from None
         raise
+    if isinstance(chunks, list) and chunks and isinstance(chunks[0], tuple):
+        raise CheckFailed("pretokenize returned tuples, not strings. Likely mistake: a capturing group in the "
+                          "pattern: findall then returns the groups; group with (?:...) instead.")
     chunks = as_list("pretokenize", chunks, str, "a list of str")
     flat, lengths = pieces_tensors([c.encode("utf-8") for c in chunks])
     return {"chunks": flat, "lengths": lengths}
@@ -214,6 +217,9 @@ def judge_pretokenize(case: Case, outputs: dict) -> None:
     for likely, pattern in PATTERN_MISTAKES.items():
         if chunks == regex.findall(pattern, text):
             raise CheckFailed(f"{head} Likely mistake: {likely}.")
+    if len(chunks) == len(expected) and all(mine in theirs for mine, theirs in zip(chunks, expected)):
+        raise CheckFailed(f"{head} Likely mistake: a capturing group in the pattern: findall then returns what the "
+                          "group matched (or '' where it took no part); group with (?:...) instead.")
     if "".join(chunks) != text:
         raise CheckFailed(f"{head} Likely mistake: your pre-tokens do not add up to the text (some characters "
                           "are dropped or changed): findall with GPT-2's pattern covers every character.")
