@@ -269,12 +269,12 @@ def test_training_correct_styles_pass(trainer):
 
 
 def test_an_incremental_trainer_passes_the_speed_check(monkeypatch):
-    monkeypatch.setattr(training, "SPEED_CHARACTERS", 60_000)   # the test budget; the notebook's run times the real one
+    monkeypatch.setattr(training, "SPEED_CHARACTERS", 30_000)   # the test budget; the notebook's run times the real one
     nb11.check_train_bpe_speed(train_incremental)
 
 
 def test_the_full_recount_is_named_past_the_ceiling(monkeypatch):
-    monkeypatch.setattr(training, "SPEED_CHARACTERS", 60_000)
+    monkeypatch.setattr(training, "SPEED_CHARACTERS", 30_000)
     monkeypatch.setattr(training, "CEILING_FACTOR", 0.2)
     monkeypatch.setattr(training, "CEILING_FLOOR", 0.05)
     fails_with(nb11.check_train_bpe_speed, train_recount, expected="Likely mistake: the full recount")
@@ -298,7 +298,7 @@ def test_training_mistakes_are_named(mistake, expected):
 
 
 def test_a_fast_trainer_with_a_mistake_fails_the_speed_check_at_its_first_wrong_merge(monkeypatch):
-    monkeypatch.setattr(training, "SPEED_CHARACTERS", 60_000)
+    monkeypatch.setattr(training, "SPEED_CHARACTERS", 30_000)
     fails_with(nb11.check_train_bpe_speed, lambda text, n: train_incremental(text.lower(), n),
                expected="Likely mistake: the pairs are miscounted")
 
