@@ -20,9 +20,8 @@ NOTEBOOK = Notebook(
     pictures=1,
     course_code=("exercises/tokenizer/reference.py", "exercises/tokenizer/naive.py"),
     implementations=tuple(f"exercises/tokenizer/{entry}" for entry in (
-        "reference.py:text_to_bytes", "reference.py:bytes_to_text", "reference.py:bytes_to_unicode",
-        "reference.py:pretokenize", "reference.py:merge_pair", "reference.py:train_bpe", "reference.py:bpe",
-        "reference.py:encode", "reference.py:decode", "naive.py:naive_train",
+        "reference.py:bytes_to_unicode", "reference.py:pretokenize", "reference.py:merge_pair",
+        "reference.py:train_bpe", "naive.py:naive_train",
         "texts.py:hidden_text", "texts.py:hidden_corpus",
     )),
 )

@@ -1,7 +1,7 @@
-"""The course's answers to notebook 11 (sealed in the grading kernels, graders.harness.kernel_view):
-bytes, GPT-2's byte-to-unicode table, the pre-tokenizer, an incremental BPE trainer, and GPT-2's
-encoder and decoder. The encoder and the decoder are judged against tiktoken, the trainer is the
-reference for training (tiktoken has none)."""
+"""The course's answers to notebook 11 that its checks need (sealed in the grading kernels,
+graders.harness.kernel_view): GPT-2's byte-to-unicode table and pre-tokenizer (run in place of the
+learner's in the later checks), and the incremental BPE trainer that training is judged against
+(tiktoken has none). Encoding and decoding are judged against tiktoken itself."""
 from __future__ import annotations
 
 import heapq
@@ -9,15 +9,7 @@ from collections import Counter, defaultdict
 
 import regex
 
-from graders.reference.tokenizer import END_OF_TEXT, GPT2_PATTERN
-
-
-def text_to_bytes(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-
-def bytes_to_text(values: list[int]) -> str:
-    return bytes(values).decode("utf-8", errors="replace")
+from graders.reference.tokenizer import GPT2_PATTERN
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -96,34 +88,3 @@ def train_bpe(text: str, n_merges: int) -> list[tuple[bytes, bytes]]:
             else:
                 del pair_counts[pair]
     return merges
-
-
-def bpe(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
-    """One pre-token (in the table's characters) split into GPT-2's tokens: the lowest-ranked
-    pair present is merged, everywhere in the word, until no ranked pair is left."""
-    symbols = list(word)
-    while len(symbols) > 1:
-        pair = min(zip(symbols, symbols[1:]), key=lambda p: ranks.get(p, float("inf")))
-        if pair not in ranks:
-            break
-        symbols = [s.decode() for s in merge_pair([s.encode() for s in symbols], (pair[0].encode(), pair[1].encode()))]
-    return symbols
-
-
-def encode(text: str, encoder: dict[str, int], ranks: dict[tuple[str, str], int],
-           allow_special: bool = False) -> list[int]:
-    table = bytes_to_unicode()
-    pieces = regex.split(f"({regex.escape(END_OF_TEXT)})", text) if allow_special else [text]
-    ids = []
-    for piece in pieces:
-        if allow_special and piece == END_OF_TEXT:
-            ids.append(encoder[END_OF_TEXT])
-            continue
-        for chunk in pretokenize(piece):
-            ids += [encoder[token] for token in bpe("".join(table[b] for b in chunk.encode("utf-8")), ranks)]
-    return ids
-
-
-def decode(ids: list[int], decoder: dict[int, str]) -> str:
-    inverse = {char: value for value, char in bytes_to_unicode().items()}
-    return bytes(inverse[char] for i in ids for char in decoder[i]).decode("utf-8", errors="replace")
