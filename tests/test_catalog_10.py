@@ -40,30 +40,33 @@ def test_the_course_decoder_matches_llama_whole_and_cached():
 
 # --- RMSNorm -----------------------------------------------------------------------------------
 
-def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False):
+def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False, eps=None,
+          in_input_dtype=False, weight_first=False, cast_back=True):
     class RMSNorm(nn.Module):
         def __init__(self, cfg):
             super().__init__()
             self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
 
         def forward(self, x):
-            x32 = x.float()
+            x32 = x if in_input_dtype else x.float()
             if center:
                 x32 = x32 - x32.mean(-1, keepdim=True)
             ms = (torch.einsum("bpd,bpd->bp", x32, x32)[..., None] / x.shape[-1] if einsum
                   else x32.pow(2).mean(-1, keepdim=True))
             if norm:
                 ms = ms * x.shape[-1]
-            scaled = (x32 / (ms.sqrt() + self.cfg.rms_norm_eps) if eps_outside
-                      else x32 * torch.rsqrt(ms + self.cfg.rms_norm_eps))
-            return scaled.to(x.dtype) * (self.w if weight else 1)
+            epsilon = self.cfg.rms_norm_eps if eps is None else eps
+            scaled = (x32 / (ms.sqrt() + epsilon) if eps_outside else x32 * torch.rsqrt(ms + epsilon))
+            if weight_first:
+                return (scaled * self.w.float()).to(x.dtype)
+            return (scaled.to(x.dtype) if cast_back else scaled) * (self.w if weight else 1)
     return RMSNorm
 
 
-@pytest.mark.parametrize("cls", [ref.RMSNorm, _norm(), _norm(einsum=True)])
+@pytest.mark.parametrize("cls", [ref.RMSNorm, _norm(), _norm(einsum=True), _norm(weight_first=True)])
 def test_rms_norm_correct_variants_pass(cls):
     nb10.check_rms_norm(cls)
-    nb10.check_rms_norm(cls, seed=3, batch=1, seq=30)
+    nb10.check_rms_norm(cls, seed=3, batch=1, seq=30, rms_norm_eps=1e-5)
 
 
 @pytest.mark.parametrize("cls, expected", [
@@ -71,9 +74,18 @@ def test_rms_norm_correct_variants_pass(cls):
     (_norm(eps_outside=True), "Likely mistake: eps is added outside the square root"),
     (_norm(weight=False), "Likely mistake: the learned weight w is not applied"),
     (_norm(norm=True), "Likely mistake: dividing by the norm"),
+    (_norm(in_input_dtype=True), "Likely mistake: the mean square is computed in float16"),
+    (_norm(cast_back=False), "Likely mistake: the normalised x is not cast back"),
 ])
 def test_rms_norm_mistakes_are_named(cls, expected):
     fails_with(nb10.check_rms_norm, cls, expected=expected)
+
+
+def test_rms_norm_with_eps_written_in_fails_a_config_with_another():
+    nb10.check_rms_norm(_norm(eps=1e-6))
+    fails_with(nb10.check_rms_norm, _norm(eps=1e-6), rms_norm_eps=1e-5,
+               expected="Likely mistake: eps is not read from the config: 1e-06 is used where this config's "
+                        "rms_norm_eps is 1e-05")
 
 
 # --- RoPE --------------------------------------------------------------------------------------
@@ -220,6 +232,19 @@ def _layer(kind):
                 out, (keys, values) = self.attn(x_in, cos, sin, past)
                 x = x + out
                 return x + self.mlp(self.ln2(x)), (keys * 2, values)
+            if kind == "ln1_twice":
+                out, cache = self.attn(self.ln1(x), cos, sin, past)
+                return x + out + self.mlp(self.ln1(x + out)), cache
+            if kind == "no_mlp_residual":
+                out, cache = self.attn(self.ln1(x), cos, sin, past)
+                return self.mlp(self.ln2(x + out)), cache
+            if kind == "half_mlp":      # nobody's catalog: named by its place
+                out, cache = self.attn(self.ln1(x), cos, sin, past)
+                return x + out + 0.5 * self.mlp(self.ln2(x + out)), cache
+            if kind == "attn_on_mlp_input":   # nobody's catalog: the MLP first, then attention
+                m = x + self.mlp(self.ln2(x))
+                out, cache = self.attn(self.ln1(m), cos, sin, past)
+                return m + out, cache
             out, cache = self.attn(self.ln1(x), cos, sin, past)
             return out + self.mlp(self.ln2(out)), cache
     return DecoderLayer
@@ -231,6 +256,14 @@ def test_decoder_layer_passes_and_its_mistakes_are_named():
     fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
     fails_with(nb10.check_decoder_layer, _layer("parallel"), expected="Likely mistake: attention and the MLP both read")
     fails_with(nb10.check_decoder_layer, _layer("no_residual"), expected="Likely mistake: the residual is not added")
+    fails_with(nb10.check_decoder_layer, _layer("ln1_twice"),
+               expected="Likely mistake: ln1 is used before the MLP too, where ln2 belongs")
+    fails_with(nb10.check_decoder_layer, _layer("no_mlp_residual"),
+               expected="Likely mistake: the residual is not added around the MLP")
+    fails_with(nb10.check_decoder_layer, _layer("half_mlp"),
+               expected="Likely mistake: the layer's output is 1·(x + attn_out) + 0.5·mlp_out")
+    fails_with(nb10.check_decoder_layer, _layer("attn_on_mlp_input"),
+               expected="ln1's output (Llama's input_layernorm), the first activation in forward order")
     # The cache it returns (issue 38): the old `past`, or other tensors than the attention's cache.
     fails_with(nb10.check_decoder_layer, _layer("old_past"),
                expected="Likely mistake: the `past` passed in is returned instead of the cache your attention")
@@ -282,9 +315,23 @@ def test_a_part_with_a_check_of_its_own_costs_only_that_check():
     fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
 
 
+class ThetaWrittenIn(ref.ModernDecoder):
+    def forward(self, tokens, past=None):
+        start = 0 if past is None else past[0][0].shape[2]
+        cos, sin = ref.rope_cos_sin(torch.arange(start, start + tokens.shape[1]), self.cfg.d_head, 10000.0)
+        x, cache = self.W_E[tokens], []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, cos, sin, None if past is None else past[i])
+            cache.append(layer_cache)
+        return self.ln_final(x) @ self.W_U, cache
+
+
 def test_model_passes_and_its_mistakes_are_named():
     nb10.check_modern_decoder(ref.ModernDecoder)
-    nb10.check_modern_decoder(ref.ModernDecoder, seed=6, batch=1, seq=20)
+    nb10.check_modern_decoder(ref.ModernDecoder, seed=6, batch=1, seq=20, rope_theta=500000.0)
+    nb10.check_modern_decoder(ThetaWrittenIn)
+    fails_with(nb10.check_modern_decoder, ThetaWrittenIn, rope_theta=500000.0,
+               expected="Likely mistake: rope_theta is not read from the config")
     fails_with(nb10.check_modern_decoder, RestartingPositions, expected="Likely mistake: positions restart at 0")
     fails_with(nb10.check_modern_decoder, NoFinalNorm, expected="Likely mistake: the final RMSNorm is missing")
 
@@ -374,3 +421,53 @@ def test_kv_cache_bytes_passes_and_its_mistakes_are_named():
         nb10.check_kv_cache_bytes(_bytes(), seed=seed, batch=batch)
     fails_with(nb10.check_kv_cache_bytes, _bytes(heads="n_heads"), expected="Likely mistake: n_heads is used")
     fails_with(nb10.check_kv_cache_bytes, _bytes(factor=1), expected="Likely mistake: only the keys are counted")
+
+
+RUNS_ITS_OWN_ROPE = '''
+import math
+import torch
+from graders.exercises.modern import reference as ref
+
+def rope_cos_sin(positions, d_head, theta):
+    cos, sin = ref.rope_cos_sin(positions, d_head, theta)
+    return sin, cos                       # the mistake: swapped
+
+def apply_rope(x, cos, sin):
+    return x * cos                        # the mistake: no rotation
+
+class GQAttention(ref.GQAttention):
+    def forward(self, x, cos, sin, past=None):
+        q = apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_Q), cos, sin)
+        k = apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_K), cos, sin)
+        v = torch.einsum("bpd,ndh->bnph", x, self.W_V)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        group = self.cfg.n_heads // k.shape[1]
+        k_all, v_all = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        n_q, n_k = q.shape[2], k.shape[2]
+        scores = (q @ k_all.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
+            torch.ones(n_q, n_k, dtype=torch.bool).triu(1 + n_k - n_q), float("-inf"))
+        return torch.einsum("bnph,nhd->bpd", scores.softmax(-1) @ v_all, self.W_O), (k, v)
+
+class ModernDecoder(ref.ModernDecoder):
+    def forward(self, tokens, past=None):
+        start = past[0][0].shape[-2] if past else 0
+        positions = torch.arange(tokens.shape[1]) + start
+        cos, sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)
+        x, cache = self.W_E[tokens], []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, cos, sin, None if past is None else past[i])
+            cache.append(layer_cache)
+        return self.ln_final(x) @ self.W_U, cache
+'''
+
+
+def test_a_mistake_in_rope_costs_only_the_rope_check():
+    """The attention's and the model's checks run the course's RoPE under the notebook's names."""
+    learner: dict = {}
+    exec(RUNS_ITS_OWN_ROPE, learner)
+    nb10.check_gq_attention(learner["GQAttention"])
+    nb10.check_modern_decoder(learner["ModernDecoder"])
+    with pytest.raises(CheckFailed):
+        nb10.check_rope(learner["rope_cos_sin"], learner["apply_rope"])
+    assert learner["apply_rope"](torch.ones(1), torch.ones(1), torch.zeros(1)).item() == 1.0   # names restored

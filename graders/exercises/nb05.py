@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -30,6 +30,7 @@ from graders.exercises.config_cases import (built_with_another_config, course_mo
                                             load_or_name, record_how_cfg_is_read,
                                             recorded_how_cfg_is_read)
 from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.divergence import first_divergence
 from graders.exercises.submodules import TAKES_RESIDUAL, module_or_none, submodule_crash, watch
 from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.judging.tolerance import close
@@ -132,45 +133,6 @@ def mistake_traces(block: nn.Module, resid_pre: torch.Tensor, how_read: str = ""
                    f"(GPT-2's); this check's config has {wanted:g}. Build the LayerNorms with the cfg "
                    f"given to TransformerBlock(cfg)" + how_read] = block_trace(gpt2_eps, resid_pre)
     return traces
-
-
-def _matching_first(traces: dict[str, dict], actual, key: str = "hook_resid_post") -> dict[str, dict]:
-    """The traces, those whose `key` matches `actual` first (so the likeliest mistake is named)."""
-    def matches(trace):
-        value = trace.get(key)
-        return (isinstance(actual, torch.Tensor) and value is not None and
-                value.shape == actual.shape and close(actual, value))
-    return dict(sorted(traces.items(), key=lambda item: not matches(item[1])))
-
-
-def first_divergence(what: str, outputs: dict, acts: dict, hooks: Sequence[tuple[str, str]],
-                     traces: dict[str, dict], dims: Sequence[str], hints: dict, counts: str,
-                     final: str) -> None:
-    """Raise for the first hook (learner key, reference key) whose value differs from the reference."""
-    traces = _matching_first(traces, outputs.get(final), final)
-    for key, ref_key in hooks:
-        expected = acts[ref_key]
-        actual = outputs.get(key)
-        if actual is None:
-            lines = [f"{what}: could not see {key} ({counts}). The value is read from the input or "
-                     "output of your submodule; call each submodule once, as `self.name(x)`."]
-            for description, trace in traces.items():
-                if key not in trace:
-                    final_value = trace.get(final)
-                    if (isinstance(outputs.get(final), torch.Tensor) and final_value is not None
-                            and final_value.shape == outputs[final].shape
-                            and close(outputs[final], final_value)):
-                        lines.append(f"  Likely mistake: {description}")
-                        break
-            if hints.get(key):
-                lines.append(f"  Hint: {hints[key]}")
-            raise CheckFailed("\n".join(lines))
-        if isinstance(actual, torch.Tensor) and actual.shape == expected.shape and close(actual, expected):
-            continue
-        mistakes = {d: t[key] for d, t in traces.items() if t.get(key) is not None}
-        compare(f"{what}: {key}, the first activation in forward order that differs from the "
-                f"reference,", actual, expected, dims, mistakes=mistakes, hint=hints.get(key, ""))
-        return
 
 
 # --- The exercise ----------------------------------------------------------------------------

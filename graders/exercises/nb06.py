@@ -31,7 +31,7 @@ from graders.exercises.config_cases import (built_with_another_config, course_mo
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
 from graders.judging.learner import Forbidden, build_loaded, build_module, run_learner
 from graders.judging.tolerance import CHANGED_RELATIVE, close
-from graders.exercises.nb05 import first_divergence
+from graders.exercises.divergence import first_divergence
 from graders.exercises.next_token import judge_loss_value
 from graders.exercises.parameter_count import check_count_parameters  # noqa: F401 (the notebook's check)
 from graders.exercises.submodules import TAKES_RESIDUAL, TAKES_TOKENS, submodule_crash, watch

@@ -1,6 +1,6 @@
 """Watching a learner's submodules while their module runs: forward hooks record each call's input
 and output, so a grader can say which step of a forward differs first, and which call crashed
-with what it was given. Used by notebooks 05, 06 and 09."""
+with what it was given. Used by notebooks 05, 06, 09 and 10."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -105,6 +105,10 @@ def submodule_crash(what: str, failure: CheckFailed, rec: CallRecorder, takes: d
 
 
 def _keep(value):
+    """A copy of a recorded tensor; of a tuple's first item, for a module that returns
+    (output, cache) as 10's attention and decoder layers do."""
+    if isinstance(value, tuple) and value:
+        value = value[0]
     return value.detach().clone() if isinstance(value, torch.Tensor) else None
 
 

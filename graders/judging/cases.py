@@ -32,6 +32,8 @@ class Case:
     d_head: int | None = None
     n_ctx: int | None = None
     n_layers: int | None = None
+    rms_norm_eps: float | None = None   # notebook 10's ModernConfig
+    rope_theta: float | None = None
 
     def settings(self) -> dict:
         """The Config settings this case changes, by name."""
@@ -57,7 +59,7 @@ class Case:
                 + (f", config with {settings}" if settings else ""))
 
 
-CONFIG_FIELDS = ("layer_norm_eps", "n_heads", "d_head", "n_ctx", "n_layers")
+CONFIG_FIELDS = ("layer_norm_eps", "n_heads", "d_head", "n_ctx", "n_layers", "rms_norm_eps", "rope_theta")
 
 
 # The keyword arguments of a check function that choose its case (the others go to the learner).

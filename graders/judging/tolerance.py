@@ -40,6 +40,14 @@ def close(actual: torch.Tensor, expected: torch.Tensor, depth: int = 1) -> bool:
 
 
 
+def close_in_half(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether a float16 output agrees with a float16 reference (notebook 10's RMSNorm in a float16
+    model): within HALF_ULPS of float16's rounding, or the policy's tolerance."""
+    expected, actual = expected.double(), actual.double()
+    slack = HALF_ULPS * 2.0 ** -11 * expected.abs() + tolerance(expected)
+    return bool(((actual - expected).abs() <= slack).all())
+
+
 # --- Named exceptions ------------------------------------------------------------------------
 # Whether an output *changed* when an input was perturbed (causality probes): a change below
 # this fraction of the output's largest magnitude is rounding, far above it is a real dependence.
@@ -61,3 +69,7 @@ GRADIENT_CLEARED_COSINE = 0.999
 # probe): fp32 norms of a few million numbers round at ~1e-6, and clip_grad_norm_ divides by
 # norm + 1e-6; a loop that does not clip, or clips each tensor alone, misses by far more.
 CLIPPED_NORM_SLACK = 1e-3
+# float16 outputs (10's RMSNorm in a float16 model) round at 2**-11 relative: a correct
+# float32 normalisation cast back differs from transformers' by where the weight's product is
+# rounded (one ulp); computed in float16 instead, x**2 overflows and the output is 0 or nan.
+HALF_ULPS = 2

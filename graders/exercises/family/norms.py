@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from graders.exercises.family.tasks import block_config, seeded_residual, spread_weights
-from graders.exercises.nb05 import first_divergence
+from graders.exercises.divergence import first_divergence
 from graders.exercises.submodules import watch
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, compare

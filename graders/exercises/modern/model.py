@@ -15,13 +15,16 @@ import torch
 from torch import nn
 
 from graders.exercises.diagnosis import compare, diagnosis_first, judge_generated
+from graders.exercises.divergence import first_divergence
+from graders.exercises.modern import layer_flow
 from graders.exercises.modern import reference as ref
-from graders.exercises.modern.attention import FORBIDDEN, load_attention
+from graders.exercises.modern.attention import FORBIDDEN, ROPE_PARTS, load_attention
 from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner
+from graders.judging.learner import run_learner, with_course_functions
+from graders.judging.tolerance import close
 from graders.reference.weights import component
 
 DIMS, LOGIT_DIMS = ("batch", "position", "d_model"), ("batch", "position", "d_vocab")
@@ -57,57 +60,43 @@ def produce_layer(DecoderLayer, case: Case, inputs: dict) -> dict:
     cfg = ref.ModernConfig()
     layer = load_attention(DecoderLayer, cfg, component(weights(case.seed), f"blocks.{case.block}"), "DecoderLayer",
                            with_course_parts)
-    result = run_learner("DecoderLayer", layer, *_layer_input(case, cfg), forbidden=FORBIDDEN)
+    x, cos, sin = _layer_input(case, cfg)
+    result = run_learner("DecoderLayer", layer, x, cos, sin, forbidden=FORBIDDEN)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CheckFailed(f"DecoderLayer returned {type(result).__name__}; return (x, (keys, values)).")
+    outputs = layer_flow.layer_trace(layer, x, cos, sin, runner=lambda fn, v: run_learner(
+        "DecoderLayer", layer, v, cos, sin, forbidden=FORBIDDEN))
+    outputs["out"] = result[0]
     cache = result[1]
     if isinstance(cache, (tuple, list)) and len(cache) == 2 and all(isinstance(t, torch.Tensor) for t in cache):
-        return {"out": result[0], "keys": cache[0], "values": cache[1]}
-    return {"out": result[0]}
-
-
-def layer_mistakes(x, w: dict, cos, sin) -> dict[str, torch.Tensor]:
-    eps = ref.ModernConfig().rms_norm_eps
-    def norm(v, name):
-        return ref.rms_norm(v, w[f"{name}.w"], eps)
-
-    def attn(v):
-        return ref.attention(v, component(w, "attn"), cos, sin)[0]
-
-    def mlp(v):
-        return ref.swiglu(v, component(w, "mlp"))
-
-    mid = x + attn(norm(x, "ln1"))
-    post = norm(x + attn(x), "ln1")
-    return {
-        "post-norm: the RMSNorms go before each sublayer (x + attn(ln1(x))), not after the addition":
-            norm(post + mlp(post), "ln2"),
-        "attention and the MLP both read the layer's input (a parallel block): the MLP reads the stream "
-        "after attention's output is added": mid + mlp(norm(x, "ln2")),
-        "the residual is not added around attention: x = x + attn(ln1(x))":
-            attn(norm(x, "ln1")) + mlp(norm(attn(norm(x, "ln1")), "ln2")),
-        "ln1 and ln2 are swapped: ln1 before attention, ln2 before the MLP":
-            (x + attn(norm(x, "ln2"))) + mlp(norm(x + attn(norm(x, "ln2")), "ln1")),
-    }
+        outputs.update({"keys": cache[0], "values": cache[1]})
+    return {k: v for k, v in outputs.items() if v is not None}
 
 
 def judge_layer(case: Case, outputs: dict) -> None:
-    cfg = ref.ModernConfig()
+    cfg, i = ref.ModernConfig(), case.block
     x, cos, sin = _layer_input(case, cfg)
-    with torch.no_grad():
-        expected = hf_model(case.seed).model.layers[case.block](
-            x, attention_mask=ref.causal_mask(case.seq, case.seq), position_embeddings=(cos[None], sin[None]))
-    compare(f"DecoderLayer (blocks.{case.block})", outputs.get("out"), expected, DIMS,
-            mistakes=layer_mistakes(x, component(weights(case.seed), f"blocks.{case.block}"), cos, sin),
-            hint="x = x + attn(ln1(x)); x = x + mlp(ln2(x)).")
+    w = component(weights(case.seed), f"blocks.{i}")
+    expected = layer_flow.llama_trace(hf_model(case.seed).model.layers[i], x, cos, sin,
+                                      ref.causal_mask(case.seq, case.seq))
+    out, what = outputs.get("out"), f"DecoderLayer (blocks.{i}), compared with LlamaDecoderLayer"
+    check_shape(what, out, tuple(expected["out"].shape), DIMS)
+    if not close(out, expected["out"]):
+        course = ref.DecoderLayer(cfg)
+        course.load_state_dict(w)
+        counts = ", ".join(f"self.{n} called {int(outputs.get(f'calls.{n}', 0))}x" for n in layer_flow.PARTS)
+        first_divergence(what, outputs, expected, [(h, h) for h in layer_flow.HOOKS],
+                         {**layer_flow.mistake_traces(course, x, cos, sin),
+                          **layer_flow.combination_traces(outputs, expected, x)}, DIMS, layer_flow.HINTS, counts, "out",
+                         layer_flow.PLACES)
+        compare(what, out, expected["out"], DIMS, hint="x = x + attn(ln1(x)); x = x + mlp(ln2(x)).")
     if "keys" not in outputs or "values" not in outputs:
         raise CheckFailed("DecoderLayer: its x is right, but it does not return (keys, values) tensors as its "
                           "cache. Likely mistake: the `past` passed in is returned instead of the cache your "
                           "attention returned.")
-    w = component(weights(case.seed), f"blocks.{case.block}")
     _, (keys, values) = ref.attention(ref.rms_norm(x, w["ln1.w"], cfg.rms_norm_eps), component(w, "attn"), cos, sin)
     for name, cached in (("keys", keys), ("values", values)):
-        compare(f"DecoderLayer (blocks.{case.block})'s cached {name}", outputs.get(name), cached, CACHE_DIMS,
+        compare(f"DecoderLayer (blocks.{i})'s cached {name}", outputs.get(name), cached, CACHE_DIMS,
                 hint="return the (keys, values) your attention returned: the cache of this call, "
                      "not the `past` passed in.")
 
@@ -133,7 +122,7 @@ def _model_run(what, model, *args):
 
 
 def produce_model(ModernDecoder, case: Case, inputs: dict) -> dict:
-    cfg = ref.ModernConfig()
+    cfg = case.config(ref.ModernConfig())
     model = load_attention(ModernDecoder, cfg, weights(case.seed), "ModernDecoder", with_course_parts)
     tokens, split = tokens_for(case, cfg), case.seq // 2
     logits, _ = _model_run("ModernDecoder", model, tokens)
@@ -153,11 +142,24 @@ def _course_model(cfg: ref.ModernConfig, seed: int) -> nn.Module:
     return model.eval()
 
 
+def _run_course(model: nn.Module, tokens: torch.Tensor, cached: bool) -> torch.Tensor:
+    """The course model's logits: whole, or (`cached`) in the check's two chunks."""
+    if not cached:
+        return model(tokens)[0]
+    split = tokens.shape[1] // 2
+    first, past = model(tokens[:, :split])
+    return torch.cat([first, model(tokens[:, split:], past)[0]], 1)
+
+
 def model_mistakes(case: Case, cached: bool) -> dict[str, torch.Tensor]:
-    cfg = ref.ModernConfig()
+    cfg = case.config(ref.ModernConfig())
     model, tokens, split = _course_model(cfg, case.seed), tokens_for(case, cfg), case.seq // 2
     found = {}
     with torch.no_grad():
+        if cfg.rope_theta != ref.ModernConfig().rope_theta:
+            found[f"rope_theta is not read from the config: cos and sin use {ref.ModernConfig().rope_theta:g} "
+                  f"where this config has {cfg.rope_theta:g} (pass self.cfg.rope_theta to rope_cos_sin)"] = \
+                _run_course(_course_model(ref.ModernConfig(), case.seed), tokens, cached)
         if cached:
             first, past = model(tokens[:, :split])
             second, _ = model(tokens[:, split:])              # positions 0.. again, and no past
@@ -179,9 +181,9 @@ def model_mistakes(case: Case, cached: bool) -> dict[str, torch.Tensor]:
 
 
 def judge_model(case: Case, outputs: dict) -> None:
-    cfg = ref.ModernConfig()
+    cfg = case.config(ref.ModernConfig())
     with torch.no_grad():
-        expected = hf_model(case.seed)(tokens_for(case, cfg)).logits
+        expected = hf_model(case.seed, **case.settings())(tokens_for(case, cfg)).logits
     depth = cfg.n_layers + 1
     compare("ModernDecoder logits, compared with LlamaForCausalLM's", outputs.get("logits"), expected,
             LOGIT_DIMS, mistakes=model_mistakes(case, cached=False), depth=depth,
@@ -197,7 +199,8 @@ def judge_model(case: Case, outputs: dict) -> None:
                         ("batch", "kv_head", "position", "d_head"))
 
 
-model_exercise = Exercise(NOTEBOOK, "ModernDecoder", produce_model, diagnosis_first(judge_model),
+model_exercise = Exercise(NOTEBOOK, "ModernDecoder", with_course_functions(produce_model, ROPE_PARTS),
+                          diagnosis_first(judge_model),
                           forbidden=(FORBIDDEN,), defaults=DEFAULTS)
 check_modern_decoder = model_exercise.checker(
     "Grade `ModernDecoder` against transformers' LlamaForCausalLM (whole, and through its cache).")

@@ -2,6 +2,7 @@
 LlamaRMSNorm and LlamaMLP loaded with the same seeded weights."""
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 
 import torch
@@ -11,8 +12,10 @@ from torch import nn
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.exercises.modern import reference as ref
 from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
+from graders.judging.tolerance import close_in_half
 from graders.reference.weights import component
 
 NOTEBOOK = "10_modern_decoder"
@@ -25,10 +28,11 @@ MLP_FORBIDDEN = Forbidden("the SwiGLU MLP", targets=[(nn.Linear, "forward"), (F,
                           instead="with matrix products of your parameters")
 
 
-def config(n_kv_heads: int = 2) -> ref.ModernConfig:
+def config(n_kv_heads: int = 2, **settings) -> ref.ModernConfig:
+    """The checks' config: another number of KV heads, or a hidden case's settings (`Case.settings`)."""
     from dataclasses import replace
 
-    return replace(ref.ModernConfig(), n_kv_heads=n_kv_heads)
+    return replace(ref.ModernConfig(), n_kv_heads=n_kv_heads, **settings)
 
 
 @lru_cache(maxsize=6)
@@ -43,9 +47,9 @@ def weights(seed: int, n_kv_heads: int = 2) -> dict:
 
 
 @lru_cache(maxsize=6)
-def hf_model(seed: int, n_kv_heads: int = 2):
-    """The judge's LlamaForCausalLM for a seed (and a number of KV heads)."""
-    return ref.hf_model(config(n_kv_heads), hf_weights(seed, n_kv_heads))
+def hf_model(seed: int, n_kv_heads: int = 2, **settings):
+    """The judge's LlamaForCausalLM for a seed (a number of KV heads, a hidden case's settings)."""
+    return ref.hf_model(config(n_kv_heads, **settings), hf_weights(seed, n_kv_heads))
 
 
 # --- RMSNorm -----------------------------------------------------------------------------------
@@ -60,16 +64,27 @@ def _norm_inputs(case: Case) -> list[torch.Tensor]:
     return [x, _quiet(x)]
 
 
+def _half_input(case: Case) -> torch.Tensor:
+    """A float16 stream of root mean square 400: its squares (1.6e5) overflow float16 (largest
+    65,504), which is why transformers normalises in float32."""
+    x = ref.seeded_input(case.seed + 7, case.batch, case.seq, ref.ModernConfig().d_model)
+    return (x * (400 / x.pow(2).mean(-1, keepdim=True).sqrt())).half()
+
+
 def produce_rms_norm(RMSNorm, case: Case, inputs: dict) -> dict:
-    norm = build_loaded("RMSNorm", RMSNorm, ref.ModernConfig(), component(weights(case.seed), "blocks.1.ln1"))
-    return {f"out_{i}": run_learner("RMSNorm", norm, x, forbidden=NORM_FORBIDDEN)
-            for i, x in enumerate(_norm_inputs(case))}
+    cfg = case.config(ref.ModernConfig())
+    norm = build_loaded("RMSNorm", RMSNorm, cfg, component(weights(case.seed), "blocks.1.ln1"))
+    outputs = {f"out_{i}": run_learner("RMSNorm", norm, x, forbidden=NORM_FORBIDDEN)
+               for i, x in enumerate(_norm_inputs(case))}
+    outputs["half_out"] = run_learner("RMSNorm (a float16 model)", norm.half(), _half_input(case),
+                                      forbidden=NORM_FORBIDDEN)
+    return outputs
 
 
 def rms_norm_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
     ms = x.pow(2).mean(-1, keepdim=True)
     centred = x - x.mean(-1, keepdim=True)
-    return {
+    found = {
         "the mean is subtracted (that is LayerNorm): RMSNorm divides x itself by its root mean "
         "square, with no centring and no bias": centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w,
         "eps is added outside the square root: it belongs inside, sqrt(mean(x**2) + eps)":
@@ -78,11 +93,22 @@ def rms_norm_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
         "dividing by the norm sqrt(sum(x**2)) instead of the root mean square sqrt(mean(x**2))":
             x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt() * w,
     }
+    default = ref.ModernConfig().rms_norm_eps
+    if eps != default:
+        found[f"eps is not read from the config: {default:g} is used where this config's rms_norm_eps is "
+              f"{eps:g} (use self.cfg.rms_norm_eps)"] = x / (ms + default).sqrt() * w
+    return found
+
+
+def _hf_norm(case: Case, eps: float) -> nn.Module:
+    norm = copy.deepcopy(hf_model(case.seed).model.layers[1].input_layernorm)
+    norm.variance_epsilon = eps
+    return norm
 
 
 def judge_rms_norm(case: Case, outputs: dict) -> None:
-    hf_norm, eps = hf_model(case.seed).model.layers[1].input_layernorm, ref.ModernConfig().rms_norm_eps
-    w = weights(case.seed)["blocks.1.ln1.w"]
+    eps = case.config(ref.ModernConfig()).rms_norm_eps
+    hf_norm, w = _hf_norm(case, eps), weights(case.seed)["blocks.1.ln1.w"]
     for i, (x, what) in enumerate(zip(_norm_inputs(case), ("a residual stream",
                                                             "a residual stream with mean square close to eps"))):
         with torch.no_grad():
@@ -90,6 +116,26 @@ def judge_rms_norm(case: Case, outputs: dict) -> None:
         compare(f"RMSNorm on {what} {list(x.shape)}", outputs.get(f"out_{i}"), expected, DIMS,
                 mistakes=rms_norm_mistakes(x, w, eps),
                 hint="x / sqrt(mean(x**2 over d_model) + eps) * w, in float32.")
+    _judge_half(outputs.get("half_out"), hf_norm, _half_input(case))
+
+
+def _judge_half(actual, hf_norm: nn.Module, x: torch.Tensor) -> None:
+    what = f"RMSNorm in a float16 model, on a stream of root mean square 400 {list(x.shape)}"
+    with torch.no_grad():
+        expected = hf_norm.half()(x)
+    check_shape(what, actual, tuple(expected.shape), DIMS)
+    if actual.dtype != torch.float16:
+        raise CheckFailed(f"{what}: your output is {actual.dtype}, LlamaRMSNorm's is float16. Likely mistake: "
+                          "the normalised x is not cast back to x's dtype (.to(x.dtype)) before the weight.")
+    if close_in_half(actual, expected):
+        return
+    overflowed = not torch.isfinite(actual).all() or bool((actual == 0).any())
+    raise CheckFailed(f"{what}: your output differs from LlamaRMSNorm's by up to "
+                      f"{(actual.float() - expected.float()).abs().nan_to_num(float('inf')).max():.3g}. "
+                      + ("Likely mistake: the mean square is computed in float16, where x**2 overflows (its "
+                         "largest number is 65,504): compute it in float32 (x.float()), then cast back."
+                         if overflowed else "Normalise in float32 (x.float()), cast back to x's dtype, then "
+                         "apply the weight."))
 
 
 rms_norm_exercise = Exercise(NOTEBOOK, "RMSNorm", produce_rms_norm, diagnosis_first(judge_rms_norm),
