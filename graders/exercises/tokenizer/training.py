@@ -213,9 +213,9 @@ def judge_speed(case: Case, outputs: dict) -> None:
         raise CheckFailed(
             f"train_bpe did not finish {SPEED_MERGES} merges on {SPEED_CHARACTERS:,} characters of tiny "
             f"Shakespeare within {float(outputs['ceiling']):.1f} s ({CEILING_FACTOR}x the course trainer's time "
-            f"here, at least {CEILING_FLOOR:g} s). Likely mistake: the full recount: every merge counts every pair of every pre-token "
-            "again. Count once, then after each merge update only the pre-tokens that hold the merged "
-            "pair (keep, for each pair, which pre-tokens hold it).")
+            f"here, at least {CEILING_FLOOR:g} s). Likely mistake: the full recount: every merge counts every "
+            "pair of every pre-token again. Count once, then after each merge update only the pre-tokens that "
+            "hold the merged pair (keep, for each pair, which pre-tokens hold it).")
     judge_merges(speed_corpus(), SPEED_MERGES, recorded_merges(outputs),
                  f"the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare", replay=False)
 
