@@ -29,6 +29,10 @@ COURSE_ANSWERS = {
     "08 apply_top_k": ("08_sampling", "apply_top_k", "graders.exercises.sampling.reference:apply_top_k"),
     "09 PostNormBlock": ("09_transformer_family", "PostNormBlock", "graders.reference.bert:PostNormBlock"),
     "10 RMSNorm": ("10_modern_decoder", "RMSNorm", "graders.exercises.modern.reference:RMSNorm"),
+    "11 bytes_to_unicode": ("11_tokenizer", "bytes_to_unicode",
+                            "graders.exercises.tokenizer.reference:bytes_to_unicode"),
+    "11 pretokenize": ("11_tokenizer", "pretokenize", "graders.exercises.tokenizer.reference:pretokenize"),
+    "11 train_bpe": ("11_tokenizer", "train_bpe", "graders.exercises.tokenizer.reference:train_bpe"),
 }
 
 

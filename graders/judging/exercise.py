@@ -9,6 +9,8 @@ Each `Exercise` declares, in one place, everything the harness needs to grade it
 - `judge(case, outputs)`: decides, in a process that never runs learner code.
 - `forbidden`: library versions of the thing being built, refused in the learner's code.
 - `defaults`: case fields its check functions use unless the test cell says otherwise.
+- `describe`: how its messages name a case, where `Case.describe`'s words do not fit (notebook
+  11's seeds choose hidden texts, not random inputs).
 A test cell is linked to its exercises through the check functions it calls (`checker`). What a
 check does with the verdict depends on its kernel's session (graders.judging.session); the
 verdict itself is always `graders.judging.verdict.decide`'s.
@@ -53,6 +55,7 @@ class Exercise:
     # Course parts the learner's code may run in this check (a composite's parts, which have
     # checks of their own); the notebook's given parts are allowed in every check.
     supplies: tuple = ()
+    describe: Callable[[Case], str] | None = None
     defined_at: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -124,7 +127,7 @@ class Exercise:
                             unwritten=getattr(failure, "unwritten", False) and str(failure) == verdict.message)
         if not verdict.passed:   # the learner's own failure keeps its traceback (their line)
             raise failure if failure is not None and str(failure) == verdict.message else CheckFailed(verdict.message)
-        ok(f"{self.name}: correct on {_described(case)}{progress.points_note(place)}")
+        ok(f"{self.name}: correct on {self.described(case)}{progress.points_note(place)}")
 
     def _record(self, current: session.Session, learner, case: Case, answers: tuple = ()) -> None:
         check_id = session.next_check_id()
@@ -133,7 +136,14 @@ class Exercise:
             return
         outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self), answers)
         session.save_record(current, check_id, self.key, outputs, str(failure or ""))
-        print(f"{self.name}: outputs recorded for grading on {case.describe()}.")
+        print(f"{self.name}: outputs recorded for grading on {self.described(case, recorded=True)}.")
+
+    def described(self, case: Case, recorded: bool = False) -> str:
+        """The case as this exercise's messages name it ("the reference text"; batch 1 goes unsaid
+        when a check passes)."""
+        if self.describe is not None:
+            return self.describe(case)
+        return case.describe() if recorded else _described(case)
 
     def checker(self, doc: str, learner: Callable | None = None) -> Callable:
         """The learner-facing check function of this exercise. Keyword arguments that are

@@ -1,0 +1,27 @@
+"""Grader for 11_tokenizer: GPT-2's tokenizer from bytes up. Bytes, the byte-to-unicode table, the
+pre-tokenizer, BPE training (merge for merge against the course's trainer, and timed), encoding
+and decoding (token for token against tiktoken's GPT-2 encoding, on hidden texts).
+
+The notebook's check functions; the exercises themselves live in graders.exercises.tokenizer.
+"""
+from graders.exercises.tokenizer.encoding import check_decode, check_encode
+from graders.exercises.tokenizer.pieces import VISIBLE_TEXT, check_bytes, check_bytes_to_unicode, check_pretokenize
+from graders.exercises.tokenizer.training import VISIBLE_CORPUS, check_train_bpe, check_train_bpe_speed
+from graders.judging.notebook import ExampleBug, Notebook
+
+__all__ = ["NOTEBOOK", "VISIBLE_TEXT", "VISIBLE_CORPUS", "check_bytes", "check_bytes_to_unicode",
+           "check_pretokenize", "check_train_bpe", "check_train_bpe_speed", "check_encode", "check_decode"]
+
+NOTEBOOK = Notebook(
+    "11_tokenizer",
+    # The classic mistake of the example class's buggy student: <|endoftext|> encoded as text.
+    ExampleBug("encode_answer", "pieces = text.split(END_OF_TEXT) if allow_special else [text]",
+               "pieces = [text]", costs=("encode_test",), named="the special token is split into pieces"),
+    pictures=1,
+    course_code=("exercises/tokenizer/reference.py", "exercises/tokenizer/naive.py"),
+    implementations=tuple(f"exercises/tokenizer/{entry}" for entry in (
+        "reference.py:bytes_to_unicode", "reference.py:pretokenize", "reference.py:merge_pair",
+        "reference.py:train_bpe", "naive.py:naive_train",
+        "texts.py:hidden_text", "texts.py:hidden_corpus",
+    )),
+)

@@ -1,0 +1,227 @@
+"""Notebook 11, exercise 4: `train_bpe`, judged merge for merge against the course's trainer on
+hidden corpora, and timed on a training of a stated size. Its mistakes are named by replaying the
+catalogued ones (naive.py), or else by the first merge that differs and the counts behind it."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections import Counter
+
+import torch
+
+from graders.exercises.tokenizer import reference as ref
+from graders.exercises.tokenizer.naive import naive_train
+from graders.exercises.tokenizer.pieces import TOKENIZER_LIBRARIES
+from graders.exercises.tokenizer.texts import hidden_corpus
+from graders.exercises.tokenizer.wire import pieces_tensors, tensor_text, tensors_pieces, text_tensor
+from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed
+from graders.judging.exercise import Exercise
+from graders.judging.learner import Forbidden, run_learner, with_course_functions
+
+NOTEBOOK = "11_tokenizer"
+N_MERGES = 40
+VISIBLE_CORPUS = ("the cat sat on the mat, then the cat ate the rat; the rat's hat sat on the cat's mat.\n"
+                  "aaa aaaa banana bandana, a bandanna and an anagram: nana, anna, ana.\n") * 6 + (
+                  "That is that, and this is this; these are those. Then there were three thin thieves, "
+                  "thirty-three thousand thoughts thereafter, and the theatre thronged.\n") * 3
+SPEED_CHARACTERS, SPEED_MERGES = 200_000, 500   # the first 200,000 characters of tiny Shakespeare
+CEILING_FACTOR, CEILING_FLOOR = 10, 3.0         # times the reference's time, and at least this (s)
+FORBIDDEN = Forbidden("BPE training", source_words=["tokenizers", "sentencepiece", "minbpe", *TOKENIZER_LIBRARIES],
+                      library_code=TOKENIZER_LIBRARIES, instead="with dictionaries and counts")
+# What each replayed mistake is called (naive.MISTAKES), the catalog the judge names.
+NAMES = {
+    "across pre-tokens": "pairs are counted across pre-token boundaries (over the whole text): "
+                         "count inside each pre-token only, so that no merge spans two",
+    "unweighted": "the counts are not weighted: each distinct pre-token counts once. A pair in a "
+                  "pre-token that occurs n times occurs n times",
+    "overlapping": "overlapping occurrences are merged twice: in `a a a`, merging (a, a) gives "
+                   "`aa a` (left to right, not overlapping), not `aa aa`",
+    "first only": "only the first occurrence in a pre-token is merged: merge every occurrence, "
+                  "left to right",
+    "tie smallest": "the tie-break takes the smallest pair: among the most frequent pairs, take "
+                    "the greatest, max((count, pair))",
+    "tie first seen": "the tie-break is ignored (the first most frequent pair found): among the "
+                      "most frequent pairs, take the greatest, max((count, pair))",
+}
+
+
+def _merges_record(merges) -> dict:
+    """The learner's merges as tensors, or a one-line failure naming what was returned instead."""
+    if not isinstance(merges, (list, tuple)):
+        raise CheckFailed(f"train_bpe: return a list of merges, (bytes, bytes) pairs; got {type(merges).__name__}.")
+    for merge in merges:
+        if not (isinstance(merge, (tuple, list)) and len(merge) == 2
+                and all(isinstance(p, (bytes, bytearray)) for p in merge)):
+            raise CheckFailed(f"train_bpe: each merge must be a pair of bytes objects, like (b' t', b'he'); "
+                              f"got {merge!r}.")
+    lefts, left_lengths = pieces_tensors([bytes(m[0]) for m in merges])
+    rights, right_lengths = pieces_tensors([bytes(m[1]) for m in merges])
+    return {"lefts": lefts, "left_lengths": left_lengths, "rights": rights, "right_lengths": right_lengths}
+
+
+def recorded_merges(outputs: dict) -> list[tuple[bytes, bytes]]:
+    return list(zip(tensors_pieces(outputs["lefts"], outputs["left_lengths"]),
+                    tensors_pieces(outputs["rights"], outputs["right_lengths"])))
+
+
+def _corpus(case: Case) -> str:
+    return VISIBLE_CORPUS if case.seed == 0 else hidden_corpus(case.seed)
+
+
+def inputs_train(case: Case) -> dict:
+    return {"corpus": text_tensor(_corpus(case))}
+
+
+def produce_train(train_bpe, case: Case, inputs: dict) -> dict:
+    return _merges_record(run_learner("train_bpe", train_bpe, tensor_text(inputs["corpus"]), N_MERGES,
+                                      forbidden=FORBIDDEN))
+
+
+def _counts_after(text: str, merges: list[tuple[bytes, bytes]]) -> Counter:
+    """The weighted pair counts the trainer sees once `merges` are made."""
+    words = Counter(ref.pretokenize(text))
+    counts: Counter = Counter()
+    for word, weight in words.items():
+        symbols = [bytes([b]) for b in word.encode("utf-8")]
+        for merge in merges:
+            symbols = ref.merge_pair(symbols, merge)
+        for pair in zip(symbols, symbols[1:]):
+            counts[pair] += weight
+    return counts
+
+
+def _common(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def judge_merges(text: str, n_merges: int, learned: list, where: str, replay: bool = True) -> None:
+    """Fail, naming the mistake, unless `learned` are the reference's merges on `text`. With
+    `replay`, the catalogued mistakes are replayed (the naive trainer: small corpora only)."""
+    expected = ref.train_bpe(text, n_merges)
+    if learned == expected:
+        return
+    step = _common(learned, expected)
+    replayed = {mistake: naive_train(text, n_merges, mistake) for mistake in NAMES} if replay else {}
+    best = max(replayed, key=lambda m: _common(learned, replayed[m]), default=None)
+    if best is not None and _common(learned, replayed[best]) > step:
+        raise CheckFailed(f"train_bpe on {where}: merge {step} is {learned[step]!r}, expected "
+                          f"{expected[step]!r}. Likely mistake: {NAMES[best]}.")
+    if step == len(expected):
+        raise CheckFailed(f"train_bpe on {where}: {len(learned)} merges, expected {len(expected)} "
+                          f"(the first {step} are right). Return n_merges merges, fewer only when no pair is left.")
+    if step == len(learned):
+        raise CheckFailed(f"train_bpe on {where}: only {len(learned)} merges, expected {len(expected)} "
+                          f"(those are right): pairs were left to merge.")
+    raise CheckFailed(f"train_bpe on {where}: merge {step} differs (the {step} before it are right). "
+                      + _diagnosis(text, learned[:step], learned[step], expected[step]))
+
+
+def _diagnosis(text: str, before: list, theirs: tuple, ours: tuple) -> str:
+    counts = _counts_after(text, before)
+    mine, right = counts.get(theirs, 0), counts[ours]
+    head = f"Yours is {theirs!r}, the reference's {ours!r}, which occurs {right} times at that point"
+    if mine == right:
+        order = "smaller" if theirs < ours else "greater"
+        return (f"{head}, as often as yours. Likely mistake: the tie-break: yours took a {order} pair; "
+                f"among the most frequent pairs, take the greatest, max((count, pair)).")
+    if mine == 0:
+        return (f"{head}; yours is not a pair of adjacent tokens inside any pre-token at that point. "
+                f"Likely mistake: the pairs are not counted on the current tokens of each pre-token "
+                f"(every earlier merge must have been applied to every pre-token).")
+    return (f"{head}; yours occurs {mine} times. Likely mistake: the pairs are miscounted: count each "
+            f"adjacent pair of each pre-token's current tokens, times the number of times that "
+            f"pre-token occurs, and take the most frequent.")
+
+
+def _where(case: Case) -> str:
+    return "the corpus shown" if case.seed == 0 else f"hidden corpus {case.seed}"
+
+
+def judge_train(case: Case, outputs: dict) -> None:
+    judge_merges(_corpus(case), N_MERGES, recorded_merges(outputs), _where(case))
+
+
+TRAIN_PARTS = {"pretokenize": ref.pretokenize}
+train = Exercise(NOTEBOOK, "train_bpe", with_course_functions(produce_train, TRAIN_PARTS), judge_train,
+                 inputs=inputs_train, forbidden=(FORBIDDEN,), defaults={"text": None}, describe=_where)
+check_train_bpe = train.checker(f"Grade `train_bpe` ({N_MERGES} merges) against the course's trainer.")
+
+
+# --- Speed ---------------------------------------------------------------------------------------
+
+class _TooSlow(BaseException):
+    """Raised into the learner's trainer when its time is up (a BaseException: their code's
+    `except Exception` does not catch it)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, stop):
+    """`stop` called (in the main thread) once `seconds` have passed."""
+    try:
+        previous = signal.signal(signal.SIGALRM, stop)
+    except ValueError:   # not the main thread: timed, not stopped
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def speed_corpus() -> str:
+    from graders.reference.data import load_tinyshakespeare
+
+    return load_tinyshakespeare()[:SPEED_CHARACTERS]
+
+
+def inputs_speed(case: Case) -> dict:
+    """The corpus, and the ceiling: the reference's time on this machine (under the profiler that
+    watches a learner's code in a check, as theirs will be) times CEILING_FACTOR."""
+    import cProfile
+
+    text = speed_corpus()
+    profiler = cProfile.Profile(builtins=False)
+    start = time.perf_counter()
+    with profiler:
+        ref.train_bpe(text, SPEED_MERGES)
+    ceiling = max(CEILING_FACTOR * (time.perf_counter() - start), CEILING_FLOOR)
+    return {"corpus": text_tensor(text), "ceiling": torch.tensor(ceiling, dtype=torch.float64)}
+
+
+def produce_speed(train_bpe, case: Case, inputs: dict) -> dict:
+    def stop(signum, frame):   # defined here: what a check's produce defines may run in the learner's code
+        raise _TooSlow()
+
+    ceiling, text = float(inputs["ceiling"]), tensor_text(inputs["corpus"])
+    start = time.perf_counter()
+    try:
+        with _time_limit(ceiling, stop):
+            merges = run_learner("train_bpe", train_bpe, text, SPEED_MERGES, forbidden=FORBIDDEN)
+    except _TooSlow:
+        return {"timed_out": torch.tensor(True), "ceiling": torch.tensor(ceiling, dtype=torch.float64)}
+    seconds = time.perf_counter() - start
+    return {"timed_out": torch.tensor(seconds > ceiling), "ceiling": torch.tensor(ceiling, dtype=torch.float64),
+            **_merges_record(merges)}
+
+
+def judge_speed(case: Case, outputs: dict) -> None:
+    if bool(outputs["timed_out"]):
+        raise CheckFailed(
+            f"train_bpe did not finish {SPEED_MERGES} merges on {SPEED_CHARACTERS:,} characters of tiny "
+            f"Shakespeare within {float(outputs['ceiling']):.1f} s ({CEILING_FACTOR}x the course trainer's time "
+            f"here, at least {CEILING_FLOOR:g} s). Likely mistake: the full recount: every merge counts every "
+            "pair of every pre-token again. Count once, then after each merge update only the pre-tokens that "
+            "hold the merged pair (keep, for each pair, which pre-tokens hold it).")
+    judge_merges(speed_corpus(), SPEED_MERGES, recorded_merges(outputs),
+                 f"the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare", replay=False)
+
+
+speed = Exercise(NOTEBOOK, "train_bpe speed", with_course_functions(produce_speed, TRAIN_PARTS), judge_speed,
+                 inputs=inputs_speed, forbidden=(FORBIDDEN,), defaults={"text": None},
+                 describe=lambda case: f"{SPEED_MERGES} merges of {SPEED_CHARACTERS:,} characters of Shakespeare")
+check_train_bpe_speed = speed.checker(
+    f"Time `train_bpe` on {SPEED_MERGES} merges of the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare.")
