@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import functools
 import importlib
 
 import torch
 
 from graders.exercises.small_models import seeded_model
 from graders.exercises.training.practice import role
+from graders.exercises.training.runs import with_grad
 from graders.exercises.training_step.loss import NOTEBOOK
 from graders.exercises.training_step.reference import Slip, VariantAdamW
 from graders.judging.cases import Case
@@ -113,7 +115,7 @@ def _state(optimizer, p: torch.Tensor, key: str) -> torch.Tensor:
         value = torch.tensor(float(value))
     if not isinstance(value, torch.Tensor) or value.numel() not in (1, p.numel()):
         return torch.full((p.numel() if key in STATE else 1,), float("nan"))
-    return value.detach().float().flatten().expand(p.numel() if key in STATE else 1)
+    return value.detach().float().flatten().expand(p.numel() if key in STATE else 1).clone()   # not a live view
 
 
 def produce(AdamW, case: Case, inputs: dict) -> dict:
@@ -129,9 +131,8 @@ def produce(AdamW, case: Case, inputs: dict) -> dict:
                           "(pass them on to super().__init__(params, defaults)).")
 
     def step():
-        try:
-            with torch.enable_grad():
-                run_learner("AdamW.step", optimizer.step, forbidden=FORBIDDEN)
+        try:   # with autograd on, as in a training loop
+            run_learner("AdamW.step", with_grad, optimizer.step, forbidden=FORBIDDEN)
         except CheckFailed as failure:
             raise _named_crash(failure) from failure.__cause__
     return trajectory(optimizer, params, case, step)
@@ -156,6 +157,11 @@ def expected_trajectory(case: Case, optimizer_class=torch.optim.AdamW, **extra) 
     return trajectory(optimizer_class(groups(params, case), **setting(case).kwargs(), **extra), params, case)
 
 
+@functools.lru_cache(maxsize=4)
+def torch_trajectory(case: Case) -> dict:
+    return expected_trajectory(case)
+
+
 MISTAKES = {
     Slip(l2_decay=True): "L2 decay added to the gradient (that is Adam with weight decay, not AdamW): AdamW "
                          "decays the weights directly, p -= lr * weight_decay * p, outside the moments",
@@ -176,8 +182,10 @@ MISTAKES = {
 }
 
 
+@functools.lru_cache(maxsize=4)
 def adamw_mistakes(case: Case) -> dict[str, dict]:
-    """The trajectory each listed mistake takes on this case's steps."""
+    """The trajectory each listed mistake takes on this case's steps (kept: they are the same for
+    every learner)."""
     return {description: expected_trajectory(case, VariantAdamW, slip=slip) for slip, description in MISTAKES.items()}
 
 
@@ -195,7 +203,7 @@ def _wrong(actual: torch.Tensor, expected: torch.Tensor, sizes: list[int]) -> li
 
 
 def judge(case: Case, outputs: dict) -> None:
-    expected = expected_trajectory(case)
+    expected = torch_trajectory(case)
     names = [n for n, _ in named_params(case)]
     sizes = [p.numel() for _, p in named_params(case)]
     if _same_params(outputs, expected):
@@ -230,16 +238,19 @@ def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], name
         notes.append("parameters of both groups differ")
     moments = [key for key in STATE if _wrong(outputs[key][first], expected[key][first], sizes)]
     if moments:
-        notes.append(f"the state {' and '.join(moments)} differs at that step too: the moments are not "
-                     "m = beta1 * m + (1 - beta1) * g and v = beta2 * v + (1 - beta2) * g**2 of this "
-                     "parameter's own gradients")
+        alone = {"exp_avg": " (only m: look at beta1 and the gradient it averages)",
+                 "exp_avg_sq": " (only v: look at beta2 and the squared gradient)"}.get(moments[0], "") \
+            if len(moments) == 1 else ""
+        notes.append(f"the state {' and '.join(moments)} differ{'s' if len(moments) == 1 else ''} at that step "
+                     f"too{alone}: the moments are not m = beta1 * m + (1 - beta1) * g and v = beta2 * v + "
+                     "(1 - beta2) * g**2 of this parameter's own gradients, with the group's betas")
     elif not any(torch.isnan(outputs[key][first]).all() for key in STATE):
         notes.append("the moments exp_avg and exp_avg_sq are right: the update computed from them is not")
     if first == 0:
         notes.append("at step 1 m_hat = g and v_hat = g**2 after the bias correction, so the update of "
                      "each number is lr * sign(g) (for |g| >> eps), plus the decay")
     else:
-        notes.append(f"step 1 to {first} were right: what changes with t (the bias correction, the "
+        notes.append(f"step{f's 1 to {first} were' if first > 1 else ' 1 was'} right: what changes with t (the bias correction, the "
                      "schedule's rate, skipped parameters) is the place to look")
     return "; ".join(notes) + "."
 
