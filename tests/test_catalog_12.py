@@ -108,7 +108,8 @@ def _adamw(mistake=None, style="inplace"):
                     g = p.grad + wd * p if mistake == "l2" else p.grad
                     state = self.state[p]
                     if not state:
-                        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
                     t = float(state["step"]) if mistake == "from_zero" else None
                     state["step"] += 1
                     t = self.count if mistake == "optimizer_step" else t if t is not None else float(state["step"])

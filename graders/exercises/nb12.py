@@ -19,8 +19,8 @@ NOTEBOOK = Notebook(
     '12_training_step',
     # The classic mistake of the example class's buggy student: weight decay added to the gradient
     # (Adam with L2), not applied to the weights.
-    ExampleBug('adamw_answer', "p.mul_(1 - group['lr'] * group['weight_decay'])",
-               "grad = grad + group['weight_decay'] * p",
+    ExampleBug('adamw_answer', 'p.mul_(1 - group["lr"] * group["weight_decay"])',
+               'grad = grad + group["weight_decay"] * p',
                costs=('adamw_test',),
                named='L2 decay added to the gradient'),
     pictures=1,

@@ -250,8 +250,9 @@ def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], name
         notes.append("at step 1 m_hat = g and v_hat = g**2 after the bias correction, so the update of "
                      "each number is lr * sign(g) (for |g| >> eps), plus the decay")
     else:
-        notes.append(f"step{f's 1 to {first} were' if first > 1 else ' 1 was'} right: what changes with t (the bias correction, the "
-                     "schedule's rate, skipped parameters) is the place to look")
+        right = f"steps 1 to {first} were" if first > 1 else "step 1 was"
+        notes.append(f"{right} right: what changes with t (the bias correction, the schedule's rate, skipped "
+                     "parameters) is the place to look")
     return "; ".join(notes) + "."
 
 
