@@ -298,6 +298,50 @@ def test_clip_library_version_is_refused():
                expected="clip_grad_norm_")
 
 
+# --- saved_activation_bytes ---------------------------------------------------------------------
+
+def _measure(kind="right"):
+    def saved_activation_bytes(model, *inputs):
+        parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        by_storage, every = {}, []
+
+        def pack(t):
+            storage = t.untyped_storage()
+            every.append((storage.data_ptr(), storage.nbytes(), t.numel() * t.element_size(), t.element_size()))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = model(*inputs)
+        del output
+        for ptr, nbytes, own, element in every:
+            if kind == "parameters" or ptr not in parameters:
+                by_storage[ptr] = nbytes // element if kind == "numbers" else nbytes
+        if kind == "repeats":
+            return sum(nbytes for ptr, nbytes, _, _ in every if ptr not in parameters)
+        if kind == "naive":
+            return sum(own for _, _, own, _ in every)
+        if kind == "tensor":
+            return torch.tensor(sum(by_storage.values()))
+        return 0 if kind == "outside" else sum(by_storage.values())
+    return saved_activation_bytes
+
+
+@pytest.mark.parametrize("kind", ["right", "tensor"])
+def test_saved_activation_bytes_correct_variants_pass(kind):
+    nb12.check_saved_activation_bytes(_measure(kind))
+    nb12.check_saved_activation_bytes(_measure(kind), seed=1, batch=3, seq=5)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("repeats", "Likely mistake: a storage saved twice is counted twice"),
+    ("numbers", "Likely mistake: numbers are counted, not bytes"),
+    ("parameters", "Likely mistake: the model's parameters are counted"),
+    ("naive", "Likely mistake: every saved tensor is counted at its own size"),
+    ("outside", "Likely mistake: nothing was recorded"),
+])
+def test_saved_activation_bytes_mistakes_are_named(kind, expected):
+    fails_with(nb12.check_saved_activation_bytes, _measure(kind), expected=expected)
+
+
 # --- checkpoints -------------------------------------------------------------------------------
 
 def _save(path, model, optimizer, step, generator, *, optimizer_state=True, data_rng=True, torch_rng=True):

@@ -53,7 +53,9 @@ def produce(clip_grad_norm, case: Case, inputs: dict) -> dict:
     outputs = {}
     for k, factor in enumerate(NORM_FACTORS):
         params = with_gradients(case, factor)
-        norm = run_learner("clip_grad_norm", clip_grad_norm, (p for _, p in params), max_norm_of(case),
+        # A one-pass iterator, as model.parameters() is (a C iterator: no frame of ours is left
+        # suspended in it, to be closed later inside another check's learner code).
+        norm = run_learner("clip_grad_norm", clip_grad_norm, iter([p for _, p in params]), max_norm_of(case),
                            forbidden=FORBIDDEN)
         if isinstance(norm, torch.Tensor) and norm.numel() == 1:
             norm = norm.item()
