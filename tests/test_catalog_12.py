@@ -298,6 +298,36 @@ def test_clip_library_version_is_refused():
                expected="clip_grad_norm_")
 
 
+# --- training_state_bytes ----------------------------------------------------------------------
+
+def _state_bytes(kind="right"):
+    def training_state_bytes(model, mixed_precision):
+        params = list(model.parameters())
+        trained = [p for p in params if p.requires_grad or kind == "frozen"]
+        half = mixed_precision and kind.startswith("bf16")
+        sizes = {"parameters": sum(p.nbytes for p in params) // (2 if half and kind == "bf16_weights" else 1),
+                 "gradients": sum(p.numel() * 4 for p in trained) // (2 if half and kind == "bf16_grads" else 1)}
+        sizes["adam_moments"] = sum(2 * p.nbytes for p in trained) // (2 if kind == "one_moment" else 1)
+        return {key: torch.tensor(value) if kind == "tensors" else value for key, value in sizes.items()}
+    return training_state_bytes
+
+
+@pytest.mark.parametrize("kind", ["right", "tensors"])
+def test_training_state_bytes_correct_variants_pass(kind):
+    nb12.check_training_state_bytes(_state_bytes(kind))
+    nb12.check_training_state_bytes(_state_bytes(kind), seed=1, batch=3, seq=5)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("frozen", "Likely mistake: the frozen parameters get gradients here"),
+    ("one_moment", "Likely mistake: one moment is counted"),
+    ("bf16_weights", "Likely mistake: the master weights are counted in bfloat16 under mixed precision"),
+    ("bf16_grads", "Likely mistake: the gradients are counted in bfloat16 under mixed precision"),
+])
+def test_training_state_bytes_mistakes_are_named(kind, expected):
+    fails_with(nb12.check_training_state_bytes, _state_bytes(kind), expected=expected)
+
+
 # --- saved_activation_bytes ---------------------------------------------------------------------
 
 def _measure(kind="right"):

@@ -1,7 +1,8 @@
 """Grader for 12_training_step: a cross-entropy that does not overflow, AdamW written as a
-torch.optim.Optimizer, clipping by the global norm, the activations a backward pass keeps, and
+torch.optim.Optimizer, clipping by the global norm, where a training step's memory goes, and
 checkpoints that resume bit for bit, each judged against PyTorch's own (F.cross_entropy,
-torch.optim.AdamW, clip_grad_norm_, a measure with saved_tensors_hooks, a run that never stopped).
+torch.optim.AdamW, clip_grad_norm_, a real step's tensors and saved_tensors_hooks, a run that never
+stopped).
 
 The notebook's check functions and the definitions its cells use; the exercises themselves live
 in graders.exercises.training_step.
@@ -10,11 +11,11 @@ from graders.exercises.training_step.adamw import check_adamw
 from graders.exercises.training_step.checkpoint import check_checkpoints
 from graders.exercises.training_step.clipping import check_clip_grad_norm
 from graders.exercises.training_step.loss import check_cross_entropy
-from graders.exercises.training_step.memory import check_saved_activation_bytes
+from graders.exercises.training_step.memory import check_saved_activation_bytes, check_training_state_bytes
 from graders.judging.notebook import ExampleBug, Notebook
 
-__all__ = ["NOTEBOOK", "check_cross_entropy", "check_adamw", "check_clip_grad_norm", "check_saved_activation_bytes",
-           "check_checkpoints"]
+__all__ = ["NOTEBOOK", "check_cross_entropy", "check_adamw", "check_clip_grad_norm", "check_training_state_bytes",
+           "check_saved_activation_bytes", "check_checkpoints"]
 
 
 NOTEBOOK = Notebook(

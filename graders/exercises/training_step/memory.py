@@ -1,4 +1,11 @@
-"""Notebook 12, exercise 4: `saved_activation_bytes(model, *inputs)`, the bytes of what autograd
+"""Notebook 12, exercise 4: where a training step's memory goes.
+
+`training_state_bytes(model, mixed_precision)`: the bytes of the parameters, their gradients and
+AdamW's two moments, judged against what a real step holds: the judge trains a course GPT-2 (whose
+unembedding bias is frozen: no gradient, no moments) for one step, under bf16 autocast or not, and
+measures the tensors after backward() and step().
+
+`saved_activation_bytes(model, *inputs)`: the bytes of what autograd
 keeps for the backward pass while `model(*inputs)` runs, judged against the judge's own
 measurement through torch.autograd.graph.saved_tensors_hooks: the distinct storages saved, at
 their size in bytes, the model's parameters left out (they are counted as parameters). Cases: a
@@ -6,6 +13,8 @@ course TransformerBlock in float32 and under bfloat16 autocast (which saves bf16
 matrix products' inputs and weights), and a small course GPT-2 on tokens.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -124,6 +133,97 @@ def judge(case: Case, outputs: dict) -> None:
         raise CheckFailed(f"{head} (Yours is {ratio:.3g} times that.) Count each saved storage once, at "
                           "untyped_storage().nbytes(), and leave out the storages of model.parameters().")
 
+
+# --- training_state_bytes ----------------------------------------------------------------------
+
+STATE_KEYS = ("parameters", "gradients", "adam_moments")
+
+
+def produce_state(training_state_bytes, case: Case, inputs: dict) -> dict:
+    if not callable(training_state_bytes):
+        raise CheckFailed(f"training_state_bytes: expected your function, got {training_state_bytes!r}.")
+    outputs = {}
+    for mixed in (False, True):
+        model, _ = measured_run(case, "model")
+        found = run_learner("training_state_bytes", training_state_bytes, model, mixed)
+        if not isinstance(found, dict) or set(found) != set(STATE_KEYS):
+            raise CheckFailed(f"training_state_bytes returned {type(found).__name__} "
+                              f"{sorted(found) if isinstance(found, dict) else ''}; return a dict with the keys "
+                              f"{list(STATE_KEYS)}, each a number of bytes (an int).")
+        for key in STATE_KEYS:
+            value = found[key]
+            if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise CheckFailed(f"training_state_bytes(...)[{key!r}] is {value!r}; a number of bytes is an int.")
+            outputs[f"{key}_{int(mixed)}"] = torch.tensor(value, dtype=torch.int64)
+    return outputs
+
+
+@functools.lru_cache(maxsize=8)
+def measured_state(case: Case, mixed: bool) -> dict[str, int]:
+    """The bytes a real training step holds: one step of torch's AdamW on the course's GPT-2 (the
+    same for every learner, so kept)."""
+    import torch.nn.functional as F
+
+    model, (tokens,) = measured_run(case, "model")
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        logits = model(tokens)
+    F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+    optimizer.step()
+    return {"parameters": sum(p.nbytes for p in model.parameters()),
+            "gradients": sum(p.grad.nbytes for p in model.parameters() if p.grad is not None),
+            "adam_moments": sum(state[key].nbytes for state in optimizer.state.values()
+                                for key in ("exp_avg", "exp_avg_sq"))}
+
+
+def state_mistakes(case: Case, right: dict[str, int]) -> dict[str, tuple[str, int]]:
+    """(key, what it answers) of each listed mistake."""
+    model, _ = measured_run(case, "model")
+    frozen = sum(p.nbytes for p in model.parameters() if not p.requires_grad)
+    return {
+        "the frozen parameters get gradients here: a parameter with requires_grad=False (the course's "
+        "unembedding bias b_U) has no gradient; count p.grad only for parameters that require grad":
+            ("gradients", right["gradients"] + frozen),
+        "the frozen parameters get moments here: AdamW keeps moments only for the parameters it updates "
+        "(those that require grad)": ("adam_moments", right["adam_moments"] + 2 * frozen),
+        "one moment is counted: AdamW keeps two per parameter, exp_avg and exp_avg_sq":
+            ("adam_moments", right["adam_moments"] // 2),
+        "the master weights are counted in bfloat16 under mixed precision: autocast casts copies for the "
+        "matrix products; the parameters themselves stay float32": ("parameters", right["parameters"] // 2),
+        "the gradients are counted in bfloat16 under mixed precision: a float32 parameter's gradient is "
+        "float32": ("gradients", right["gradients"] // 2),
+        "the moments are counted in bfloat16 under mixed precision: AdamW keeps them in the parameters' "
+        "dtype, float32": ("adam_moments", right["adam_moments"] // 2),
+    }
+
+
+def judge_state(case: Case, outputs: dict) -> None:
+    for mixed in (False, True):
+        right = measured_state(case, mixed)
+        for key in STATE_KEYS:
+            got = int(outputs[f"{key}_{int(mixed)}"])
+            if got == right[key]:
+                continue
+            head = (f"training_state_bytes(model, mixed_precision={mixed})[{key!r}] = {got:,}; after backward() "
+                    f"and step() of torch's AdamW the {key.replace('_', ' ')} hold {right[key]:,} bytes.")
+            named = next((description for description, (where, count) in state_mistakes(case, right).items()
+                          if where == key and count == got), None)
+            raise CheckFailed(f"{head} Likely mistake: {named}." if named else
+                              f"{head} Count p.nbytes (numel times the bytes of its dtype) of the tensors that "
+                              "exist: every parameter; a gradient and two moments for each parameter that "
+                              "requires grad.")
+
+
+state_exercise = Exercise(NOTEBOOK, "training_state_bytes", produce_state, judge_state,
+                          defaults={"text": None, "batch": 2, "seq": 8})
+check_training_state_bytes = state_exercise.checker(
+    "Grade `training_state_bytes(model, mixed_precision)` against the tensors of a real training step.")
+
+
+# --- saved_activation_bytes ---------------------------------------------------------------------
 
 def _measured_modules() -> tuple:
     """The course's modules the learner's measure runs (they are what is measured)."""
