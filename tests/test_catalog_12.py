@@ -102,6 +102,8 @@ def _adamw(mistake=None, style="inplace"):
                 if mistake == "betas_swapped":
                     beta1, beta2 = beta2, beta1
                 lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+                if mistake == "default_decay":
+                    wd = self.defaults["weight_decay"]
                 for p in group["params"]:
                     if p.grad is None and mistake != "none_grads":
                         continue
@@ -174,6 +176,7 @@ def test_adamw_correct_variants_pass(cls):
     ("none_grads", "Likely mistake: parameters without a gradient are not skipped"),
     ("grad_mode", "Likely mistake: step() is not under torch.no_grad()"),
     ("betas_swapped", ["from step 2 of 10", "exp_avg and exp_avg_sq differ at that step", "step 1 was right"]),
+    ("default_decay", "only parameters of the group without weight decay differ"),
     ("rebind", ["from step 1 of 10", "the moments exp_avg and exp_avg_sq are right: the update"]),
 ])
 def test_adamw_mistakes_are_named(mistake, expected):

@@ -233,7 +233,8 @@ def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], name
     if set(wrong) <= decayed and setting(case).weight_decay:
         notes.append("only parameters of the decayed group differ: look at the weight decay")
     elif not set(wrong) & decayed:
-        notes.append("only parameters of the group without weight decay differ")
+        notes.append("only parameters of the group without weight decay differ: is each group's own "
+                     "group['weight_decay'] (and group['lr']) used, not the optimizer's defaults?")
     else:
         notes.append("parameters of both groups differ")
     moments = [key for key in STATE if _wrong(outputs[key][first], expected[key][first], sizes)]
