@@ -29,12 +29,12 @@ FORBIDDEN = Forbidden(
     source_words=["F.cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss", "log_softmax", "LogSoftmax",
                   "torch.logsumexp", ".logsumexp("],
     instead="from max, exp, sum, log and gather", notebook_wide=False)
-# The inputs each check runs on: (name, dtype, scale of the logits). "spread" puts the target at
-# the row's smallest logit, 120 below its largest: exp(-120) underflows float32 to 0.
+# The inputs each check runs on: (name, dtype, scale of the logits). "spread" stretches each row
+# from -60 to +60 and puts the target at its smallest logit: exp(-120) underflows float32 to 0.
 INPUTS = (("ordinary", torch.float32, 2.0), ("spread", torch.float32, 60.0), ("large", torch.float32, 1e4),
           ("ordinary", torch.bfloat16, 2.0), ("large", torch.bfloat16, 1e4))
 DESCRIBED = {"ordinary": "ordinary logits (spread about +-4)",
-             "spread": "logits spread over +-60, each target at its row's smallest logit",
+             "spread": "logits from -60 to +60, each target at its row's smallest logit",
              "large": "logits of magnitude 1e4"}
 
 
@@ -51,7 +51,8 @@ def loss_inputs(case: Case) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         generator = torch.Generator().manual_seed(1000 * case.seed + i)
         logits = torch.randn(case.batch, case.seq, D_VOCAB, generator=generator)
         if kind == "spread":
-            logits = logits / logits.abs().amax(-1, keepdim=True) * scale
+            low, high = logits.amin(-1, keepdim=True), logits.amax(-1, keepdim=True)
+            logits = (logits - low) / (high - low) * 2 * scale - scale     # each row from -60 to +60
             targets = logits.argmin(-1)
         else:
             logits = logits * scale
@@ -170,10 +171,10 @@ def judge(case: Case, outputs: dict) -> None:
     if all(label.endswith("bfloat16") for label in wrong):
         lower = [label for label in wrong if not bool(outputs[f"{label}_is_float32"])]
         how = ("it returned a bfloat16 loss" if lower else
-               "it is off by about bfloat16's rounding (3 significant digits)")
+               "it is off by about bfloat16's rounding (2 to 3 decimal digits)")
         raise CheckFailed(
-            f"{head} Likely mistake: the loss is computed in bfloat16 ({how}): bfloat16 keeps 8 bits "
-            "of mantissa, so a sum of exps and a log lose precision. Convert the logits to float32 "
+            f"{head} Likely mistake: the loss is computed in bfloat16 ({how}): bfloat16 keeps 8 "
+            "significant bits, so a sum of exps and a log lose precision. Convert the logits to float32 "
             f"first (logits.float()) and return a float32 loss, as F.cross_entropy does inside.{where}")
     if not math.isfinite(got):
         raise CheckFailed(f"{head} Likely mistake: something overflows or underflows: look for an exp "
