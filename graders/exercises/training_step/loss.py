@@ -105,8 +105,9 @@ def _crash_named(failure: CheckFailed, label: str, case: Case) -> CheckFailed:
 
 
 def expected_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """F.cross_entropy on the logits' values in float32 (what it computes inside on bfloat16 input,
-    before it rounds its result to bfloat16)."""
+    """F.cross_entropy of the logits' values in float32. (Given bfloat16 logits, F.cross_entropy
+    returns a bfloat16 loss rounded along the way, off by up to about 1% on these inputs; autocast
+    runs the loss in float32, and so does the course.)"""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
 
 
@@ -175,7 +176,7 @@ def judge(case: Case, outputs: dict) -> None:
         raise CheckFailed(
             f"{head} Likely mistake: the loss is computed in bfloat16 ({how}): bfloat16 keeps 8 "
             "significant bits, so a sum of exps and a log lose precision. Convert the logits to float32 "
-            f"first (logits.float()) and return a float32 loss, as F.cross_entropy does inside.{where}")
+            f"first (logits.float()) and return a float32 loss, as autocast runs F.cross_entropy.{where}")
     if not math.isfinite(got):
         raise CheckFailed(f"{head} Likely mistake: something overflows or underflows: look for an exp "
                           f"of a large number, or a log of a number that rounds to 0.{where}")
