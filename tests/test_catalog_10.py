@@ -374,3 +374,53 @@ def test_kv_cache_bytes_passes_and_its_mistakes_are_named():
         nb10.check_kv_cache_bytes(_bytes(), seed=seed, batch=batch)
     fails_with(nb10.check_kv_cache_bytes, _bytes(heads="n_heads"), expected="Likely mistake: n_heads is used")
     fails_with(nb10.check_kv_cache_bytes, _bytes(factor=1), expected="Likely mistake: only the keys are counted")
+
+
+RUNS_ITS_OWN_ROPE = '''
+import math
+import torch
+from graders.exercises.modern import reference as ref
+
+def rope_cos_sin(positions, d_head, theta):
+    cos, sin = ref.rope_cos_sin(positions, d_head, theta)
+    return sin, cos                       # the mistake: swapped
+
+def apply_rope(x, cos, sin):
+    return x * cos                        # the mistake: no rotation
+
+class GQAttention(ref.GQAttention):
+    def forward(self, x, cos, sin, past=None):
+        q = apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_Q), cos, sin)
+        k = apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_K), cos, sin)
+        v = torch.einsum("bpd,ndh->bnph", x, self.W_V)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        group = self.cfg.n_heads // k.shape[1]
+        k_all, v_all = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        n_q, n_k = q.shape[2], k.shape[2]
+        scores = (q @ k_all.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
+            torch.ones(n_q, n_k, dtype=torch.bool).triu(1 + n_k - n_q), float("-inf"))
+        return torch.einsum("bnph,nhd->bpd", scores.softmax(-1) @ v_all, self.W_O), (k, v)
+
+class ModernDecoder(ref.ModernDecoder):
+    def forward(self, tokens, past=None):
+        start = past[0][0].shape[-2] if past else 0
+        positions = torch.arange(tokens.shape[1]) + start
+        cos, sin = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)
+        x, cache = self.W_E[tokens], []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, cos, sin, None if past is None else past[i])
+            cache.append(layer_cache)
+        return self.ln_final(x) @ self.W_U, cache
+'''
+
+
+def test_a_mistake_in_rope_costs_only_the_rope_check():
+    """The attention's and the model's checks run the course's RoPE under the notebook's names."""
+    learner: dict = {}
+    exec(RUNS_ITS_OWN_ROPE, learner)
+    nb10.check_gq_attention(learner["GQAttention"])
+    nb10.check_modern_decoder(learner["ModernDecoder"])
+    with pytest.raises(CheckFailed):
+        nb10.check_rope(learner["rope_cos_sin"], learner["apply_rope"])
+    assert learner["apply_rope"](torch.ones(1), torch.ones(1), torch.zeros(1)).item() == 1.0   # names restored

@@ -14,6 +14,7 @@ from torch import nn
 
 from graders.exercises import find
 from graders.judging.compare import CheckFailed
+from course_code import as_cell
 
 # (check, the course's implementation of what it grades, as module:name)
 COURSE_ANSWERS = {
@@ -99,3 +100,35 @@ def test_the_course_code_as_an_answer_scores_nothing_and_is_named(exercise, styl
     assert where in message, message
     expected = "compiled from a string" if style in COMPILED else "the course's own implementation"
     assert expected in message.splitlines()[0], message
+
+
+# A course method run on the learner's own object (its own __init__, the course's forward): the
+# runtime check alone sees it, since the class holds nothing of the course's.
+BORROWED_METHOD = '''
+import importlib
+import torch
+from torch import nn
+
+class {name}(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.w = nn.Parameter(torch.ones(cfg.d_model)){bias}
+
+    def forward(self, x):
+        course = importlib.import_module("gra" + "{module}")
+        return vars(course.{name})["forward"](self, x)
+'''
+
+
+@pytest.mark.parametrize("exercise", ["01 LayerNorm", "10 RMSNorm"])
+def test_a_course_method_run_on_the_learners_own_object_scores_nothing(exercise):
+    notebook, name, target = COURSE_ANSWERS[exercise]
+    namespace = {"__name__": "__main__"}
+    bias = "\n        self.b = nn.Parameter(torch.zeros(cfg.d_model))" if name == "LayerNorm" else ""
+    source = BORROWED_METHOD.format(name=name, module=target.split(":")[0][3:], bias=bias)
+    exec(as_cell(source, exercise), namespace)
+    check = find((notebook, name))
+    with pytest.raises(CheckFailed) as failure:
+        check.check(namespace[name], check.case())
+    assert f"({name}.forward), the course's own implementation" in str(failure.value).splitlines()[0]

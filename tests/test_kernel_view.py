@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from graders.harness import kernel_view
-from graders.judging.provenance import PACKAGE, CourseCodeSealed
+from graders.judging.origins import PACKAGE
+from graders.judging.provenance import CourseCodeSealed
 from graders.reference import components
 
 COMPONENTS = PACKAGE / "reference" / "components.py"

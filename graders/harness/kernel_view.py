@@ -20,7 +20,8 @@ import ast
 import inspect
 from pathlib import Path
 
-from graders.judging.provenance import PACKAGE, allowed_code, given_parts
+from graders.judging.origins import PACKAGE
+from graders.judging.provenance import allowed_code, given_parts
 
 SEALED_ERROR = "CourseCodeSealed"
 

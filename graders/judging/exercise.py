@@ -87,7 +87,7 @@ class Exercise:
                 except CheckFailed as failed:
                     outputs, failure = None, failed
             refusal = watch.refusal(self.name, answers or learner, self.allowed_parts(),
-                                    inspect.unwrap(self.produce))
+                                    inspect.unwrap(self.produce)) or watch.library_answer(self.name, self.forbidden)
             if refusal:
                 return None, CheckFailed(refusal)
             if failure is not None:

@@ -25,6 +25,11 @@ class Forbidden:
     # The grader also looks for source_words in the whole notebook's code; False limits that to
     # the exercise's own answer cells, for words that other exercises of the notebook need.
     notebook_wide: bool = True
+    # Library code that computes the answer, as "package.module" (all of it) or
+    # "package.module:Qualname" (one function or class): the check fails if any of it runs while
+    # the learner's code runs, however it was reached (a subclass, an alias, a call from a
+    # library). For the libraries a notebook teaches next to (tiktoken in 11, torch.optim in 12).
+    library_code: Sequence[str] = field(default_factory=tuple)
 
 
 ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")
@@ -175,7 +180,7 @@ def unwritten(message: str) -> CheckFailed:
 def _unwritten_part(err: NotImplementedError, learner) -> str | None:
     """The learner's method that raised `err`, when it is not one of `learner`'s own (a given
     __init__ building the learner's unwritten DecoderLayer): its qualified name."""
-    from graders.judging.provenance import LEARNER, origin
+    from graders.judging.origins import LEARNER, origin
 
     tb = err.__traceback__
     while tb is not None and tb.tb_next is not None:

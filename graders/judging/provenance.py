@@ -9,7 +9,8 @@ fails when its answer
 - is the course's code: a subclass or an alias of it, or code compiled from a copy of its source;
 - reached the course's code from its own code (through library code such as torch's module
   calls), other than the parts the check supplies and the notebook's given parts;
-- ran code of a library that holds the answers (transformer_lens, transformers);
+- ran code of a library that holds the answers (transformer_lens, transformers), or the library
+  code that computes this exercise's answer (`Forbidden.library_code`: tiktoken, torch.optim);
 - replaced the profiler, or started a process or a thread, while the check ran.
 """
 from __future__ import annotations
@@ -19,138 +20,21 @@ import contextlib
 import cProfile
 import functools
 import inspect
-import linecache
-import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1]
-# Files of the graders package whose code may run inside the learner's code: the check's own
-# machinery (tripwires, submodule watchers), the config and loading helpers a learner may call.
-# None of them implements anything a notebook grades.
-MACHINERY = frozenset({
-    "__init__.py", "layout.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
-    "judging/provenance.py", "judging/session.py", "judging/progress.py", "judging/exercise.py",
-    "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
-    "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",
-    "exercises/submodules.py",
-})
-ANSWER_LIBRARIES = ("transformer_lens", "transformers")   # libraries that hold the answers
+from graders.judging.origins import (
+    ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, Origin, library_answer_spec, library_class,
+    origin,
+)
+
 SPAWNING = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
             "os.forkpty", "pty.spawn")
-MODULE_CALLS = os.path.join("torch", "nn", "modules", "module.py")   # checked by a module hook
-LEARNER, LIBRARY, MACHINE, COURSE, COPY, ANSWER_LIBRARY = (
-    "learner", "library", "machinery", "course", "copy", "answer library")
 
 
 class CourseCodeSealed(RuntimeError):
     """Raised by the course's code as a grading kernel sees it (graders.harness.kernel_view)."""
-
-
-@dataclass(frozen=True)
-class Origin:
-    kind: str
-    where: str = ""     # the course file, the course function a copy matches, or the library
-
-
-def _library_roots() -> tuple[str, ...]:
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    return tuple(sorted(str(Path(r).resolve()) + os.sep for r in roots))
-
-
-@functools.lru_cache(maxsize=1)
-def _answer_library_dirs() -> tuple[tuple[str, str], ...]:
-    import importlib.util
-
-    found = []
-    for name in ANSWER_LIBRARIES:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            found += [(str(Path(p).resolve()) + os.sep, name) for p in spec.submodule_search_locations]
-    return tuple(found)
-
-
-def _fingerprint(code) -> tuple:
-    consts = tuple(repr(c) for c in code.co_consts if not inspect.iscode(c))
-    return code.co_code, code.co_names, consts
-
-
-@functools.lru_cache(maxsize=1)
-def course_index() -> dict[tuple, str]:
-    """Every function of the course's own code (not its machinery) by fingerprint, as this
-    kernel's file system shows it: how a copy compiled from its source is recognised."""
-    index: dict[tuple, str] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        relative = path.relative_to(PACKAGE).as_posix()
-        if relative in MACHINERY:
-            continue
-        try:
-            module = compile(path.read_text(), str(path), "exec", dont_inherit=True)
-        except (OSError, SyntaxError, ValueError):
-            continue
-        stack = [module]
-        while stack:
-            code = stack.pop()
-            stack += [c for c in code.co_consts if inspect.iscode(c)]
-            if code is not module and not code.co_name.startswith("<") and len(code.co_code) >= 24:
-                index.setdefault(_fingerprint(code), f"graders/{relative} ({code.co_qualname})")
-    return index
-
-
-def _is_cell(code) -> bool:
-    """A cell of this IPython kernel: registered in linecache without a file, with the function's
-    own `def` at its first line (a course function renamed to a cell's name has not)."""
-    entry = linecache.cache.get(code.co_filename)
-    if entry is None or entry[1] is not None:
-        return False
-    if code.co_name.startswith("<"):
-        return True
-    return code.co_name in linecache.getline(code.co_filename, code.co_firstlineno)
-
-
-_ORIGINS: dict = {}
-
-
-def origin(code) -> Origin:
-    """Where a code object comes from (cached: classified once per kernel)."""
-    key = (code, code.co_filename)   # equal code objects from two files are two origins
-    found = _ORIGINS.get(key)
-    if found is None:
-        found = _ORIGINS[key] = _classify(code)
-    return found
-
-
-def _classify(code) -> Origin:
-    filename = code.co_filename
-    if os.path.isabs(filename) and os.path.isfile(filename):
-        return _file_origin(filename)
-    if _is_cell(code):
-        return Origin(LEARNER)
-    # Frozen modules, and code generated from strings (dataclasses', a learner's own exec):
-    # library code, unless it is a copy of the course's.
-    copied = None if filename.startswith("<frozen ") else course_index().get(_fingerprint(code))
-    return Origin(COPY, copied) if copied else Origin(LIBRARY)
-
-
-@functools.lru_cache(maxsize=None)
-def _file_origin(filename: str) -> Origin:
-    path = str(Path(filename).resolve())
-    if path.startswith(str(PACKAGE) + os.sep):
-        relative = Path(path).relative_to(PACKAGE).as_posix()
-        return Origin(MACHINE if relative in MACHINERY else COURSE, f"graders/{relative}")
-    for root, name in _answer_library_dirs():
-        if path.startswith(root):
-            return Origin(ANSWER_LIBRARY, name)
-    return Origin(LIBRARY) if path.startswith(_library_roots()) else Origin(LEARNER)
-
-
-def _library_class(klass) -> bool:
-    """A class of a library the learner may use (torch's nn.Module): its attributes are not
-    looked into."""
-    filename = getattr(sys.modules.get(klass.__module__), "__file__", None)
-    return klass.__module__ == "builtins" or (filename is not None and _file_origin(filename).kind == LIBRARY)
 
 
 def _parts_of(obj) -> list:
@@ -172,13 +56,13 @@ def _parts_of(obj) -> list:
         elif isinstance(item, property):
             stack += [f for f in (item.fget, item.fset) if f is not None]
         elif inspect.isclass(item):
-            stack += [value for klass in item.__mro__ if not _library_class(klass)
+            stack += [value for klass in item.__mro__ if not library_class(klass)
                       for value in vars(klass).values()]
         elif isinstance(item, (tuple, list)):
             stack += list(item)
         elif not (inspect.isfunction(item) or inspect.ismodule(item) or isinstance(
                 item, (str, bytes, int, float, bool, dict, type(None)))) \
-                and not _library_class(type(item)):
+                and not library_class(type(item)):
             stack.append(type(item))
     return found
 
@@ -303,16 +187,31 @@ class Watch:
             return f"{name}: your code is not checkable: {self.tampered[0]}. Remove that from your code."
         allowed = allowed_code(tuple(parts)) | (_nested([produce.__code__]) if produce is not None else set())
         for code in code_of(learner) + code_of(_named_by(learner)):
-            found = _borrowed(code, allowed, called=False)
+            found = _borrowed(code, allowed)
             if found:
                 return _message(name, found)
         found = self._reached(allowed)
         return _message(name, found) if found else None
 
+    def library_answer(self, name: str, forbidden) -> str | None:
+        """Which of the library code that computes this check's answer ran (`Forbidden.library_code`),
+        wherever it was called from; None when none of it did."""
+        for rule in forbidden:
+            if not rule.library_code:
+                continue
+            ran = sorted((entry.code.co_filename, entry.code.co_qualname) for entry in self.profiler.getstats()
+                         if not isinstance(entry.code, str))
+            for filename, qualname in ran:
+                spec = library_answer_spec(tuple(rule.library_code), filename, qualname)
+                if spec:
+                    return (f"{name}: your {name} runs {qualname} from {spec.partition(':')[0]}, a "
+                            f"library version of {rule.what}. Write it yourself {rule.instead}.")
+        return None
+
     def _reached(self, allowed: set) -> Origin | None:
         """What of the course's (or of an answer library's) the learner's code called itself: a
-        function, or a class it built; and any copy of the course's code that ran. Methods of
-        objects the check hands to the learner's code (a model, a training run) may run."""
+        function, a method, or a class it built; and any copy of the course's code that ran. The
+        check's helpers it hands to the learner's code (07's batch source) are supplied parts."""
         called = set()
         for entry in self.profiler.getstats():
             if isinstance(entry.code, str):
@@ -322,15 +221,16 @@ class Watch:
             if origin(entry.code).kind == LEARNER:
                 called.update(sub.code for sub in (entry.calls or ()) if not isinstance(sub.code, str))
         for code in sorted(called, key=lambda c: (c.co_filename, c.co_firstlineno)):
-            found = _borrowed(code, allowed, called=True)
+            found = _borrowed(code, allowed)
             if found:
                 return found
         return None
 
 
-def _borrowed(code, allowed: set, called: bool) -> Origin | None:
-    """The course's (or an answer library's) code the learner's answer is made of, or (`called`)
-    that it called: a function, or a class's constructor. None for its own code."""
+def _borrowed(code, allowed: set) -> Origin | None:
+    """The course's (or an answer library's) code the learner's answer is made of or called: a
+    function, a method (even with the learner's own `self`), a class's constructor. None for its
+    own code and for the parts the check allows."""
     found = origin(code)
     if code.co_name == "<module>" or code in allowed:   # a module's import; a supplied part
         return None
@@ -338,8 +238,6 @@ def _borrowed(code, allowed: set, called: bool) -> Origin | None:
         return found
     if found.kind not in (COURSE, ANSWER_LIBRARY):
         return None
-    if called and "." in code.co_qualname.replace(".<locals>.", "") and code.co_name != "__init__":
-        return None    # a method of an object the check handed to the learner's code
     return Origin(found.kind, found.where if found.kind != COURSE else f"{found.where} ({code.co_qualname})")
 
 

@@ -127,7 +127,7 @@ def judge_train(case: Case, outputs: dict) -> None:
 
 
 exercise = Exercise("09_transformer_family", "train_mlm", produce, judge_train, defaults={"text": None},
-                    supplies=tuple(MLM_PARTS.values()))
+                    supplies=(*MLM_PARTS.values(), CountingBatches))
 check_mlm_training = exercise.checker(
     "Train the grader's seeded encoder with the learner's `train_mlm` (with the course's mask_tokens "
     "and mlm_loss) for a fixed number of steps, then measure its held-out MLM loss.", learner=MLMRun)

@@ -21,13 +21,16 @@ from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weig
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_module, run_learner
+from graders.judging.learner import Forbidden, build_module, run_learner, with_course_functions
 from graders.reference.weights import WeightLoadError, component, load_strict
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden("grouped-query attention",
                       targets=[(F, "scaled_dot_product_attention"), (nn.MultiheadAttention, "forward")],
                       source_words=["scaled_dot_product_attention", "nn.MultiheadAttention", "repeat_kv"])
+# The course's RoPE under the notebook's names in the checks of the parts that call it: RoPE has a
+# check of its own, so a mistake in it costs that check only.
+ROPE_PARTS = {"rope_cos_sin": ref.rope_cos_sin, "apply_rope": ref.apply_rope}
 AS_MANY_KV_HEADS = ("the keys and values are used as if there were n_heads of them: W_K and W_V have "
                     "cfg.n_kv_heads heads, and each group of n_heads // n_kv_heads query heads shares one")
 
@@ -138,7 +141,8 @@ def judge(case: Case, outputs: dict) -> None:
                         (case.batch, cfg.n_kv_heads, n, cfg.d_head), ("batch", "kv_head", "position", "d_head"))
 
 
-exercise = Exercise(NOTEBOOK, "GQAttention", produce, diagnosis_first(judge), forbidden=(FORBIDDEN,),
+exercise = Exercise(NOTEBOOK, "GQAttention", with_course_functions(produce, ROPE_PARTS), diagnosis_first(judge),
+                    forbidden=(FORBIDDEN,),
                     defaults=DEFAULTS)
 check_gq_attention = exercise.checker(
     "Grade `GQAttention` against transformers' LlamaAttention (GQA, MQA and MHA; whole and cached).")

@@ -16,12 +16,12 @@ from torch import nn
 
 from graders.exercises.diagnosis import compare, diagnosis_first, judge_generated
 from graders.exercises.modern import reference as ref
-from graders.exercises.modern.attention import FORBIDDEN, load_attention
+from graders.exercises.modern.attention import FORBIDDEN, ROPE_PARTS, load_attention
 from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner
+from graders.judging.learner import run_learner, with_course_functions
 from graders.reference.weights import component
 
 DIMS, LOGIT_DIMS = ("batch", "position", "d_model"), ("batch", "position", "d_vocab")
@@ -197,7 +197,8 @@ def judge_model(case: Case, outputs: dict) -> None:
                         ("batch", "kv_head", "position", "d_head"))
 
 
-model_exercise = Exercise(NOTEBOOK, "ModernDecoder", produce_model, diagnosis_first(judge_model),
+model_exercise = Exercise(NOTEBOOK, "ModernDecoder", with_course_functions(produce_model, ROPE_PARTS),
+                          diagnosis_first(judge_model),
                           forbidden=(FORBIDDEN,), defaults=DEFAULTS)
 check_modern_decoder = model_exercise.checker(
     "Grade `ModernDecoder` against transformers' LlamaForCausalLM (whole, and through its cache).")

@@ -164,11 +164,11 @@ def judge_shakespeare_smoke(case: Case, outputs: dict) -> None:
 shakespeare_exercise = Exercise("07_training", "train (tiny Shakespeare)",
                                 _shakespeare_producer(SHAKESPEARE, N_VAL_WINDOWS),
                                 diagnosis_first(judge_shakespeare), defaults={"text": None},
-                                supplies=tuple(TRAIN_PARTS.values()))
+                                supplies=(*TRAIN_PARTS.values(), CountingBatches))
 smoke_exercise = Exercise("07_training", "train (tiny Shakespeare, short run)",
                           _shakespeare_producer(SMOKE, N_SMOKE_VAL_WINDOWS),
                           diagnosis_first(judge_shakespeare_smoke), defaults={"text": None},
-                          supplies=tuple(TRAIN_PARTS.values()))
+                          supplies=(*TRAIN_PARTS.values(), CountingBatches))
 check_shakespeare_training = shakespeare_exercise.checker(
     "The graded run: train the 2-layer d_model-128 compact-vocabulary model on tiny Shakespeare "
     "with `train`.",

@@ -107,7 +107,7 @@ def judge_train(case: Case, outputs: dict) -> None:
 
 
 train_exercise = Exercise("07_training", "train (reversal task)", produce_train, diagnosis_first(judge_train),
-                          defaults={"text": None}, supplies=tuple(TRAIN_PARTS.values()))
+                          defaults={"text": None}, supplies=(*TRAIN_PARTS.values(), CountingBatches))
 check_train = train_exercise.checker(
     """Train a fresh 2-layer model with the learner's `train` on the grader's data and budget.
 
