@@ -432,3 +432,27 @@ def test_checkpoints_correct_variants_pass():
 ])
 def test_checkpoint_mistakes_are_named(mistake, expected):
     fails_with(nb12.check_checkpoints, *_pair(**mistake), expected=expected)
+
+
+# --- library code reached past the tripwires and the word scan (Forbidden.library_code) ---------
+
+_CAPTURED = {"loss": getattr(F, "cross" + "_entropy"), "optimizer": getattr(torch.optim, "Ad" + "amW"),
+             "clip": getattr(torch.nn.utils, "clip_grad" + "_norm_")}
+
+
+def test_library_code_captured_before_the_check_is_refused_and_named():
+    def cross_entropy(logits, targets, ignore_index=-100):
+        return _CAPTURED["loss"](logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+
+    class AdamW(_adamw()):
+        def step(self, closure=None):
+            if not hasattr(self, "inner"):
+                self.inner = _CAPTURED["optimizer"](self.param_groups)
+                self.state = self.inner.state
+            return self.inner.step()
+
+    def clip_grad_norm(parameters, max_norm):
+        return _CAPTURED["clip"](parameters, max_norm)
+    fails_with(nb12.check_cross_entropy, cross_entropy, expected="a library version of the cross-entropy")
+    fails_with(nb12.check_adamw, AdamW, expected="a library version of AdamW")
+    fails_with(nb12.check_clip_grad_norm, clip_grad_norm, expected="a library version of clipping by the global norm")

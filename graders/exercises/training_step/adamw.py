@@ -47,7 +47,7 @@ FORBIDDEN = Forbidden("AdamW", targets=ADAM_FUNCTIONS,
                       source_words=["optim.AdamW", "optim.Adam", "optim.adam", "optim.adamw", "_functional",
                                     "_fused_adam", "_single_tensor_adam", "_multi_tensor_adam"],
                       instead="from the update equations (a subclass of torch.optim.Optimizer)",
-                      notebook_wide=False)
+                      notebook_wide=False, library_code=("torch.optim.adamw", "torch.optim.adam"))
 
 
 @dataclass(frozen=True)

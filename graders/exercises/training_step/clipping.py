@@ -20,7 +20,7 @@ FORBIDDEN = Forbidden(
              for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grads_with_norm_", "get_total_norm",
                           "_clip_grads_with_norm_", "_get_total_norm") if hasattr(module, name)],
     source_words=["clip_grad_norm_", "clip_grads_with_norm_", "get_total_norm", "utils.clip_grad"],
-    instead="from the gradients' norms", notebook_wide=False)
+    instead="from the gradients' norms", notebook_wide=False, library_code=("torch.nn.utils.clip_grad",))
 WITHOUT_GRAD = "pos_embed.W_pos"
 # The gradients' total norm, as a multiple of max_norm: clipped, then left alone.
 NORM_FACTORS = (3.0, 0.5)

@@ -28,7 +28,10 @@ FORBIDDEN = Forbidden(
     "the cross-entropy", targets=LIBRARY_LOSSES,
     source_words=["F.cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss", "log_softmax", "LogSoftmax",
                   "torch.logsumexp", ".logsumexp("],
-    instead="from max, exp, sum, log and gather", notebook_wide=False)
+    instead="from max, exp, sum, log and gather", notebook_wide=False,
+    library_code=("torch.nn.functional:cross_entropy", "torch.nn.functional:nll_loss",
+                  "torch.nn.functional:log_softmax", "torch.nn.modules.loss:CrossEntropyLoss",
+                  "torch.nn.modules.loss:NLLLoss", "torch.nn.modules.activation:LogSoftmax"))
 # The inputs each check runs on: (name, dtype, scale of the logits). "spread" stretches each row
 # from -60 to +60 and puts the target at its smallest logit: exp(-120) underflows float32 to 0.
 INPUTS = (("ordinary", torch.float32, 2.0), ("spread", torch.float32, 60.0), ("large", torch.float32, 1e4),
