@@ -105,12 +105,14 @@ def _adamw(mistake=None, style="inplace"):
                 if mistake == "default_decay":
                     wd = self.defaults["weight_decay"]
                 for p in group["params"]:
+                    if mistake == "counts_skipped" and p.grad is None:   # counted, then skipped
+                        self.state[p]["step"] = self.state[p].get("step", 0) + 1
                     if p.grad is None and mistake != "none_grads":
                         continue
                     g = p.grad + wd * p if mistake == "l2" else p.grad
                     state = self.state[p]
-                    if not state:
-                        state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                    if "exp_avg" not in state:
+                        state.update(step=torch.tensor(float(state.get("step", 0))), exp_avg=torch.zeros_like(p),
                                      exp_avg_sq=torch.zeros_like(p))
                     t = float(state["step"]) if mistake == "from_zero" else None
                     state["step"] += 1
@@ -173,6 +175,7 @@ def test_adamw_correct_variants_pass(cls):
     ("eps_inside", "Likely mistake: eps inside the square root"),
     ("unscaled_decay", "Likely mistake: the weight decay is not scaled by the learning rate"),
     ("optimizer_step", "Likely mistake: the step count is kept per optimizer"),
+    ("counts_skipped", "Likely mistake: the step count is kept per optimizer"),
     ("none_grads", "Likely mistake: parameters without a gradient are not skipped"),
     ("grad_mode", "Likely mistake: step() is not under torch.no_grad()"),
     ("betas_swapped", ["from step 2 of 10", "exp_avg and exp_avg_sq differ at that step", "step 1 was right"]),

@@ -247,6 +247,11 @@ def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], name
                      "(1 - beta2) * g**2 of this parameter's own gradients, with the group's betas")
     elif not any(torch.isnan(outputs[key][first]).all() for key in STATE):
         notes.append("the moments exp_avg and exp_avg_sq are right: the update computed from them is not")
+    counts, expected_counts = outputs["step"][first], expected["step"][first]
+    if not torch.equal(counts.nan_to_num(-1), expected_counts.nan_to_num(-1)):
+        i = int((counts.nan_to_num(-1) != expected_counts.nan_to_num(-1)).nonzero()[0])
+        notes.append(f"state['step'] of {names[i]} is {float(counts[i]):g} after step {first + 1}, where torch's "
+                     f"is {float(expected_counts[i]):g} (the updates that parameter has had)")
     if first == 0:
         notes.append("at step 1 m_hat = g and v_hat = g**2 after the bias correction, so the update of "
                      "each number is lr * sign(g) (for |g| >> eps), plus the decay")
