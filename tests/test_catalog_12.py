@@ -399,7 +399,7 @@ def _load(path, model, optimizer, generator, *, optimizer_state=True, data_rng=T
         torch.set_rng_state(saved["rng"])
     if train:
         model.train()
-    return saved["step"] if step else 0
+    return saved["step"] if step is True else step      # step=0: not restored; step=5: always 5
 
 
 def _pair(**mistake):
@@ -428,13 +428,19 @@ def test_checkpoints_correct_variants_pass():
 @pytest.mark.parametrize("mistake, expected", [
     (dict(optimizer_state=False), "Likely mistake: the optimizer's state is not restored"),
     (dict(data_rng=False), "Likely mistake: the data generator is not restored"),
-    (dict(step=False), "Likely mistake: the step is not restored, so the schedule restarts"),
+    (dict(step=0), "Likely mistake: the step is not restored, so the schedule restarts"),
     (dict(train=False), "Likely mistake: the model is left in eval mode after loading"),
     (dict(torch_rng=False), "Likely mistake: torch's global random generator is not restored"),
     (dict(weights=False), "Likely mistake: the model's weights are not restored"),
 ])
 def test_checkpoint_mistakes_are_named(mistake, expected):
     fails_with(nb12.check_checkpoints, *_pair(**mistake), expected=expected)
+
+
+def test_a_load_that_returns_a_fixed_step_fails_the_hidden_case():
+    nb12.check_checkpoints(*_pair(step=5))
+    fails_with(nb12.check_checkpoints, *_pair(step=5), seed=2,
+               expected="Likely mistake: the step is not the one saved")
 
 
 # --- library code reached past the tripwires and the word scan (Forbidden.library_code) ---------
