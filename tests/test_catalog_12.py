@@ -24,8 +24,9 @@ def _loss(kind="right"):
         x = logits.double() if kind == "float64" else logits if kind == "bf16" else logits.float()
         keep = targets != ignore_index
         safe = targets if kind == "no_mask" else targets.where(keep, 0)
-        m = x.max(dim=-1, keepdim=True).values
-        lse = (x.exp().sum(-1).log() if kind == "no_shift" else m.squeeze(-1) + (x - m).exp().sum(-1).log())
+        m = x.max() if kind == "global_max" else x.max(dim=-1, keepdim=True).values
+        lse = (x.exp().sum(-1).log() if kind == "no_shift" else (x - m).exp().sum(-1).log() if kind == "not_back"
+               else m.squeeze(-1) + (x - m).exp().sum(-1).log())
         if kind == "log_of_softmax":
             losses = -x.softmax(-1).gather(-1, safe[..., None])[..., 0].log()
         elif kind == "vocab_mean":
@@ -50,6 +51,8 @@ def test_cross_entropy_correct_variants_pass(kind):
 @pytest.mark.parametrize("kind, expected", [
     ("no_shift", "Likely mistake: exp without the max-shift"),
     ("log_of_softmax", "Likely mistake: the log of a softmax"),
+    ("global_max", "Likely mistake: the shift is the max of the whole tensor"),
+    ("not_back", "Likely mistake: the max is subtracted but not added back"),
     ("padding_counted", "Likely mistake: the padding positions are counted"),
     ("mean_of_means", "Likely mistake: a mean of each sequence's mean"),
     ("batch_mean", "Likely mistake: the mean is over the batch only"),

@@ -34,10 +34,14 @@ FORBIDDEN = Forbidden(
                   "torch.nn.modules.loss:NLLLoss", "torch.nn.modules.activation:LogSoftmax"))
 # The inputs each check runs on: (name, dtype, scale of the logits). "spread" stretches each row
 # from -60 to +60 and puts the target at its smallest logit: exp(-120) underflows float32 to 0.
-INPUTS = (("ordinary", torch.float32, 2.0), ("spread", torch.float32, 60.0), ("large", torch.float32, 1e4),
+# "offset" moves each row by its own constant, from -80 to +40: no exp overflows, but a row 120
+# below the tensor's largest logit underflows when shifted by that one max.
+INPUTS = (("ordinary", torch.float32, 2.0), ("spread", torch.float32, 60.0), ("offset", torch.float32, 2.0),
+          ("large", torch.float32, 1e4),
           ("ordinary", torch.bfloat16, 2.0), ("large", torch.bfloat16, 1e4))
 DESCRIBED = {"ordinary": "ordinary logits (spread about +-4)",
              "spread": "logits from -60 to +60, each target at its row's smallest logit",
+             "offset": "ordinary logits moved by a constant per position, from -80 to +40",
              "large": "logits of magnitude 1e4"}
 
 
@@ -60,6 +64,8 @@ def loss_inputs(case: Case) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         else:
             logits = logits * scale
             targets = torch.randint(0, D_VOCAB, (case.batch, case.seq), generator=generator)
+        if kind == "offset":
+            logits = logits + torch.linspace(-80, 40, case.batch * case.seq).reshape(case.batch, case.seq, 1)
         for b in range(1, case.batch):   # sequence b ends in 2b padding positions
             targets[b, max(1, case.seq - 2 * b):] = ignore_index_of(case)
         found.append((f"{kind}_{str(dtype).removeprefix('torch.')}", logits.to(dtype), targets))
@@ -133,6 +139,11 @@ def loss_mistakes(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
         "the log of a softmax: a probability below ~1e-45 underflows to 0 and its log is -inf. Work "
         "in log space: log p = x - logsumexp(x), never log(softmax(x))":
             mean(-probs.gather(-1, targets.clamp(min=0)[..., None])[..., 0].log() * keep),
+        "the shift is the max of the whole tensor, not of each row: a row far below it has every "
+        "exp(x - m) underflow to 0. Take m per position: x.amax(dim=-1, keepdim=True)":
+            mean((x.amax() + (x - x.amax()).exp().sum(-1).log() - picked) * keep),
+        "the max is subtracted but not added back: logsumexp(x) = m + log(sum(exp(x - m)))":
+            mean(((x - shift).exp().sum(-1).log() - picked) * keep),
         "the padding positions are counted: their losses are left out of the sum but the mean divides "
         "by every position; divide by the number of positions whose target is not ignore_index":
             per_position.sum() / keep.numel(),
