@@ -468,3 +468,16 @@ def test_library_code_captured_before_the_check_is_refused_and_named():
     fails_with(nb12.check_cross_entropy, cross_entropy, expected="a library version of the cross-entropy")
     fails_with(nb12.check_adamw, AdamW, expected="a library version of AdamW")
     fails_with(nb12.check_clip_grad_norm, clip_grad_norm, expected="a library version of clipping by the global norm")
+
+
+@pytest.mark.parametrize("check, learner, expected", [
+    (nb12.check_cross_entropy, (None,), "cross_entropy: expected your function"),
+    (nb12.check_adamw, (torch.nn.Linear,), "a subclass of torch.optim.Optimizer"),
+    (nb12.check_clip_grad_norm, (3,), "clip_grad_norm: expected your function"),
+    (nb12.check_training_state_bytes, (lambda model, mixed: 7,), "return a dict with the keys"),
+    (nb12.check_saved_activation_bytes, (lambda model, *inputs: 1.5,), "a number of bytes, a Python int"),
+    (nb12.check_checkpoints, (None, None), "save_checkpoint: expected your function"),
+    (nb12.check_checkpoints, (lambda *args: None, lambda *args: None), "wrote no file at path"),
+])
+def test_answers_of_the_wrong_kind_get_one_line(check, learner, expected):
+    fails_with(check, *learner, expected=expected)
