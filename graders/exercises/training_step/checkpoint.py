@@ -124,13 +124,13 @@ def uninterrupted(case: Case) -> dict:
         return train_steps(model, optimizer, generator, data, save_at(case), N_STEPS)
 
 
-def evaluate(model: nn.Module, data: torch.Tensor) -> float:
-    """A held-out loss, in eval mode (no dropout); the model is left in eval mode, as a script
-    that saves right after evaluating has it."""
+def evaluate(model: nn.Module, data: torch.Tensor) -> None:
+    """A held-out evaluation, as a run makes before it saves: in eval mode (no dropout, no draw from
+    the global generator), and left in eval mode, as a script that saves right after it has it."""
     model.eval()
     with torch.no_grad():
         tokens = data[-(WINDOW + 1) * 8:].reshape(8, WINDOW + 1)
-        return float(F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()))
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
 
 
 def produce(run, case: Case, inputs: dict) -> dict:
