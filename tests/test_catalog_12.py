@@ -134,6 +134,9 @@ def _adamw(mistake=None, style="inplace"):
                     if mistake != "no_correction":
                         m_hat, v_hat = m_hat / (1 - beta1 ** t), v_hat / (1 - beta2 ** t)
                     denominator = (v_hat + eps).sqrt() if mistake == "eps_inside" else v_hat.sqrt() + eps
+                    if mistake == "eps_uncorrected":      # Kingma & Ba's "efficient" ordering
+                        m_hat = state["exp_avg"] * (1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)
+                        denominator = state["exp_avg_sq"].sqrt() + eps
                     if mistake == "rebind":
                         p = p * (1 - lr * wd) - lr * m_hat / denominator
                         continue
@@ -176,6 +179,7 @@ def test_adamw_correct_variants_pass(cls):
     ("no_correction", "Likely mistake: no bias correction"),
     ("from_zero", "Likely mistake: the bias correction counts from step 0"),
     ("eps_inside", "Likely mistake: eps inside the square root"),
+    ("eps_uncorrected", "Likely mistake: eps is added to sqrt(v) before the bias correction"),
     ("unscaled_decay", "Likely mistake: the weight decay is not scaled by the learning rate"),
     ("optimizer_step", "Likely mistake: the step count is kept per optimizer"),
     ("counts_skipped", "Likely mistake: the step count is kept per optimizer"),

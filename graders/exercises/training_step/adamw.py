@@ -170,6 +170,9 @@ MISTAKES = {
     Slip(correction_ahead=True): "the bias correction counts one step ahead (1 - beta**(t + 1)): at the "
                                  "first step t is 1",
     Slip(eps_inside_root=True): "eps inside the square root: the denominator is sqrt(v_hat) + eps",
+    Slip(eps_uncorrected=True): "eps is added to sqrt(v) before the bias correction (the Adam paper's "
+                                "'efficient' form, lr * sqrt(1 - beta2**t) / (1 - beta1**t) * m / (sqrt(v) + eps)); "
+                                "torch adds it after: m_hat / (sqrt(v_hat) + eps)",
     Slip(decay_unscaled=True): "the weight decay is not scaled by the learning rate: p -= lr * "
                                "weight_decay * p",
     Slip(shared_moments=True): "the moments are shared between parameters (one m and v for parameters of "

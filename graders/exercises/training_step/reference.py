@@ -16,6 +16,7 @@ class Slip:
     no_bias_correction: bool = False
     correction_ahead: bool = False    # bias correction with step + 1
     eps_inside_root: bool = False
+    eps_uncorrected: bool = False     # eps added to sqrt(v) before the correction (the paper's "efficient" form)
     decay_unscaled: bool = False      # p -= weight_decay * p, not lr * weight_decay * p
     shared_moments: bool = False      # one pair of moments per parameter shape
     optimizer_step: bool = False      # one step count for the optimizer, not one per parameter
@@ -55,6 +56,9 @@ class VariantAdamW(torch.optim.Optimizer):
                 if not slip.no_bias_correction:
                     m_hat, v_hat = m_hat / (1 - beta1 ** t), v_hat / (1 - beta2 ** t)
                 denominator = (v_hat + group["eps"]).sqrt() if slip.eps_inside_root else v_hat.sqrt() + group["eps"]
+                if slip.eps_uncorrected:
+                    m_hat = m_hat * (1 - beta2 ** t) ** 0.5
+                    denominator = state["exp_avg_sq"].sqrt() + group["eps"]
                 if not slip.l2_decay:
                     p.mul_(1 - (1 if slip.decay_unscaled else lr) * group["weight_decay"])
                 p.addcdiv_(m_hat, denominator, value=-lr)
