@@ -1,0 +1,487 @@
+"""Notebook 12's graders: correct variants (in other styles) pass, each catalogued mistake fails with
+its name, an unlisted one is localised, and the library versions are refused."""
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graders.exercises import nb12
+from graders.judging.compare import CheckFailed
+
+
+def fails_with(check, *learner, expected, **case):
+    with pytest.raises(CheckFailed) as failure:
+        check(*learner, **case)
+    for words in [expected] if isinstance(expected, str) else expected:
+        assert words in str(failure.value), str(failure.value)
+
+
+# --- cross_entropy -----------------------------------------------------------------------------
+
+def _loss(kind="right"):
+    def cross_entropy(logits, targets, ignore_index=-100):
+        x = logits.double() if kind == "float64" else logits if kind == "bf16" else logits.float()
+        keep = targets != ignore_index
+        safe = targets if kind == "no_mask" else targets.where(keep, 0)
+        m = x.max() if kind == "global_max" else x.max(dim=-1, keepdim=True).values
+        lse = (x.exp().sum(-1).log() if kind == "no_shift" else (x - m).exp().sum(-1).log() if kind == "not_back"
+               else m.squeeze(-1) + (x - m).exp().sum(-1).log())
+        if kind == "log_of_softmax":
+            losses = -x.softmax(-1).gather(-1, safe[..., None])[..., 0].log()
+        elif kind == "vocab_mean":
+            losses = -(x - lse[..., None]).mean(-1)
+        else:
+            losses = lse - x.gather(-1, safe[..., None])[..., 0]
+        if kind == "boolean_index":
+            return losses[keep].mean()
+        losses = losses * keep
+        found = {"padding_counted": losses.mean(), "mean_of_means": (losses.sum(-1) / keep.sum(-1)).mean(),
+                 "batch_mean": losses.sum(-1).mean(), "per_position": losses.sum(0) / keep.sum()}
+        return found.get(kind, losses.sum() / keep.sum()).float() if kind != "bf16" else losses.sum() / keep.sum()
+    return cross_entropy
+
+
+@pytest.mark.parametrize("kind", ["right", "float64", "boolean_index"])
+def test_cross_entropy_correct_variants_pass(kind):
+    nb12.check_cross_entropy(_loss(kind))
+    nb12.check_cross_entropy(_loss(kind), seed=1, batch=2, seq=11)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("no_shift", "Likely mistake: exp without the max-shift"),
+    ("log_of_softmax", "Likely mistake: the log of a softmax"),
+    ("global_max", "Likely mistake: the shift is the max of the whole tensor"),
+    ("not_back", "Likely mistake: the max is subtracted but not added back"),
+    ("padding_counted", "Likely mistake: the padding positions are counted"),
+    ("mean_of_means", "Likely mistake: a mean of each sequence's mean"),
+    ("batch_mean", "Likely mistake: the mean is over the batch only"),
+    ("vocab_mean", "Likely mistake: the mean over the vocabulary axis"),
+    ("per_position", "Likely mistake: the mean is taken over one axis only"),
+    ("no_mask", "Likely mistake: the ignore index is not honoured"),
+    ("bf16", "Likely mistake: the loss is computed in bfloat16"),
+])
+def test_cross_entropy_mistakes_are_named(kind, expected):
+    fails_with(nb12.check_cross_entropy, _loss(kind), expected=expected)
+
+
+def test_a_hard_coded_ignore_index_fails_the_hidden_case():
+    def cross_entropy(logits, targets, ignore_index=-100):
+        return _loss()(logits, targets)          # ignore_index not passed on: always -100
+    nb12.check_cross_entropy(cross_entropy)
+    fails_with(nb12.check_cross_entropy, cross_entropy, seed=1, expected="ignore_index=-1")
+
+
+@pytest.mark.parametrize("body, word", [
+    (lambda x, t, i: F.cross_entropy(x.flatten(0, 1).float(), t.flatten(), ignore_index=i), "cross_entropy"),
+    (lambda x, t, i: (torch.logsumexp(x.float(), -1) - x.float().gather(-1, t.clamp(min=0)[..., None])[..., 0])
+     [t != i].mean(), "logsumexp"),
+    (lambda x, t, i: -x.float().log_softmax(-1).gather(-1, t.clamp(min=0)[..., None])[..., 0][t != i].mean(),
+     "log_softmax"),
+])
+def test_cross_entropy_library_versions_are_refused(body, word):
+    fails_with(nb12.check_cross_entropy, body, expected=word)
+
+
+# --- AdamW -------------------------------------------------------------------------------------
+
+def _adamw(mistake=None, style="inplace"):
+    class AdamW(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3, betas=None, eps=1e-8, weight_decay=1e-2):
+            betas = betas or ((0.9, 0.99) if mistake == "defaults" else (0.9, 0.999))
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+            self.count = 0
+
+        def step(self, closure=None):
+            if mistake == "grad_mode":
+                return self._step()
+            with torch.no_grad():
+                return self._step()
+
+        def _step(self):
+            self.count += 1
+            for group in self.param_groups:
+                beta1, beta2 = group["betas"]
+                if mistake == "betas_swapped":
+                    beta1, beta2 = beta2, beta1
+                lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+                if mistake == "default_decay":
+                    wd = self.defaults["weight_decay"]
+                for p in group["params"]:
+                    if mistake == "counts_skipped" and p.grad is None:   # counted, then skipped
+                        self.state[p]["step"] = self.state[p].get("step", 0) + 1
+                    if p.grad is None and mistake != "none_grads":
+                        continue
+                    g = p.grad + wd * p if mistake == "l2" else p.grad
+                    state = self.state[p]
+                    if "exp_avg" not in state:
+                        state.update(step=torch.tensor(float(state.get("step", 0))), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
+                    t = float(state["step"]) if mistake == "from_zero" else None
+                    state["step"] += 1
+                    t = self.count if mistake == "optimizer_step" else t if t is not None else float(state["step"])
+                    if style == "float64":
+                        m = beta1 * state["exp_avg"].double() + (1 - beta1) * g.double()
+                        v = beta2 * state["exp_avg_sq"].double() + (1 - beta2) * g.double() ** 2
+                        state["exp_avg"].copy_(m)
+                        state["exp_avg_sq"].copy_(v)
+                        update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps)
+                        p.data = (p.double() * (1 - lr * wd) - lr * update).float()
+                        continue
+                    state["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
+                    state["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                    m_hat, v_hat = state["exp_avg"], state["exp_avg_sq"]
+                    if mistake != "no_correction":
+                        m_hat, v_hat = m_hat / (1 - beta1 ** t), v_hat / (1 - beta2 ** t)
+                    denominator = (v_hat + eps).sqrt() if mistake == "eps_inside" else v_hat.sqrt() + eps
+                    if mistake == "eps_uncorrected":      # Kingma & Ba's "efficient" ordering
+                        m_hat = state["exp_avg"] * (1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)
+                        denominator = state["exp_avg_sq"].sqrt() + eps
+                    if mistake == "rebind":
+                        p = p * (1 - lr * wd) - lr * m_hat / denominator
+                        continue
+                    if mistake != "l2":
+                        p.mul_(1 - (wd if mistake == "unscaled_decay" else lr * wd))
+                    p.addcdiv_(m_hat, denominator, value=-lr)
+    return AdamW
+
+
+def _explicit_adamw():
+    """Another style: one formula per line, the step count an int, parameters updated through .data."""
+    class AdamW(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+            super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                (b1, b2), lr = group["betas"], group["lr"]
+                for p in (p for p in group["params"] if p.grad is not None):
+                    s = self.state[p]
+                    s.setdefault("exp_avg", torch.zeros_like(p.data))
+                    s.setdefault("exp_avg_sq", torch.zeros_like(p.data))
+                    s["step"] = s.get("step", 0) + 1
+                    s["exp_avg"] = b1 * s["exp_avg"] + (1 - b1) * p.grad.data
+                    s["exp_avg_sq"] = b2 * s["exp_avg_sq"] + (1 - b2) * p.grad.data ** 2
+                    m_hat = s["exp_avg"] / (1 - b1 ** s["step"])
+                    v_hat = s["exp_avg_sq"] / (1 - b2 ** s["step"])
+                    p.data = p.data - lr * group["weight_decay"] * p.data - lr * m_hat / (v_hat.sqrt() + group["eps"])
+    return AdamW
+
+
+@pytest.mark.parametrize("cls", [_adamw(), _adamw(style="float64"), _explicit_adamw()])
+def test_adamw_correct_variants_pass(cls):
+    nb12.check_adamw(cls)
+    nb12.check_adamw(cls, seed=1)
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    ("l2", "Likely mistake: L2 decay added to the gradient"),
+    ("no_correction", "Likely mistake: no bias correction"),
+    ("from_zero", "Likely mistake: the bias correction counts from step 0"),
+    ("eps_inside", "Likely mistake: eps inside the square root"),
+    ("eps_uncorrected", "Likely mistake: eps is added to sqrt(v) before the bias correction"),
+    ("unscaled_decay", "Likely mistake: the weight decay is not scaled by the learning rate"),
+    ("optimizer_step", "Likely mistake: the step count is kept per optimizer"),
+    ("counts_skipped", "Likely mistake: the step count is kept per optimizer"),
+    ("none_grads", "Likely mistake: parameters without a gradient are not skipped"),
+    ("grad_mode", "Likely mistake: step() is not under torch.no_grad()"),
+    ("betas_swapped", ["from step 2 of 10", "exp_avg and exp_avg_sq differ at that step", "step 1 was right"]),
+    ("default_decay", "only parameters of the group without weight decay differ"),
+    ("rebind", ["from step 1 of 10", "the moments exp_avg and exp_avg_sq are right: the update"]),
+])
+def test_adamw_mistakes_are_named(mistake, expected):
+    fails_with(nb12.check_adamw, _adamw(mistake), expected=expected)
+
+
+def test_adamw_defaults_and_settings_are_read():
+    nb12.check_adamw(_adamw("defaults"), seed=1)      # betas passed explicitly: the defaults unused
+    fails_with(nb12.check_adamw, _adamw("defaults"), expected="only v: look at beta2")
+
+
+def test_adamw_shared_moments_and_a_cached_rate_are_named():
+    class Shared(_adamw()):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.by_shape = {}
+
+        def _step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self.state[p] = self.by_shape.setdefault(tuple(p.shape), self.state[p])
+            return super()._step()
+
+    class CachedRate(_adamw()):
+        def __init__(self, params, lr=1e-3, **kwargs):
+            super().__init__(params, lr=lr, **kwargs)
+            self.rate = lr
+
+        def _step(self):
+            for group in self.param_groups:
+                group["lr"] = self.rate
+            return super()._step()
+    fails_with(nb12.check_adamw, Shared, expected="Likely mistake: the moments are shared between parameters")
+    fails_with(nb12.check_adamw, CachedRate, expected="Likely mistake: the learning rate is read once")
+
+
+def test_adamw_state_under_other_names_fails_after_right_updates():
+    class OtherNames(_adamw()):
+        def _step(self):
+            super()._step()
+            for state in self.state.values():
+                state["m"] = state.pop("exp_avg")
+
+        def _restore(self):
+            for state in self.state.values():
+                state["exp_avg"] = state.pop("m")
+
+        def step(self, closure=None):
+            self._restore()
+            return super().step()
+    fails_with(nb12.check_adamw, OtherNames, expected="optimizer.state[p]['exp_avg'] is missing")
+
+
+def test_torch_adam_is_refused():
+    class Subclass(torch.optim.AdamW):
+        pass
+
+    class Calls(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+            self.inner = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+        def step(self, closure=None):
+            self.inner.param_groups = self.param_groups
+            self.inner.step()
+    fails_with(nb12.check_adamw, Subclass, expected="subclasses torch.optim.Adam")
+    fails_with(nb12.check_adamw, Calls, expected="Adam")
+
+
+# --- clip_grad_norm ----------------------------------------------------------------------------
+
+def _clip(kind="right"):
+    def clip_grad_norm(parameters, max_norm):
+        if kind == "twice":
+            grads = (p.grad for p in parameters if p.grad is not None)
+            params = parameters
+        else:
+            params = [p for p in parameters if p.grad is not None]
+            grads = [p.grad for p in params]
+        if kind == "float64":
+            total = sum(g.double().pow(2).sum() for g in grads) ** 0.5
+        elif kind == "foreach":
+            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        elif kind == "twice":
+            total = sum(float(g.pow(2).sum()) for g in grads) ** 0.5
+        else:
+            total = torch.stack([g.norm() for g in grads]).norm()
+        for p in params:
+            if p.grad is None:
+                continue
+            own = p.grad.norm()
+            coef = max_norm / ((own if kind == "per_parameter" else total) + 1e-6)
+            if kind == "clamped":
+                p.grad.mul_(torch.clamp(torch.as_tensor(coef), max=1.0))
+            elif kind == "always" or coef < 1:
+                p.grad.mul_(coef * coef if kind == "squared" else coef)
+        if kind == "after":
+            return torch.stack([p.grad.norm() for p in params]).norm()
+        return total
+    return clip_grad_norm
+
+
+@pytest.mark.parametrize("kind", ["right", "float64", "foreach", "clamped"])
+def test_clip_correct_variants_pass(kind):
+    nb12.check_clip_grad_norm(_clip(kind))
+    nb12.check_clip_grad_norm(_clip(kind), seed=1)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("per_parameter", "Likely mistake: each parameter is clipped by its own norm"),
+    ("always", "Likely mistake: the gradients are scaled up when their norm is below max_norm"),
+    ("after", "Likely mistake: the norm is returned after clipping"),
+    ("twice", "may be a generator (model.parameters())"),
+    ("squared", ["gradients differ from clip_grad_norm_'s", "scaled down by"]),
+])
+def test_clip_mistakes_are_named(kind, expected):
+    fails_with(nb12.check_clip_grad_norm, _clip(kind), expected=expected)
+
+
+def test_clip_library_version_is_refused():
+    fails_with(nb12.check_clip_grad_norm, lambda params, max_norm: torch.nn.utils.clip_grad_norm_(params, max_norm),
+               expected="clip_grad_norm_")
+
+
+# --- training_state_bytes ----------------------------------------------------------------------
+
+def _state_bytes(kind="right"):
+    def training_state_bytes(model, mixed_precision):
+        params = list(model.parameters())
+        trained = [p for p in params if p.requires_grad or kind == "frozen"]
+        half = mixed_precision and kind.startswith("bf16")
+        sizes = {"parameters": sum(p.nbytes for p in params) // (2 if half and kind == "bf16_weights" else 1),
+                 "gradients": sum(p.numel() * 4 for p in trained) // (2 if half and kind == "bf16_grads" else 1)}
+        sizes["adam_moments"] = sum(2 * p.nbytes for p in trained) // (2 if kind == "one_moment" else 1)
+        return {key: torch.tensor(value) if kind == "tensors" else value for key, value in sizes.items()}
+    return training_state_bytes
+
+
+@pytest.mark.parametrize("kind", ["right", "tensors"])
+def test_training_state_bytes_correct_variants_pass(kind):
+    nb12.check_training_state_bytes(_state_bytes(kind))
+    nb12.check_training_state_bytes(_state_bytes(kind), seed=1, batch=3, seq=5)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("frozen", "Likely mistake: the frozen parameters get gradients here"),
+    ("one_moment", "Likely mistake: one moment is counted"),
+    ("bf16_weights", "Likely mistake: the master weights are counted in bfloat16 under mixed precision"),
+    ("bf16_grads", "Likely mistake: the gradients are counted in bfloat16 under mixed precision"),
+])
+def test_training_state_bytes_mistakes_are_named(kind, expected):
+    fails_with(nb12.check_training_state_bytes, _state_bytes(kind), expected=expected)
+
+
+# --- saved_activation_bytes ---------------------------------------------------------------------
+
+def _measure(kind="right"):
+    def saved_activation_bytes(model, *inputs):
+        parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        by_storage, every = {}, []
+
+        def pack(t):
+            storage = t.untyped_storage()
+            every.append((storage.data_ptr(), storage.nbytes(), t.numel() * t.element_size(), t.element_size()))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = model(*inputs)
+        del output
+        for ptr, nbytes, own, element in every:
+            if kind == "parameters" or ptr not in parameters:
+                by_storage[ptr] = nbytes // element if kind == "numbers" else nbytes
+        if kind == "repeats":
+            return sum(nbytes for ptr, nbytes, _, _ in every if ptr not in parameters)
+        if kind == "naive":
+            return sum(own for _, _, own, _ in every)
+        if kind == "tensor":
+            return torch.tensor(sum(by_storage.values()))
+        return 0 if kind == "outside" else sum(by_storage.values())
+    return saved_activation_bytes
+
+
+@pytest.mark.parametrize("kind", ["right", "tensor"])
+def test_saved_activation_bytes_correct_variants_pass(kind):
+    nb12.check_saved_activation_bytes(_measure(kind))
+    nb12.check_saved_activation_bytes(_measure(kind), seed=1, batch=3, seq=5)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("repeats", "Likely mistake: a storage saved twice is counted twice"),
+    ("numbers", "Likely mistake: numbers are counted, not bytes"),
+    ("parameters", "Likely mistake: the model's parameters are counted"),
+    ("naive", "Likely mistake: every saved tensor is counted at its own size"),
+    ("outside", "Likely mistake: nothing was recorded"),
+])
+def test_saved_activation_bytes_mistakes_are_named(kind, expected):
+    fails_with(nb12.check_saved_activation_bytes, _measure(kind), expected=expected)
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+def _save(path, model, optimizer, step, generator, *, optimizer_state=True, data_rng=True, torch_rng=True):
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer_state else None,
+                "step": step, "generator": generator.get_state() if data_rng else None,
+                "rng": torch.get_rng_state() if torch_rng else None}, path)
+
+
+def _load(path, model, optimizer, generator, *, optimizer_state=True, data_rng=True, torch_rng=True, train=True,
+          step=True, weights=True):
+    saved = torch.load(path)
+    if weights:
+        model.load_state_dict(saved["model"])
+    if optimizer_state:
+        optimizer.load_state_dict(saved["optimizer"])
+    if data_rng:
+        generator.set_state(saved["generator"])
+    if torch_rng:
+        torch.set_rng_state(saved["rng"])
+    if train:
+        model.train()
+    return saved["step"] if step is True else step      # step=0: not restored; step=5: always 5
+
+
+def _pair(**mistake):
+    saving = {k: v for k, v in mistake.items() if k in ("optimizer_state", "data_rng", "torch_rng")}
+    return functools.partial(_save, **saving), functools.partial(_load, **mistake)
+
+
+def test_checkpoints_correct_variants_pass():
+    def save_parts(path, model, optimizer, step, generator):     # another style: the training flag saved
+        torch.save([model.state_dict(), optimizer.state_dict(), step, generator.get_state(),
+                    torch.random.get_rng_state(), True], path)
+
+    def load_parts(path, model, optimizer, generator):
+        weights, opt, step, data, rng, training = torch.load(path, weights_only=True)
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(opt)
+        generator.set_state(data)
+        torch.random.set_rng_state(rng)
+        model.train(training)
+        return step
+    for save, load in (_pair(), (save_parts, load_parts)):
+        nb12.check_checkpoints(save, load)
+    nb12.check_checkpoints(*_pair(), seed=2)
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    (dict(optimizer_state=False), "Likely mistake: the optimizer's state is not restored"),
+    (dict(data_rng=False), "Likely mistake: the data generator is not restored"),
+    (dict(step=0), "Likely mistake: the step is not restored, so the schedule restarts"),
+    (dict(train=False), "Likely mistake: the model is left in eval mode after loading"),
+    (dict(torch_rng=False), "Likely mistake: torch's global random generator is not restored"),
+    (dict(weights=False), "Likely mistake: the model's weights are not restored"),
+])
+def test_checkpoint_mistakes_are_named(mistake, expected):
+    fails_with(nb12.check_checkpoints, *_pair(**mistake), expected=expected)
+
+
+def test_a_load_that_returns_a_fixed_step_fails_the_hidden_case():
+    nb12.check_checkpoints(*_pair(step=5))
+    fails_with(nb12.check_checkpoints, *_pair(step=5), seed=2,
+               expected="Likely mistake: the step is not the one saved")
+
+
+# --- library code reached past the tripwires and the word scan (Forbidden.library_code) ---------
+
+_CAPTURED = {"loss": getattr(F, "cross" + "_entropy"), "optimizer": getattr(torch.optim, "Ad" + "amW"),
+             "clip": getattr(torch.nn.utils, "clip_grad" + "_norm_")}
+
+
+def test_library_code_captured_before_the_check_is_refused_and_named():
+    def cross_entropy(logits, targets, ignore_index=-100):
+        return _CAPTURED["loss"](logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+
+    class AdamW(_adamw()):
+        def step(self, closure=None):
+            if not hasattr(self, "inner"):
+                self.inner = _CAPTURED["optimizer"](self.param_groups)
+                self.state = self.inner.state
+            return self.inner.step()
+
+    def clip_grad_norm(parameters, max_norm):
+        return _CAPTURED["clip"](parameters, max_norm)
+    fails_with(nb12.check_cross_entropy, cross_entropy, expected="a library version of the cross-entropy")
+    fails_with(nb12.check_adamw, AdamW, expected="a library version of AdamW")
+    fails_with(nb12.check_clip_grad_norm, clip_grad_norm, expected="a library version of clipping by the global norm")
+
+
+@pytest.mark.parametrize("check, learner, expected", [
+    (nb12.check_cross_entropy, (None,), "cross_entropy: expected your function"),
+    (nb12.check_adamw, (torch.nn.Linear,), "a subclass of torch.optim.Optimizer"),
+    (nb12.check_clip_grad_norm, (3,), "clip_grad_norm: expected your function"),
+    (nb12.check_training_state_bytes, (lambda model, mixed: 7,), "return a dict with the keys"),
+    (nb12.check_saved_activation_bytes, (lambda model, *inputs: 1.5,), "a number of bytes, a Python int"),
+    (nb12.check_checkpoints, (None, None), "save_checkpoint: expected your function"),
+    (nb12.check_checkpoints, (lambda *args: None, lambda *args: None), "wrote no file at path"),
+])
+def test_answers_of_the_wrong_kind_get_one_line(check, learner, expected):
+    fails_with(check, *learner, expected=expected)
