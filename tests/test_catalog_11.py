@@ -472,6 +472,18 @@ def test_tiktoken_is_not_an_answer():
                expected="your code uses `._pat_str`")
 
 
+def test_tiktokens_compiled_encoder_under_a_computed_name_is_refused():
+    """The word scan cannot see `getattr(enc, "_core" + "_bpe")`; the profiler of compiled calls can."""
+    from graders.reference.tokenizer import gpt2_encoding
+
+    core = getattr(gpt2_encoding(), "_core" + "_bpe")
+
+    def encode(text, allow_special=False):
+        return list(core.encode_ordinary(text))
+
+    fails_with(nb11.check_encode, encode, expected="your encode calls CoreBPE.encode_ordinary, compiled code")
+
+
 # --- 6. Decoding
 
 def decode(ids):

@@ -56,3 +56,15 @@ def test_one_function_of_a_module_is_refused_and_its_neighbours_run():
 def test_a_library_that_is_not_installed_refuses_nothing():
     absent = Forbidden("nothing", library_code=("no_such_library_anywhere",))
     assert _refusal(lambda: _step(torch.optim.AdamW), absent) is None
+
+
+def test_compiled_library_code_is_seen_when_the_check_profiles_compiled_calls():
+    import math
+
+    compiled = Forbidden("the factorial", library_code=("math:factorial",))
+    with provenance.Watch(builtins=True) as watch:
+        math.factorial(5)
+    assert "your check calls factorial, compiled code" in watch.library_answer("check", (compiled,))
+    with provenance.Watch(builtins=True) as watch:
+        math.comb(5, 2)
+    assert watch.library_answer("check", (compiled,)) is None

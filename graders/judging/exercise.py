@@ -84,7 +84,7 @@ class Exercise:
         that runs the course's own code fails, whatever it produced (graders.judging.provenance):
         `answers` are what the learner passed to the check (`learner` may be built from them)."""
         with renamed_submodules_loaded() as names_failures:
-            with provenance.Watch() as watch:
+            with provenance.Watch(builtins=any(rule.library_code for rule in self.forbidden)) as watch:
                 try:
                     outputs, failure = self.produce(learner, case, inputs), None
                 except CheckFailed as failed:

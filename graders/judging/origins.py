@@ -77,6 +77,43 @@ def library_answer_spec(specs: tuple, filename: str, qualname: str) -> str | Non
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def compiled_names(specs: tuple) -> tuple[str, ...]:
+    """The names under which the profiler shows the compiled (C or Rust) classes and functions
+    among `specs` ("tiktoken._tiktoken:CoreBPE"): Python code of the library calls into them, and
+    a learner could call them directly, where only a profiler of builtins sees it."""
+    import importlib
+
+    names = []
+    for spec in specs:
+        module, _, within = spec.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), within) if within else None
+        except (ImportError, AttributeError):
+            continue
+        if found is not None and _compiled(found):
+            names.append(found.__name__)
+    return tuple(names)
+
+
+def _compiled(found) -> bool:
+    if inspect.isbuiltin(found):
+        return True
+    module_file = getattr(sys.modules.get(getattr(found, "__module__", "")), "__file__", None) or ""
+    return isinstance(found, type) and not module_file.endswith(".py")
+
+
+def compiled_call(entry: str, names: tuple[str, ...]) -> str | None:
+    """Which of `names` a profiler entry of a compiled call ("<method 'encode' of 'builtins.CoreBPE'
+    objects>", "<built-in method x>") belongs to."""
+    for name in names:
+        if entry.endswith((f".{name}' objects>", f"'{name}' objects>")):
+            return f"{name}.{entry.split(chr(39))[1]}"
+        if f"built-in method {name} " in entry or entry == f"<built-in function {name}>":
+            return name
+    return None
+
+
 def _fingerprint(code) -> tuple:
     consts = tuple(repr(c) for c in code.co_consts if not inspect.iscode(c))
     return code.co_code, code.co_names, consts

@@ -25,7 +25,8 @@ import threading
 from dataclasses import dataclass, field
 
 from graders.judging.origins import (
-    ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, Origin, library_answer_spec, library_class,
+    ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, Origin, compiled_call, compiled_names, library_answer_spec,
+    library_class,
     origin,
 )
 
@@ -155,10 +156,16 @@ sys.addaudithook(_audit)
 @dataclass
 class Watch:
     """One check's run of learner code under the profiler; `refusal` says what it found."""
-    profiler: cProfile.Profile = field(default_factory=lambda: cProfile.Profile(builtins=False))
+    # Compiled calls are profiled only for a check that refuses some (Forbidden.library_code):
+    # torch's operators are compiled, and every check would pay for seeing them.
+    builtins: bool = False
+    profiler: cProfile.Profile = field(init=False)
     tampered: list[str] = field(default_factory=list)
     threads: set[int] = field(default_factory=set)
     switching: bool = False
+
+    def __post_init__(self) -> None:
+        self.profiler = cProfile.Profile(builtins=self.builtins)
 
     def __enter__(self) -> "Watch":
         self.threads = {t.ident for t in threading.enumerate()}
@@ -195,17 +202,23 @@ class Watch:
 
     def library_answer(self, name: str, forbidden) -> str | None:
         """Which of the library code that computes this check's answer ran (`Forbidden.library_code`),
-        wherever it was called from; None when none of it did."""
-        for rule in forbidden:
-            if not rule.library_code:
-                continue
-            ran = sorted((entry.code.co_filename, entry.code.co_qualname) for entry in self.profiler.getstats()
-                         if not isinstance(entry.code, str))
-            for filename, qualname in ran:
-                spec = library_answer_spec(tuple(rule.library_code), filename, qualname)
+        wherever it was called from: its Python functions first, then its compiled ones; None when
+        none of it did."""
+        stats = self.profiler.getstats()
+        for rule in (rule for rule in forbidden if rule.library_code):
+            specs = tuple(rule.library_code)
+            for filename, qualname in sorted((entry.code.co_filename, entry.code.co_qualname) for entry in stats
+                                             if not isinstance(entry.code, str)):
+                spec = library_answer_spec(specs, filename, qualname)
                 if spec:
                     return (f"{name}: your {name} runs {qualname} from {spec.partition(':')[0]}, a "
                             f"library version of {rule.what}. Write it yourself {rule.instead}.")
+            compiled = compiled_names(specs)
+            for entry in sorted(e.code for e in stats if isinstance(e.code, str)) if compiled else ():
+                called = compiled_call(entry, compiled)
+                if called:
+                    return (f"{name}: your {name} calls {called}, compiled code of a library version of "
+                            f"{rule.what}. Write it yourself {rule.instead}.")
         return None
 
     def _reached(self, allowed: set) -> Origin | None:

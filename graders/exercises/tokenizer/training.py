@@ -12,7 +12,7 @@ import torch
 
 from graders.exercises.tokenizer import reference as ref
 from graders.exercises.tokenizer.naive import naive_train
-from graders.exercises.tokenizer.pieces import TOKENIZER_LIBRARIES
+from graders.exercises.tokenizer.pieces import TOKENIZER_CODE, TOKENIZER_LIBRARIES
 from graders.exercises.tokenizer.texts import hidden_corpus
 from graders.exercises.tokenizer.wire import pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
@@ -29,7 +29,7 @@ VISIBLE_CORPUS = ("the cat sat on the mat, then the cat ate the rat; the rat's h
 SPEED_CHARACTERS, SPEED_MERGES = 200_000, 500   # the first 200,000 characters of tiny Shakespeare
 CEILING_FACTOR, CEILING_FLOOR = 10, 3.0         # times the reference's time, and at least this (s)
 FORBIDDEN = Forbidden("BPE training", source_words=["tokenizers", "sentencepiece", "minbpe", *TOKENIZER_LIBRARIES],
-                      library_code=TOKENIZER_LIBRARIES, instead="with dictionaries and counts")
+                      library_code=TOKENIZER_CODE, instead="with dictionaries and counts")
 # What each replayed mistake is called (naive.MISTAKES), the catalog the judge names.
 NAMES = {
     "across pre-tokens": "pairs are counted across pre-token boundaries (over the whole text): "
