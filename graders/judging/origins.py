@@ -109,7 +109,7 @@ def compiled_call(entry: str, names: tuple[str, ...]) -> str | None:
     for name in names:
         if entry.endswith((f".{name}' objects>", f"'{name}' objects>")):
             return f"{name}.{entry.split(chr(39))[1]}"
-        if f"built-in method {name} " in entry or entry == f"<built-in function {name}>":
+        if entry.startswith("<built-in ") and entry.rstrip(">").split(" ")[-1].split(".")[-1] == name:
             return name
     return None
 
