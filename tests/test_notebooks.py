@@ -264,3 +264,18 @@ def test_notebook_10s_demonstration_printed_the_losses_its_text_states(solution_
     assert stated, cells[demo + 1].source
     assert len(losses) == 2 and [float(x) for x in stated.groups()] == losses, printed
     assert len(counts) == 2 and abs(counts[0] - counts[1]) < 1000, printed
+
+
+@SOLUTION_RUNS
+@pytest.mark.slow
+def test_notebook_10s_demonstration_shows_its_progress_in_the_saved_run_and_its_html(solution_run):
+    """A wait of a minute says what it is doing (issue 36): a line every 10 steps for each model,
+    in the notebook `make solutions` saves and in its HTML."""
+    executed, html = solution_run("10_modern_decoder")
+    demo = next(cell for cell in executed.cells if "def train_and_validate" in cell.source)
+    printed = "".join(o.get("text", "") for o in demo.outputs if o.get("output_type") == "stream")
+    for model in ("GPT-2-style", "modern"):
+        for step in (10, 20, 30):
+            line = f"{model}{' (d_mlp' if model == 'modern' else ''}"
+            assert f"step {step}/30, training loss" in printed and line in printed, printed
+    assert html.count("/30, training loss") == 6, "progress lines missing from the HTML"
