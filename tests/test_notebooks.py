@@ -274,8 +274,9 @@ def test_notebook_10s_demonstration_shows_its_progress_in_the_saved_run_and_its_
     executed, html = solution_run("10_modern_decoder")
     demo = next(cell for cell in executed.cells if "def train_and_validate" in cell.source)
     printed = "".join(o.get("text", "") for o in demo.outputs if o.get("output_type") == "stream")
-    for model in ("GPT-2-style", "modern"):
-        for step in (10, 20, 30):
-            line = f"{model}{' (d_mlp' if model == 'modern' else ''}"
-            assert f"step {step}/30, training loss" in printed and line in printed, printed
+    import re
+
+    lines = re.findall(r"^  (GPT-2-style|modern \(d_mlp = \d+\)): step (\d+)/30, training loss", printed, re.M)
+    assert [(model.split()[0], int(step)) for model, step in lines] == \
+        [(model, step) for model in ("GPT-2-style", "modern") for step in (10, 20, 30)], printed
     assert html.count("/30, training loss") == 6, "progress lines missing from the HTML"
