@@ -115,6 +115,8 @@ def _apply(kind="halves"):
             return x * cos + torch.cat([x2, -x1], -1) * sin
         if kind == "cos_only":
             return x * cos
+        if kind == "swapped":
+            return x * sin + torch.cat([-x2, x1], -1) * cos
         return x * cos + torch.cat([-x2, x1], -1) * sin
     return apply_rope
 
@@ -132,6 +134,7 @@ def test_rope_correct_variants_pass(table):
     (_table(), _apply("interleaved"), "Likely mistake: pairs interleaved where transformers' Llama rotates halves"),
     (_table(), _apply("wrong_way"), "Likely mistake: the rotation turns the wrong way"),
     (_table(), _apply("cos_only"), "Likely mistake: the sin term is missing"),
+    (_table(), _apply("swapped"), "Likely mistake: cos and sin are swapped in the rotation"),
     (_table(swapped=True), _apply(), "Likely mistake: cos and sin are swapped"),
     (_table(degrees=True), _apply(), "Likely mistake: the angles are in degrees"),
     (_table(first=1), _apply(), "Likely mistake: the positions start at 1"),
@@ -233,6 +236,9 @@ def test_attention_correct_variants_pass(cls):
     (_attention(offset_mask=False), "Likely mistake: the causal mask ignores the cache"),
     (AsManyKVHeads, "Likely mistake: the keys and values are used as if there were n_heads of them"),
     (_attention(mask=False), "Likely mistake: the causal mask is missing"),
+    (_attention(scale=32.0), "Likely mistake: the scores are divided by d_head"),
+    (_attention(masked_value=0.0), "Likely mistake: the masked scores are set to 0, not -inf"),
+    (_attention(cache_unrotated=True), "Likely mistake: the keys are cached before RoPE"),
     (_attention(softmax_dim=-2), "Likely mistake: the softmax is over the queries (dim -2)"),
     (_attention(cache_new_only=True), "the difference comes with the cache) does not match the reference. "
                                       "Likely mistake: the cache returned holds this call's keys and values only"),
@@ -253,6 +259,10 @@ def _layer(kind):
             if kind == "parallel":
                 out, cache = self.attn(self.ln1(x), cos, sin, past)
                 return x + out + self.mlp(self.ln2(x)), cache
+            if kind == "drops_past":
+                out, cache = self.attn(self.ln1(x), cos, sin)
+                x = x + out
+                return x + self.mlp(self.ln2(x)), cache
             if kind == "old_past":
                 x = x + self.attn(self.ln1(x), cos, sin, past)[0]
                 return x + self.mlp(self.ln2(x)), past
@@ -285,6 +295,8 @@ def test_decoder_layer_passes_and_its_mistakes_are_named():
     fails_with(nb10.check_decoder_layer, _layer("post"), expected="Likely mistake: post-norm")
     fails_with(nb10.check_decoder_layer, _layer("parallel"), expected="Likely mistake: attention and the MLP both read")
     fails_with(nb10.check_decoder_layer, _layer("no_residual"), expected="Likely mistake: the residual is not added")
+    fails_with(nb10.check_decoder_layer, _layer("drops_past"),
+               expected="Likely mistake: `past` is not passed on to the attention")
     fails_with(nb10.check_decoder_layer, _layer("ln1_twice"),
                expected="Likely mistake: ln1 is used before the MLP too, where ln2 belongs")
     fails_with(nb10.check_decoder_layer, _layer("no_mlp_residual"),

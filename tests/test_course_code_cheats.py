@@ -136,3 +136,41 @@ def test_a_course_method_run_on_the_learners_own_object_scores_nothing(exercise)
     with pytest.raises(CheckFailed) as failure:
         check.check(namespace[name], check.case())
     assert f"({name}.forward), the course's own implementation" in str(failure.value).splitlines()[0]
+
+
+# A course function handed to a library that calls it back (torch's checkpoint): only library code
+# sits between the learner's code and the course's.
+THROUGH_A_LIBRARY = '''
+import importlib
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+def gelu_new(x):
+    course = importlib.import_module("gra" + "ders.reference.components")
+    return torch.utils.checkpoint.checkpoint(course.gelu_new, x, use_reentrant=False)
+
+class RMSNorm(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.w = nn.Parameter(torch.ones(cfg.d_model))
+
+    def forward(self, x):
+        course = importlib.import_module("gra" + "ders.exercises.modern.reference")
+        return torch.utils.checkpoint.checkpoint(course.rms_norm, x, self.w, self.cfg.rms_norm_eps,
+                                                 use_reentrant=False)
+'''
+
+
+@pytest.mark.parametrize("exercise, reached", [("04 gelu_new", "gelu_new"), ("10 RMSNorm", "rms_norm")])
+def test_a_course_function_run_by_a_library_for_the_learner_scores_nothing(exercise, reached):
+    notebook, name, target = COURSE_ANSWERS[exercise]
+    namespace = {"__name__": "__main__"}
+    exec(as_cell(THROUGH_A_LIBRARY, exercise), namespace)
+    check = find((notebook, name))
+    with pytest.raises(CheckFailed) as failure:
+        check.check(namespace[name], check.case())
+    first = str(failure.value).splitlines()[0]   # 04's tripwire on the course's gelu_new may see it first
+    assert (f"({reached}), the course's own implementation" in first
+            or f"graders.reference.components.{reached}" in first), first

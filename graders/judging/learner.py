@@ -49,14 +49,21 @@ def _tripwires(forbidden: Forbidden):
             raise LibraryUsed(name)
         return fail
 
+    missing = object()
     try:
         for owner, attr in forbidden.targets:
-            saved.append((owner, attr, getattr(owner, attr)))
+            # The owner's own attribute, not an inherited one: restoring an inherited attribute
+            # would shadow the base's (and a base tripwired first would stay tripwired).
+            own = vars(owner).get(attr, missing) if hasattr(owner, "__dict__") else getattr(owner, attr)
+            saved.append((owner, attr, own))
             setattr(owner, attr, tripwire(f"{getattr(owner, '__name__', owner)}.{attr}"))
         yield
     finally:
         for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
+            if original is missing:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
 
 
 def _source_of(obj) -> str:

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 
 from graders.judging.origins import (
-    ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, Origin, compiled_call, compiled_names, library_answer_spec,
+    ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, MACHINE, Origin, compiled_call, compiled_names, library_answer_spec,
     library_class,
     origin,
 )
@@ -197,7 +197,8 @@ class Watch:
             found = _borrowed(code, allowed)
             if found:
                 return _message(name, found)
-        found = self._reached(allowed)
+        allowed = allowed | self._handed_over(allowed)
+        found = self._reached(allowed) or self._through_libraries(allowed)
         return _message(name, found) if found else None
 
     def library_answer(self, name: str, forbidden) -> str | None:
@@ -238,6 +239,63 @@ class Watch:
             if found:
                 return found
         return None
+
+    def _edges(self) -> dict:
+        return {entry.code: [sub.code for sub in entry.calls or () if not isinstance(sub.code, str)]
+                for entry in self.profiler.getstats() if not isinstance(entry.code, str)}
+
+    def _handed_over(self, allowed: set) -> set:
+        """What the check's own code (`allowed`, the machinery) made and may hand to the learner's
+        code: the functions defined inside the functions it ran without the learner's code (its
+        hooks), and the methods of the course classes it constructed (the course's model a
+        generation check calls). Not the course functions it called: a part's check may compute
+        its inputs with the course's version of that part."""
+        edges = self._edges()
+        ran = _below(edges, [c for c in edges if c in allowed or origin(c).kind == MACHINE],
+                     (COURSE, MACHINE, LIBRARY))
+        handed = {code for code in _nested(ran) if "<locals>" in code.co_qualname or code.co_name == "<lambda>"}
+        for code in ran:
+            klass = _class_of(code) if code.co_name == "__init__" and origin(code).kind == COURSE else None
+            handed |= _nested(code_of(klass)) if klass is not None else set()
+        return handed
+
+    def _through_libraries(self, allowed: set) -> Origin | None:
+        """The course's code that a library ran for the learner's code (a callback handed to
+        torch's checkpoint, a map): course code below the learner's code with only library code
+        between, other than what the check allows or handed over."""
+        edges = self._edges()
+        libraries = _below(edges, [c for c in edges if origin(c).kind == LEARNER], (LIBRARY,))
+        reached = {callee for code in libraries for callee in edges.get(code, ())
+                   if origin(callee).kind == COURSE and callee not in allowed}
+        for code in sorted(reached, key=lambda c: (c.co_filename, c.co_firstlineno)):
+            found = _borrowed(code, allowed)
+            if found:
+                return found
+        return None
+
+
+def _below(edges: dict, starts, through) -> set:
+    """The functions called below `starts`, through functions of the `through` origins only."""
+    seen, stack = set(), list(starts)
+    while stack:
+        for callee in edges.get(stack.pop(), ()):
+            if callee not in seen and origin(callee).kind in through:
+                seen.add(callee)
+                stack.append(callee)
+    return seen
+
+
+def _class_of(init_code):
+    """The module-level class an `__init__` belongs to (None for a class defined in a function)."""
+    qualname = init_code.co_qualname
+    if "<locals>" in qualname or not qualname.endswith(".__init__"):
+        return None
+    module = next((m for m in list(sys.modules.values())
+                   if getattr(m, "__file__", None) == init_code.co_filename), None)
+    found = module
+    for part in qualname.split(".")[:-1]:
+        found = getattr(found, part, None)
+    return found if inspect.isclass(found) else None
 
 
 def _borrowed(code, allowed: set) -> Origin | None:

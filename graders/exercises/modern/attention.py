@@ -125,6 +125,9 @@ def attention_mistakes(x, w, cos, sin, cfg, seq: int | None = None) -> dict[str,
         "RoPE is applied to the queries only: rotate the keys too (q·k then depends on m - n)":
             run(rope_keys=False),
     }
+    found["the scores are divided by d_head: divide by sqrt(d_head)"] = run(scale=float(cfg.d_head))
+    found["the masked scores are set to 0, not -inf: a 0 still gets weight after the softmax"] = \
+        run(masked_value=0.0)
     found["the causal mask is missing: query i may see keys 0 .. i only (scores above the diagonal "
           "set to -inf before the softmax)"] = run(mask=False)
     found["the softmax is over the queries (dim -2): each query's scores are normalised over the keys, "
@@ -132,6 +135,8 @@ def attention_mistakes(x, w, cos, sin, cfg, seq: int | None = None) -> dict[str,
     if seq is not None:
         found["the cache returned holds this call's keys and values only: it is the cached ones followed "
               "by the new ones (the concatenation the scores used)"] = run(cache_new_only=True)
+        found["the keys are cached before RoPE: the cache holds them rotated, as the scores used them "
+              "(a cached key is never rotated again)"] = run(cache_unrotated=True)
         found["the causal mask ignores the cache: new query i sits at position past_len + i and may see "
               "every key up to it (torch.ones(n_q, n_k).triu(1 + n_k - n_q))"] = run(offset_mask=False)
     return found

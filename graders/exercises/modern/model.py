@@ -70,6 +70,12 @@ def produce_layer(DecoderLayer, case: Case, inputs: dict) -> dict:
     cache = result[1]
     if isinstance(cache, (tuple, list)) and len(cache) == 2 and all(isinstance(t, torch.Tensor) for t in cache):
         outputs.update({"keys": cache[0], "values": cache[1]})
+        split = case.seq // 2
+        first, past = run_learner("DecoderLayer", layer, x[:, :split], cos[:split], sin[:split], forbidden=FORBIDDEN)
+        second = run_learner("DecoderLayer (with the cache of the first chunk)", layer, x[:, split:], cos[split:],
+                             sin[split:], past, forbidden=FORBIDDEN)
+        if isinstance(second, tuple) and len(second) == 2:
+            outputs["cached"] = torch.cat([first, second[0]], dim=1)
     return {k: v for k, v in outputs.items() if v is not None}
 
 
@@ -99,6 +105,15 @@ def judge_layer(case: Case, outputs: dict) -> None:
         compare(f"DecoderLayer (blocks.{i})'s cached {name}", outputs.get(name), cached, CACHE_DIMS,
                 hint="return the (keys, values) your attention returned: the cache of this call, "
                      "not the `past` passed in.")
+    split, course = case.seq // 2, ref.DecoderLayer(cfg)
+    course.load_state_dict(w)
+    with torch.no_grad():
+        alone = course(x[:, split:], cos[split:], sin[split:])[0]
+    compare(f"DecoderLayer (blocks.{i}) in two chunks (positions 0-{split - 1}, then the rest with the cache it "
+            "returned; the same positions at once are right)", outputs.get("cached"), expected["out"], DIMS,
+            mistakes={"`past` is not passed on to the attention: self.attn(ln1(x), cos, sin, past)":
+                      torch.cat([course(x[:, :split], cos[:split], sin[:split])[0].detach(), alone], dim=1)},
+            hint="pass `past` to the attention, and return the cache it returns.")
 
 
 layer_exercise = Exercise(NOTEBOOK, "DecoderLayer", produce_layer, diagnosis_first(judge_layer),
@@ -223,12 +238,14 @@ N_NEW = 8
 def produce_generate(generate_greedy, case: Case, inputs: dict) -> dict:
     cfg = ref.ModernConfig()
     model, fed = _course_model(cfg, case.seed), []
-    handle = model.register_forward_pre_hook(lambda module, args: fed.append(args[0].shape[-1]))
-    try:
-        out = run_learner("generate_greedy", generate_greedy, model, tokens_for(case, cfg), N_NEW,
-                          forbidden=FORBIDDEN)
-    finally:
-        handle.remove()
+    forward = model.forward
+
+    def counted(tokens, *args, **kwargs):   # model(...) and model.forward(...) alike
+        fed.append(tokens.shape[-1])
+        return forward(tokens, *args, **kwargs)
+
+    model.forward = counted
+    out = run_learner("generate_greedy", generate_greedy, model, tokens_for(case, cfg), N_NEW, forbidden=FORBIDDEN)
     return {"out": out, "fed": torch.tensor(fed, dtype=torch.long)}
 
 

@@ -105,18 +105,20 @@ class SwiGLU(nn.Module):
 
 def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups="interleave",
               scale=None, rope_values=False, rope_keys=True, offset_mask=True, mask=True, softmax_dim=-1,
-              cache_new_only=False):
+              cache_new_only=False, masked_value=float("-inf"), cache_unrotated=False):
     """Grouped-query attention; the keywords switch on the catalogued mistakes.
     Returns (output, (keys, values)) with the cache holding only the KV heads (after RoPE)."""
     n_heads, n_kv = w["W_Q"].shape[0], w["W_K"].shape[0]
     q = apply_rope(torch.einsum("bpd,ndh->bnph", x, w["W_Q"]), cos, sin)
     k = torch.einsum("bpd,ndh->bnph", x, w["W_K"])
     v = torch.einsum("bpd,ndh->bnph", x, w["W_V"])
+    unrotated = k
     k = apply_rope(k, cos, sin) if rope_keys else k
     v = apply_rope(v, cos, sin) if rope_values else v
     new_k, new_v = k, v
     if past is not None:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        unrotated = torch.cat([past[0], unrotated], dim=2)
     if groups == "interleave":   # query head h reads KV head h // (n_heads / n_kv)
         k_all, v_all = (t.repeat_interleave(n_heads // n_kv, dim=1) for t in (k, v))
     else:                        # `repeat`: query head h reads KV head h % n_kv
@@ -125,9 +127,10 @@ def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups
     n_q, n_k = scores.shape[-2:]
     diagonal = 1 + (n_k - n_q if offset_mask else 0)
     if mask:
-        scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(diagonal), float("-inf"))
+        scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(diagonal), masked_value)
     z = scores.softmax(softmax_dim) @ v_all                          # [batch, n_heads, posn, d_head]
-    return torch.einsum("bnph,nhd->bpd", z, w["W_O"]), (new_k, new_v) if cache_new_only else (k, v)
+    cache = (new_k, new_v) if cache_new_only else (unrotated, v) if cache_unrotated else (k, v)
+    return torch.einsum("bnph,nhd->bpd", z, w["W_O"]), cache
 
 
 class GQAttention(nn.Module):

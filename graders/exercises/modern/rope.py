@@ -96,6 +96,7 @@ def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
         "the halves are not swapped: x * cos + rotate_half(x) * sin needs rotate_half(x) = "
         "cat([-x2, x1])": x * cos + torch.cat([-x[..., :half], x[..., half:]], -1) * sin,
         "the sin term is missing: x * cos + rotate_half(x) * sin": x * cos,
+        "cos and sin are swapped in the rotation: x * cos + rotate_half(x) * sin": x * sin + ref.rotate_half(x) * cos,
     }
 
 
