@@ -20,6 +20,7 @@ import contextlib
 import cProfile
 import functools
 import inspect
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ from graders.judging.origins import (
     origin,
 )
 
+# torch's module calls: a course module the check hands over (a model, its layers) runs its
+# forward from here when the learner's code calls it; to call a course module of its own, the
+# learner's code would have to build it, which the check sees.
+MODULE_CALLS = os.path.join("torch", "nn", "modules", "module.py")
 SPAWNING = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
             "os.forkpty", "pty.spawn")
 
@@ -262,11 +267,12 @@ class Watch:
     def _through_libraries(self, allowed: set) -> Origin | None:
         """The course's code that a library ran for the learner's code (a callback handed to
         torch's checkpoint, a map): course code below the learner's code with only library code
-        between, other than what the check allows or handed over."""
+        between, other than what the check allows or handed over, and other than the forwards
+        torch's module calls run (MODULE_CALLS)."""
         edges = self._edges()
         libraries = _below(edges, [c for c in edges if origin(c).kind == LEARNER], (LIBRARY,))
-        reached = {callee for code in libraries for callee in edges.get(code, ())
-                   if origin(callee).kind == COURSE and callee not in allowed}
+        reached = {callee for code in libraries if not code.co_filename.endswith(MODULE_CALLS)
+                   for callee in edges.get(code, ()) if origin(callee).kind == COURSE and callee not in allowed}
         for code in sorted(reached, key=lambda c: (c.co_filename, c.co_firstlineno)):
             found = _borrowed(code, allowed)
             if found:
