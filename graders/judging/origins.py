@@ -156,12 +156,20 @@ _ORIGINS: dict = {}
 
 
 def origin(code) -> Origin:
-    """Where a code object comes from (cached: classified once per kernel)."""
+    """Where a code object comes from (cached: classified once per kernel, by identity first:
+    hashing a code object hashes its bytecode)."""
+    seen = _BY_ID.get(id(code))
+    if seen is not None and seen[0] is code:
+        return seen[1]
     key = (code, code.co_filename)   # equal code objects from two files are two origins
     found = _ORIGINS.get(key)
     if found is None:
         found = _ORIGINS[key] = _classify(code)
+    _BY_ID[id(code)] = (code, found)   # holds the code object, so its id is not reused
     return found
+
+
+_BY_ID: dict = {}
 
 
 def _classify(code) -> Origin:

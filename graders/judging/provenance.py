@@ -168,6 +168,8 @@ class Watch:
     tampered: list[str] = field(default_factory=list)
     threads: set[int] = field(default_factory=set)
     switching: bool = False
+    stats: list | None = None
+    edges: dict | None = None
 
     def __post_init__(self) -> None:
         self.profiler = cProfile.Profile(builtins=self.builtins)
@@ -210,7 +212,7 @@ class Watch:
         """Which of the library code that computes this check's answer ran (`Forbidden.library_code`),
         wherever it was called from: its Python functions first, then its compiled ones; None when
         none of it did."""
-        stats = self.profiler.getstats()
+        stats = self._stats()
         for rule in (rule for rule in forbidden if rule.library_code):
             specs = tuple(rule.library_code)
             for filename, qualname in sorted((entry.code.co_filename, entry.code.co_qualname) for entry in stats
@@ -232,7 +234,7 @@ class Watch:
         function, a method, or a class it built; and any copy of the course's code that ran. The
         check's helpers it hands to the learner's code (07's batch source) are supplied parts."""
         called = set()
-        for entry in self.profiler.getstats():
+        for entry in self._stats():
             if isinstance(entry.code, str):
                 continue
             if origin(entry.code).kind == COPY:
@@ -245,21 +247,28 @@ class Watch:
                 return found
         return None
 
+    def _stats(self) -> list:
+        """The profiler's entries, read once (reading them costs as much as the checks on them)."""
+        if self.stats is None:
+            self.stats = self.profiler.getstats()
+        return self.stats
+
     def _edges(self) -> dict:
-        return {entry.code: [sub.code for sub in entry.calls or () if not isinstance(sub.code, str)]
-                for entry in self.profiler.getstats() if not isinstance(entry.code, str)}
+        if self.edges is None:
+            self.edges = {entry.code: [sub.code for sub in entry.calls or () if not isinstance(sub.code, str)]
+                          for entry in self._stats() if not isinstance(entry.code, str)}
+        return self.edges
 
     def _handed_over(self, allowed: set) -> set:
         """What the check's own code (`allowed`, the machinery) made and may hand to the learner's
-        code: the functions defined inside the functions it ran without the learner's code (its
-        hooks), and the methods of the course classes it constructed (the course's model a
+        code: the functions defined inside the course functions it called (its hooks), and the
+        methods of the course classes it constructed (the course's model a
         generation check calls). Not the course functions it called: a part's check may compute
         its inputs with the course's version of that part."""
         edges = self._edges()
-        ran = _below(edges, [c for c in edges if c in allowed or origin(c).kind == MACHINE],
-                     (COURSE, MACHINE, LIBRARY))
-        handed = {code for code in _nested(ran) if "<locals>" in code.co_qualname or code.co_name == "<lambda>"}
-        for code in ran:
+        ours = _below(edges, [c for c in edges if c in allowed or origin(c).kind == MACHINE], (COURSE, MACHINE))
+        handed = {code for code in _nested(ours) if "<locals>" in code.co_qualname or code.co_name == "<lambda>"}
+        for code in ours:
             klass = _class_of(code) if code.co_name == "__init__" and origin(code).kind == COURSE else None
             handed |= _nested(code_of(klass)) if klass is not None else set()
         return handed
@@ -291,14 +300,23 @@ def _below(edges: dict, starts, through) -> set:
     return seen
 
 
+def _module_of_file(filename: str):
+    """The loaded graders module of a file (the course's modules are all imported by then)."""
+    if filename not in _MODULES:
+        _MODULES.update({getattr(m, "__file__", None): m for m in list(sys.modules.values())
+                         if getattr(m, "__name__", "").startswith("graders.")})
+    return _MODULES.get(filename)
+
+
+_MODULES: dict = {}
+
+
 def _class_of(init_code):
     """The module-level class an `__init__` belongs to (None for a class defined in a function)."""
     qualname = init_code.co_qualname
     if "<locals>" in qualname or not qualname.endswith(".__init__"):
         return None
-    module = next((m for m in list(sys.modules.values())
-                   if getattr(m, "__file__", None) == init_code.co_filename), None)
-    found = module
+    found = _module_of_file(init_code.co_filename)
     for part in qualname.split(".")[:-1]:
         found = getattr(found, part, None)
     return found if inspect.isclass(found) else None
