@@ -204,8 +204,10 @@ class Watch:
             found = _borrowed(code, allowed)
             if found:
                 return _message(name, found)
-        allowed = allowed | self._handed_over(allowed)
         found = self._reached(allowed) or self._through_libraries(allowed)
+        if found:   # what the check itself built may run too (looked for only when needed: it costs)
+            allowed = allowed | self._handed_over(allowed)
+            found = self._reached(allowed) or self._through_libraries(allowed)
         return _message(name, found) if found else None
 
     def library_answer(self, name: str, forbidden) -> str | None:
@@ -279,9 +281,14 @@ class Watch:
         between, other than what the check allows or handed over, and other than the forwards
         torch's module calls run (MODULE_CALLS)."""
         edges = self._edges()
-        libraries = _below(edges, [c for c in edges if origin(c).kind == LEARNER], (LIBRARY,))
-        reached = {callee for code in libraries if not code.co_filename.endswith(MODULE_CALLS)
-                   for callee in edges.get(code, ()) if origin(callee).kind == COURSE and callee not in allowed}
+        called = {code for code, callees in edges.items() if origin(code).kind == LIBRARY
+                  and not code.co_filename.endswith(MODULE_CALLS)
+                  for callee in callees if origin(callee).kind == COURSE and callee not in allowed}
+        if not called:   # no library called the course's code: nothing to trace back
+            return None
+        libraries = _below(edges, [c for c in edges if origin(c).kind == LEARNER], (LIBRARY,)) & called
+        reached = {callee for code in libraries for callee in edges.get(code, ())
+                   if origin(callee).kind == COURSE and callee not in allowed}
         for code in sorted(reached, key=lambda c: (c.co_filename, c.co_firstlineno)):
             found = _borrowed(code, allowed)
             if found:
