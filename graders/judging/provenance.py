@@ -170,6 +170,7 @@ class Watch:
     switching: bool = False
     stats: list | None = None
     edges: dict | None = None
+    library_ran_course: bool = False   # whether a library (other than a module call) ran course code
 
     def __post_init__(self) -> None:
         self.profiler = cProfile.Profile(builtins=self.builtins)
@@ -239,10 +240,15 @@ class Watch:
         for entry in self._stats():
             if isinstance(entry.code, str):
                 continue
-            if origin(entry.code).kind == COPY:
+            kind = origin(entry.code).kind
+            if kind == COPY:
                 called.add(entry.code)
-            if origin(entry.code).kind == LEARNER:
+            elif kind == LEARNER:
                 called.update(sub.code for sub in (entry.calls or ()) if not isinstance(sub.code, str))
+            elif kind == LIBRARY and not self.library_ran_course and entry.calls \
+                    and not entry.code.co_filename.endswith(MODULE_CALLS):
+                self.library_ran_course = any(not isinstance(sub.code, str) and origin(sub.code).kind == COURSE
+                                              for sub in entry.calls)
         for code in sorted(called, key=lambda c: (c.co_filename, c.co_firstlineno)):
             found = _borrowed(code, allowed)
             if found:
@@ -280,6 +286,8 @@ class Watch:
         torch's checkpoint, a map): course code below the learner's code with only library code
         between, other than what the check allows or handed over, and other than the forwards
         torch's module calls run (MODULE_CALLS)."""
+        if not self.library_ran_course:   # seen by _reached: no library called the course's code
+            return None
         edges = self._edges()
         called = {code for code, callees in edges.items() if origin(code).kind == LIBRARY
                   and not code.co_filename.endswith(MODULE_CALLS)
