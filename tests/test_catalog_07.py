@@ -527,6 +527,7 @@ def train(model, make_batch, n_steps, max_lr, eval_tokens, eval_every=50, weight
 """
 
 
+@pytest.mark.slow   # a graded training run, as the tiers define slow (the solution's train stays in test-fast)
 def test_a_wrong_part_costs_only_its_own_check():
     """A notebook whose optimizer_groups, lr_at and evaluate are wrong and whose train is right:
     each part fails its own check, and train passes its, which runs the course's parts under the

@@ -41,7 +41,7 @@ def test_the_course_decoder_matches_llama_whole_and_cached():
 # --- RMSNorm -----------------------------------------------------------------------------------
 
 def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False, eps=None,
-          in_input_dtype=False, weight_first=False, cast_back=True, dim=-1, one_plus=False):
+          in_input_dtype=False, weight_first=False, cast_back=True, dim=-1, one_plus=False, std=False):
     class RMSNorm(nn.Module):
         def __init__(self, cfg):
             super().__init__()
@@ -55,6 +55,8 @@ def _norm(center=False, eps_outside=False, weight=True, norm=False, einsum=False
                   else x32.pow(2).mean(dim, keepdim=True))
             if norm:
                 ms = ms * x.shape[-1]
+            if std:
+                ms = x32.var(-1, unbiased=False, keepdim=True)
             epsilon = self.cfg.rms_norm_eps if eps is None else eps
             scaled = (x32 / (ms.sqrt() + epsilon) if eps_outside else x32 * torch.rsqrt(ms + epsilon))
             if weight_first:
@@ -80,6 +82,7 @@ def test_rms_norm_correct_variants_pass(cls):
     (_norm(dim=1), "Likely mistake: the mean square is taken over positions (dim 1)"),
     (_norm(one_plus=True), "Likely mistake: the weight is applied as (1 + w)"),
     (_norm(center=True, einsum=True), "Likely mistake: the mean is subtracted"),
+    (_norm(std=True), "Likely mistake: x is divided by its standard deviation (the centred variance)"),
 ])
 def test_rms_norm_mistakes_are_named(cls, expected):
     fails_with(nb10.check_rms_norm, cls, expected=expected)
@@ -207,6 +210,24 @@ class ExpandAttention(ref.GQAttention):
         return torch.einsum("bnph,nhd->bpd", z, self.W_O), (k, v)
 
 
+class GroupedEinsumAttention(ref.GQAttention):
+    """Another correct style: queries grouped by KV head in one einsum, the mask from torch.tril."""
+
+    def forward(self, x, cos, sin, past=None):
+        q = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_Q), cos, sin)
+        k = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_K), cos, sin)
+        v = torch.einsum("bpd,ndh->bnph", x, self.W_V)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        b, n_kv, n_k, h = k.shape
+        n_q = q.shape[2]
+        q = q.reshape(b, n_kv, self.cfg.n_heads // n_kv, n_q, h)            # [batch, kv, group, q, d_head]
+        scores = torch.einsum("bkgqh,bkph->bkgqp", q, k) / math.sqrt(h)
+        visible = torch.tril(torch.ones(n_k, n_k, dtype=torch.bool))[n_k - n_q:]
+        z = torch.einsum("bkgqp,bkph->bkgqh", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
+        return torch.einsum("bnph,nhd->bpd", z.reshape(b, -1, n_q, h), self.W_O), (k, v)
+
+
 class AsManyKVHeads(ref.GQAttention):
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -222,7 +243,7 @@ class RepeatedKeysCached(ExpandAttention):
         return out, (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
 
 
-@pytest.mark.parametrize("cls", [ref.GQAttention, ExpandAttention])
+@pytest.mark.parametrize("cls", [ref.GQAttention, ExpandAttention, GroupedEinsumAttention])
 def test_attention_correct_variants_pass(cls):
     nb10.check_gq_attention(cls)
     nb10.check_gq_attention(cls, seed=5, batch=1, seq=9, block=3)
