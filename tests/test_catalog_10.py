@@ -193,12 +193,17 @@ def _attention(**flags):
 class ExpandAttention(ref.GQAttention):
     """Another correct style: keys expanded per group with einops-like views, -1e9 mask."""
 
-    def forward(self, x, cos, sin, past=None):
+    def qkv(self, x, cos, sin, past):
+        """Queries, and the keys and values after the cache: [batch, heads, posn, d_head]."""
         q = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_Q), cos, sin)
         k = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_K), cos, sin)
         v = torch.einsum("bpd,ndh->bnph", x, self.W_V)
         if past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        return q, k, v
+
+    def forward(self, x, cos, sin, past=None):
+        q, k, v = self.qkv(x, cos, sin, past)
         b, n_kv, n_k, h = k.shape
         group = self.cfg.n_heads // n_kv
         k_all = k[:, :, None].expand(b, n_kv, group, n_k, h).reshape(b, n_kv * group, n_k, h)
@@ -210,15 +215,11 @@ class ExpandAttention(ref.GQAttention):
         return torch.einsum("bnph,nhd->bpd", z, self.W_O), (k, v)
 
 
-class GroupedEinsumAttention(ref.GQAttention):
+class GroupedEinsumAttention(ExpandAttention):
     """Another correct style: queries grouped by KV head in one einsum, the mask from torch.tril."""
 
     def forward(self, x, cos, sin, past=None):
-        q = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_Q), cos, sin)
-        k = ref.apply_rope(torch.einsum("bpd,ndh->bnph", x, self.W_K), cos, sin)
-        v = torch.einsum("bpd,ndh->bnph", x, self.W_V)
-        if past is not None:
-            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        q, k, v = self.qkv(x, cos, sin, past)
         b, n_kv, n_k, h = k.shape
         n_q = q.shape[2]
         q = q.reshape(b, n_kv, self.cfg.n_heads // n_kv, n_q, h)            # [batch, kv, group, q, d_head]
