@@ -170,7 +170,6 @@ class Watch:
     switching: bool = False
     stats: list | None = None
     edges: dict | None = None
-    library_ran_course: bool = False   # whether a library (other than a module call) ran course code
 
     def __post_init__(self) -> None:
         self.profiler = cProfile.Profile(builtins=self.builtins)
@@ -245,10 +244,6 @@ class Watch:
                 called.add(entry.code)
             elif kind == LEARNER:
                 called.update(sub.code for sub in (entry.calls or ()) if not isinstance(sub.code, str))
-            elif kind == LIBRARY and not self.library_ran_course and entry.calls \
-                    and not entry.code.co_filename.endswith(MODULE_CALLS):
-                self.library_ran_course = any(not isinstance(sub.code, str) and origin(sub.code).kind == COURSE
-                                              for sub in entry.calls)
         for code in sorted(called, key=lambda c: (c.co_filename, c.co_firstlineno)):
             found = _borrowed(code, allowed)
             if found:
@@ -286,14 +281,10 @@ class Watch:
         torch's checkpoint, a map): course code below the learner's code with only library code
         between, other than what the check allows or handed over, and other than the forwards
         torch's module calls run (MODULE_CALLS)."""
-        if not self.library_ran_course:   # seen by _reached: no library called the course's code
-            return None
-        edges = self._edges()
-        called = {code for code, callees in edges.items() if origin(code).kind == LIBRARY
-                  and not code.co_filename.endswith(MODULE_CALLS)
-                  for callee in callees if origin(callee).kind == COURSE and callee not in allowed}
+        called = {entry.code for entry in self._stats() if _library_runs_course(entry, allowed)}
         if not called:   # no library called the course's code: nothing to trace back
             return None
+        edges = self._edges()
         libraries = _below(edges, [c for c in edges if origin(c).kind == LEARNER], (LIBRARY,)) & called
         reached = {callee for code in libraries for callee in edges.get(code, ())
                    if origin(callee).kind == COURSE and callee not in allowed}
@@ -302,6 +293,15 @@ class Watch:
             if found:
                 return found
         return None
+
+
+def _library_runs_course(entry, allowed: set) -> bool:
+    """Whether a profiled library function (other than torch's module calls) called course code
+    that `allowed` does not hold."""
+    code = entry.code
+    return (not isinstance(code, str) and origin(code).kind == LIBRARY and not code.co_filename.endswith(MODULE_CALLS)
+            and any(not isinstance(sub.code, str) and origin(sub.code).kind == COURSE and sub.code not in allowed
+                    for sub in entry.calls or ()))
 
 
 def _below(edges: dict, starts, through) -> set:
