@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.compare import CheckFailed, Mistakes, check_shape, require_tensor
 from graders.judging.compare import compare as _compare
 
 LIKELY = "Likely mistake:"
@@ -50,8 +50,7 @@ def diagnosis_first(judge: Callable) -> Callable:
 
 
 def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
-            mistakes: Mapping[str, torch.Tensor] | None = None, hint: str = "",
-            depth: int = 1) -> None:
+            mistakes: Mistakes = None, hint: str = "", depth: int = 1) -> None:
     """The course comparison; a recognised mistake is named on the message's first line."""
     try:
         _compare(what, actual, expected, dims, mistakes=mistakes, hint=hint, depth=depth)

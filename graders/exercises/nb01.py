@@ -127,13 +127,13 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
     with torch.no_grad():
         expected = course(acts[source]) if case.settings() else acts[target]
     compare(f"LayerNorm output ({prefix})", outputs["out"], expected, DIMS,
-            mistakes=mistakes(acts[source]),
+            mistakes=lambda: mistakes(acts[source]),
             hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
     # Real residuals have a variance far above eps; this input's is about eps, so it matters.
     quiet = _quiet(acts[source], eps)
     compare(f"LayerNorm output ({prefix}) on a residual with variance close to eps",
             outputs["quiet_out"], F.layer_norm(quiet, quiet.shape[-1:], w["w"], w["b"], eps), DIMS,
-            mistakes=mistakes(quiet),
+            mistakes=lambda: mistakes(quiet),
             hint="eps goes inside the square root: sqrt(var + eps).")
     # Inputs no file holds: the expected outputs are computed here, with the course's LayerNorm.
     for key, what, x in (("random_out", "a random [2, 4, d_model] input",
@@ -143,7 +143,7 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
         with torch.no_grad():
             expected = course(x)
         compare(f"LayerNorm output ({prefix}) on {what}", outputs[key], expected, DIMS,
-                mistakes=mistakes(x),
+                mistakes=lambda: mistakes(x),
                 hint="centre over d_model, divide by sqrt(population variance + eps), then * w + b.")
 
 

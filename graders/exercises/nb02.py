@@ -105,7 +105,7 @@ def judge_embed(case: Case, outputs: dict) -> None:
     small = small_tokens(case)
     what = f"Embed output on random token ids of shape {list(SMALL_SHAPE)}"
     _embed_shape(what, outputs["small_out"], small, W_E)
-    compare(what, outputs["small_out"], W_E[small], DIMS, mistakes=embed_mistakes(W_E, small),
+    compare(what, outputs["small_out"], W_E[small], DIMS, mistakes=lambda: embed_mistakes(W_E, small),
             hint="W_E[tokens] has shape [batch, position, d_model].")
     _crash(outputs)
     if bool(outputs["input_modified"]):
@@ -114,7 +114,7 @@ def judge_embed(case: Case, outputs: dict) -> None:
     what = "Embed output (hook_embed)"
     _embed_shape(what, outputs["out"], tokens, W_E)
     compare(what, outputs["out"], activations(case)["hook_embed"], DIMS,
-            mistakes=embed_mistakes(W_E, tokens), hint="W_E[tokens] has shape [batch, position, d_model].")
+            mistakes=lambda: embed_mistakes(W_E, tokens), hint="W_E[tokens] has shape [batch, position, d_model].")
 
 
 embed = Exercise("02_embeddings", "Embed", produce_embed, diagnosis_first(judge_embed),
@@ -178,7 +178,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
     what = f"PosEmbed output on random token ids of shape {list(SMALL_SHAPE)}"
     _pos_shape(what, outputs["small_out"], small, W_pos)
     compare(what, outputs["small_out"], W_pos[:SMALL_SHAPE[1]].expand(*SMALL_SHAPE, -1), DIMS,
-            mistakes=pos_embed_mistakes(W_pos, small),
+            mistakes=lambda: pos_embed_mistakes(W_pos, small),
             hint="row p of the output is W_pos[p], the same for every sequence in the batch.")
     _crash(outputs)
     if bool(outputs["input_modified"]):
@@ -187,7 +187,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
     what = "PosEmbed output (hook_pos_embed)"
     _pos_shape(what, outputs["out"], tokens, W_pos)
     compare(what, outputs["out"], activations(case)["hook_pos_embed"], DIMS,
-            mistakes=pos_embed_mistakes(W_pos, tokens),
+            mistakes=lambda: pos_embed_mistakes(W_pos, tokens),
             hint="row p of the output is W_pos[p], the same for every sequence in the batch.")
 
 

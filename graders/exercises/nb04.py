@@ -86,7 +86,7 @@ def judge_gelu(case: Case, outputs: dict) -> None:
     grid = torch.linspace(*LINSPACE)
     hint = "gelu_new(x) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))."
     compare(f"gelu_new on torch.linspace{LINSPACE}", outputs["grid_out"], reference_gelu_new(grid),
-            ("x",), mistakes=activation_mistakes(grid), hint=hint)
+            ("x",), mistakes=lambda: activation_mistakes(grid), hint=hint)
     if bool(outputs["input_modified"]):
         raise CheckFailed("gelu_new changed its input tensor in place (e.g. `x *= ...` or "
                           "`x.pow_(3)`). Compute new tensors instead.")
@@ -94,7 +94,7 @@ def judge_gelu(case: Case, outputs: dict) -> None:
     b = f"blocks.{case.block}.mlp"
     compare(f"gelu_new on {b}.hook_pre (compared with {b}.hook_post)", outputs["out"],
             acts[f"{b}.hook_post"], ("batch", "position", "d_mlp"),
-            mistakes=activation_mistakes(acts[f"{b}.hook_pre"]), hint=hint)
+            mistakes=lambda: activation_mistakes(acts[f"{b}.hook_pre"]), hint=hint)
 
 
 gelu = Exercise("04_mlp", "gelu_new", produce_gelu, diagnosis_first(judge_gelu),
@@ -177,7 +177,7 @@ def judge_mlp(case: Case, outputs: dict) -> None:
     b = f"blocks.{case.block}"
     acts = activations(case)
     compare(f"MLP output ({b}.hook_mlp_out)", outputs["out"], acts[f"{b}.hook_mlp_out"], dims,
-            mistakes=mlp_mistakes(acts[f"{b}.ln2.hook_out"], part(f"{b}.mlp")),
+            mistakes=lambda: mlp_mistakes(acts[f"{b}.ln2.hook_out"], part(f"{b}.mlp")),
             hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
     # Inputs no file holds: the expected outputs are computed here, with the course's MLP.
     course = course_component("MLP", f"{b}.mlp")
@@ -188,7 +188,7 @@ def judge_mlp(case: Case, outputs: dict) -> None:
         with torch.no_grad():
             expected = course(x)
         compare(f"MLP output ({b}) on {what}", outputs[key], expected, dims,
-                mistakes=mlp_mistakes(x, part(f"{b}.mlp")),
+                mistakes=lambda: mlp_mistakes(x, part(f"{b}.mlp")),
                 hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
 
 

@@ -5,11 +5,15 @@ and names a known mistake when the output matches what that mistake produces.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 from graders.judging.tolerance import close, tolerance
+
+# Known mistakes: their description -> the output each produces; or a function that computes
+# them, called only when the learner's output differs (a correct answer never pays for them).
+Mistakes = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]] | None
 
 
 class CheckFailed(AssertionError):
@@ -79,12 +83,12 @@ def _concentration(bad: torch.Tensor, dims: Sequence[str]) -> list[str]:
 
 
 def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
-            mistakes: Mapping[str, torch.Tensor] | None = None, hint: str = "",
-            depth: int = 1) -> None:
+            mistakes: Mistakes = None, hint: str = "", depth: int = 1) -> None:
     """Check type, shape and values of `actual` against `expected`; explain any difference.
 
     `mistakes` maps a description of a known mistake to the output that mistake produces on
-    the same input; when the learner's output matches one, the message names it.
+    the same input (or is a function returning that map); when the learner's output matches
+    one, the message names it.
     """
     check_shape(what, actual, expected.shape, dims)
     if not actual.is_floating_point():
@@ -108,7 +112,7 @@ def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
              f"got {actual.flatten()[err.argmax()].item():.6g}); "
              f"{100 * (1 - bad.double().mean().item()):.1f}% of values within tolerance."]
     lines += ["  " + note for note in _concentration(bad, dims)]
-    for description, wrong_output in (mistakes or {}).items():
+    for description, wrong_output in ((mistakes() if callable(mistakes) else mistakes) or {}).items():
         if wrong_output.shape == actual.shape and close(actual, wrong_output, depth):
             lines.append(f"  Likely mistake: {description}")
             break

@@ -67,10 +67,23 @@ def _tripwires(forbidden: Forbidden):
 
 
 def _source_of(obj) -> str:
+    definition = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
     try:
-        return inspect.getsource(obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj))
+        return _cached_source(definition)
+    except TypeError:   # a class whose metaclass makes it unhashable
+        return _source(definition)
+
+
+def _source(definition) -> str:
+    try:
+        return inspect.getsource(definition)
     except (OSError, TypeError):
         return ""
+
+
+# Read once per class or function: finding a class's source parses its whole file, and a check
+# runs the learner's code several times.
+_cached_source = functools.lru_cache(maxsize=256)(_source)
 
 
 def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = None, **kwargs):

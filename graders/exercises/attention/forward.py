@@ -218,7 +218,7 @@ def judge_attention(case: Case, outputs: dict) -> None:
 
     try:
         compare(f"Attention output ({prefix})", out, expected, DIMS,
-                mistakes=mistakes(x),
+                mistakes=lambda: mistakes(x),
                 hint="q, k, v = x @ W + b per head; scores = q.k / sqrt(d_head); mask the future; "
                      "softmax over keys; z = pattern @ v; out = sum over heads of z @ W_O, + b_O.")
     except CheckFailed as failed:
@@ -246,7 +246,7 @@ def judge_attention(case: Case, outputs: dict) -> None:
         with torch.no_grad():
             expected = course(inp)
         compare(f"Attention output ({prefix}) on {what}", outputs[key], expected, DIMS,
-                mistakes=mistakes(inp))
+                mistakes=lambda: mistakes(inp))
 
 
 attention = Exercise("03_attention", "Attention", produce_attention, diagnosis_first(judge_attention),

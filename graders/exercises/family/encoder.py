@@ -147,7 +147,7 @@ def judge_embeddings(case: Case, outputs: dict) -> None:
     for i, (tokens, types) in enumerate((sequences(case), sequences(case, 1, 5))):
         expected = expected_outputs[f"{i}.embed"]
         compare(f"BertEmbeddings on tokens of shape {list(tokens.shape)}", outputs.get(f"out_{i}"), expected,
-                DIMS, mistakes=embedding_mistakes(weights(case.seed), tokens, types),
+                DIMS, mistakes=lambda: embedding_mistakes(weights(case.seed), tokens, types),
                 hint="ln(W_E[tokens] + W_pos[:seq_len] + W_type[token_types]), with the course's "
                      "LayerNorm(cfg).")
 

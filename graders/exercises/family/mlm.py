@@ -240,7 +240,7 @@ def judge_loss(case: Case, outputs: dict) -> None:
         if isinstance(loss, torch.Tensor) and loss.ndim > 0 and loss.numel() == 1:
             loss = loss.reshape(())
         compare(f"mlm_loss on logits of shape {list(logits.shape)}", loss,
-                reference_mlm_loss(logits, targets).float(), (), mistakes=loss_mistakes(logits, targets),
+                reference_mlm_loss(logits, targets).float(), (), mistakes=lambda: loss_mistakes(logits, targets),
                 hint="the mean of -log_softmax(logits) at the target token, over the positions whose "
                      "target is not -100 only (F.cross_entropy's ignore_index).")
 

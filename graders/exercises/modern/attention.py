@@ -153,11 +153,11 @@ def judge(case: Case, outputs: dict) -> None:
                                attention_mask=ref.causal_mask(n, n))[0]
         what = f"GQAttention (n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads})"
         compare(f"{what} on {case.seq} positions at once", outputs.get(f"{tag}.full"), expected[:, :case.seq],
-                DIMS, mistakes=attention_mistakes(x[:, :case.seq], w, cos[:case.seq], sin[:case.seq], cfg),
+                DIMS, mistakes=lambda: attention_mistakes(x[:, :case.seq], w, cos[:case.seq], sin[:case.seq], cfg),
                 hint="scores = q @ k.T / sqrt(d_head) with each query head reading its group's KV head.")
         compare(f"{what} through your cache, in chunks {splits(case.seq)} (the same positions at once are "
                 "right: the difference comes with the cache)", outputs.get(f"{tag}.cached"),
-                expected, DIMS, mistakes=attention_mistakes(x, w, cos, sin, cfg, case.seq),
+                expected, DIMS, mistakes=lambda: attention_mistakes(x, w, cos, sin, cfg, case.seq),
                 hint="concatenate the cached keys and values before the new ones (dim 2), and let new "
                      "query i see keys 0 .. past_len + i.")
         for part in ("keys", "values"):

@@ -107,12 +107,16 @@ def judge_layer(case: Case, outputs: dict) -> None:
                      "not the `past` passed in.")
     split, course = case.seq // 2, ref.DecoderLayer(cfg)
     course.load_state_dict(w)
-    with torch.no_grad():
-        alone = course(x[:, split:], cos[split:], sin[split:])[0]
+
+    @torch.no_grad()
+    def without_past():   # each chunk alone: the second one attends to itself only
+        return torch.cat([course(x[:, :split], cos[:split], sin[:split])[0],
+                          course(x[:, split:], cos[split:], sin[split:])[0]], dim=1)
+
     compare(f"DecoderLayer (blocks.{i}) in two chunks (positions 0-{split - 1}, then the rest with the cache it "
             "returned; the same positions at once are right)", outputs.get("cached"), expected["out"], DIMS,
-            mistakes={"`past` is not passed on to the attention: self.attn(ln1(x), cos, sin, past)":
-                      torch.cat([course(x[:, :split], cos[:split], sin[:split])[0].detach(), alone], dim=1)},
+            mistakes=lambda: {"`past` is not passed on to the attention: self.attn(ln1(x), cos, sin, past)":
+                              without_past()},
             hint="pass `past` to the attention, and return the cache it returns.")
 
 
@@ -210,11 +214,11 @@ def judge_model(case: Case, outputs: dict) -> None:
         model_flow.diverged(what, outputs, steps, "cached", cfg, range(split, case.seq), w, tokens, cached[:, split:])
     depth = cfg.n_layers + 1
     compare("ModernDecoder logits, compared with LlamaForCausalLM's", outputs.get("logits"), expected,
-            LOGIT_DIMS, mistakes=model_mistakes(case, cached=False), depth=depth,
+            LOGIT_DIMS, mistakes=lambda: model_mistakes(case, cached=False), depth=depth,
             hint="embed, the layers, ln_final, then @ W_U; cos and sin from rope_cos_sin.")
     compare(f"ModernDecoder logits in two chunks (positions 0-{case.seq // 2 - 1}, then the rest with "
             "the cache)", outputs.get("cached"), expected, LOGIT_DIMS,
-            mistakes=model_mistakes(case, cached=True), depth=depth,
+            mistakes=lambda: model_mistakes(case, cached=True), depth=depth,
             hint="with a cache, the new positions start at the cached keys' length.")
     for i in range(cfg.n_layers):
         for j, part in enumerate(("keys", "values")):

@@ -124,7 +124,7 @@ def judge_rms_norm(case: Case, outputs: dict) -> None:
         with torch.no_grad():
             expected = hf_norm(x)
         compare(f"RMSNorm on {what} {list(x.shape)}", outputs.get(f"out_{i}"), expected, DIMS,
-                mistakes=rms_norm_mistakes(x, w, eps),
+                mistakes=lambda: rms_norm_mistakes(x, w, eps),
                 hint="x / sqrt(mean(x**2 over d_model) + eps) * w, in float32.")
     _judge_half(outputs.get("half_out"), hf_norm, _half_input(case))
 
@@ -210,7 +210,7 @@ def judge_swiglu(case: Case, outputs: dict) -> None:
     with torch.no_grad():
         expected = hf_model(case.seed).model.layers[case.block].mlp(x)
     compare(f"SwiGLU on an input {list(x.shape)}", outputs.get("out"), expected, DIMS,
-            mistakes=swiglu_mistakes(x, component(weights(case.seed), f"blocks.{case.block}.mlp")),
+            mistakes=lambda: swiglu_mistakes(x, component(weights(case.seed), f"blocks.{case.block}.mlp")),
             hint="(silu(x @ W_gate) * (x @ W_up)) @ W_down, no biases.")
 
 

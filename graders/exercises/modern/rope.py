@@ -116,7 +116,7 @@ def judge(case: Case, outputs: dict) -> None:
     cos, sin = ref.hf_rope(replace(ref.ModernConfig(), d_head=D_HEAD), positions)
     expected, _ = apply_rotary_pos_emb(q, k, cos[None], sin[None])
     compare(f"apply_rope(q {list(q.shape)}, cos, sin)", outputs.get("q_rotated"), expected, X_DIMS,
-            mistakes=rotation_mistakes(q, cos, sin), hint="x * cos + rotate_half(x) * sin.")
+            mistakes=lambda: rotation_mistakes(q, cos, sin), hint="x * cos + rotate_half(x) * sin.")
     compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
             "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
             hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "

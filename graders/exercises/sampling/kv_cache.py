@@ -79,8 +79,11 @@ def judge_forward_cache(case: Case, outputs: dict) -> None:
     tokens = _cache_tokens(case)
     with torch.no_grad():
         expected = model(tokens)
-        mistakes = {d: _chunked_logits(forward_with_cache, model, tokens, mistake=m)
-                    for m, d in CACHE_MISTAKES.items()}
+
+    @torch.no_grad()
+    def mistakes():
+        return {d: _chunked_logits(forward_with_cache, model, tokens, mistake=m) for m, d in CACHE_MISTAKES.items()}
+
     compare(f"forward_with_cache fed {len(tokens[0])} tokens in chunks of {list(CACHE_CHUNKS)} "
             "(logits of every position, against one uncached forward pass)",
             outputs["logits"], expected, ("batch", "position", "d_vocab"), mistakes=mistakes,

@@ -194,7 +194,7 @@ def judge_lr(case: Case, outputs: dict) -> None:
     expected = torch.tensor([reference_lr(s, max_lr, warmup, total, min_lr) for s in steps], dtype=torch.float64)
     compare(f"lr_at(step, max_lr={max_lr:g}, warmup_steps={warmup}, total_steps={total}, min_lr={min_lr:g}) "
             f"for steps 0..{len(steps) - 1}", outputs["lr"], expected, ("step",),
-            mistakes=schedule_mistakes(case),
+            mistakes=lambda: schedule_mistakes(case),
             hint="step < warmup_steps: max_lr * (step + 1) / warmup_steps; then progress = (step - "
                  "warmup_steps) / (total_steps - warmup_steps), capped at 1, and min_lr + 0.5 * "
                  "(max_lr - min_lr) * (1 + cos(pi * progress)).")
