@@ -1,6 +1,8 @@
 """The instructor pipeline end to end: example class -> autograde -> reports, feedback, CSV."""
 import csv
+import itertools
 import json
+import re
 import zipfile
 
 import nbformat
@@ -25,7 +27,8 @@ EXPECTED = {
     "untouched": NONE,
     "partial": {cell: points if cell[:2] <= "03" else 0 for cell, points in FULL.items()},
     "buggy": {**FULL, **{f"{name}/{cell}": 0 for name in NAMES for cell in BUGS[name].costs}},
-    "crasher": {**FULL, "03_attention/attention_test": 0},
+    "crasher": {**FULL, "03_attention/attention_test": 0,
+                **{cell: 0 for cell in FULL if cell.startswith(example_class.UNTOUCHED_BY_CRASHER + "/")}},
 }
 # The tests of the graded example class run on one pytest-xdist worker, which grades it once.
 ONE_GRADING = pytest.mark.xdist_group("classroom")
@@ -73,7 +76,9 @@ def test_reports_say_why_each_point_was_lost(graded_example_class):
         assert bug.named in buggy, (name, bug.named)
     crasher = (reports / "crasher.txt").read_text()
     lost = FULL["03_attention/attention_test"]
-    assert f"attention_test: lost {lost:g} (crashed)" in crasher and crasher.count("lost") == 1, crasher
+    assert f"attention_test: lost {lost:g} (crashed)" in crasher, crasher
+    untouched = [cell.split("/")[1] for cell in FULL if cell.startswith(example_class.UNTOUCHED_BY_CRASHER + "/")]
+    assert re.findall(r"- (\w+): lost", crasher) == ["attention_test", *untouched], crasher
     assert "not implemented yet" in (reports / "untouched.txt").read_text()
 
 
@@ -98,21 +103,26 @@ def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class
 @ONE_GRADING
 @pytest.mark.slow
 def test_the_same_notebook_handed_in_by_two_students_gets_the_same_verdicts_and_page(graded_example_class):
-    """The perfect and the crasher student hand in the same notebooks but 03: graded in one
-    two-worker run, wherever and whenever the scheduler put each, every such pair gets the same
-    verdicts, messages, flags and feedback page (07's graded training runs included)."""
+    """Students who hand in the same notebook (the perfect and the crasher student every one but
+    03 and 07; the untouched, partial and crasher student 07; the untouched and partial student
+    04-12): graded in one two-worker run, wherever and whenever the scheduler put each, every
+    such pair gets the same verdicts, messages, flags and feedback page. 07's graded training
+    runs are graded once here (the perfect student's; the crasher's copy of them was the
+    longest grading of the class)."""
     students = example_class.students()
-    same = [name for name in NAMES if students["perfect"][name] == students["crasher"][name]]
-    assert same == [name for name in NAMES if name != "03_attention"]
+    pairs = [(name, first, second) for name in NAMES for first, second in itertools.combinations(students, 2)
+             if students[first][name] == students[second][name]]
+    perfect_crasher = [name for name, *pair in pairs if pair == ["perfect", "crasher"]]
+    assert perfect_crasher == [name for name in NAMES if name not in ("03_attention", "07_training")]
+    assert {tuple(pair) for name, *pair in pairs if name == "07_training"} == \
+        {("untouched", "partial"), ("untouched", "crasher"), ("partial", "crasher")}
     entries = {(e["student"], e["notebook"]): e
                for e in json.loads((graded_example_class / "results.json").read_text())}
-    for name in same:
-        verdicts = [{k: entries[student, name][k] for k in ("cells", "flags", "notes")}
-                    for student in ("perfect", "crasher")]
-        assert verdicts[0] == verdicts[1], name
-        pages = [(graded_example_class / "feedback" / student / f"{name}.html").read_text()
-                 for student in ("perfect", "crasher")]
-        assert pages[0] == pages[1], name
+    for name, *pair in pairs:
+        verdicts = [{k: entries[student, name][k] for k in ("cells", "flags", "notes")} for student in pair]
+        assert verdicts[0] == verdicts[1], (name, pair)
+        pages = [(graded_example_class / "feedback" / student / f"{name}.html").read_text() for student in pair]
+        assert pages[0] == pages[1], (name, pair)
 
 
 def _written(out) -> dict[str, str]:
