@@ -141,9 +141,40 @@ def test_rope_correct_variants_pass(table):
     (_table(swapped=True), _apply(), "Likely mistake: cos and sin are swapped"),
     (_table(degrees=True), _apply(), "Likely mistake: the angles are in degrees"),
     (_table(first=1), _apply(), "Likely mistake: the positions start at 1"),
+    (_table(exponent=-2), _apply(), "Likely mistake: the exponent's sign is flipped"),
+    (_table(exponent=-2, float64=True), _apply(), "Likely mistake: the exponent's sign is flipped"),
+    (_table(degrees=True, interleaved=True), _apply(), "Likely mistake: the frequencies are interleaved (f0, f0, "
+     "f1, f1, ...) as in the paper's pairs: transformers' Llama rotates halves, so the table holds them twice in a "
+     "row, cat([freqs, freqs]); and the angles are in degrees"),
+    (_table(exponent=1, swapped=True), _apply(), "Likely mistake: the frequency exponent is off by a factor of 2: "
+     "theta ** (-2i / d_head) for i = 0 .. d_head/2 - 1, i.e. torch.arange(0, d_head, 2) / d_head; and cos and "
+     "sin are swapped"),
 ])
 def test_rope_mistakes_are_named(table, apply, expected):
     fails_with(nb10.check_rope, table, apply, expected=expected)
+
+
+def _frequencies_counted_from_1(positions, d_head, theta):
+    i = torch.arange(1, d_head // 2 + 1, dtype=torch.float32)
+    angles = positions.float()[:, None] * theta ** (-2 * i / d_head)
+    return torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+
+def _sin_doubled(positions, d_head, theta):
+    cos, sin = _table()(positions, d_head, theta)
+    return cos, 2 * sin
+
+
+@pytest.mark.parametrize("table, expected", [
+    (_frequencies_counted_from_1, "The angle per position differs in 22 of 32 columns, first in column 0: 0.5623 "
+                                  "rad where f = theta ** (-2i / d_head) with i = j mod 16 is 1."),
+    (_table(first=3), "Position 0's angles are not 0"),
+    (_sin_doubled, "cos² + sin² is not 1 at [position 1, d_head 0]"),
+])
+def test_a_table_no_listed_mistake_explains_is_read_as_angles(table, expected):
+    """A table outside the catalog: the check says where it departs, read as angles (position
+    0's, each column's per position) or as no angle at all."""
+    fails_with(nb10.check_rope, table, _apply(), expected=expected)
 
 
 # --- SwiGLU ------------------------------------------------------------------------------------

@@ -8,13 +8,13 @@ then the rotation itself.
 """
 from __future__ import annotations
 
+import itertools
 import math
-
 from dataclasses import replace
 
 import torch
 
-from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.diagnosis import LIKELY, compare, diagnosis_first
 from graders.exercises.modern import reference as ref
 from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK
 from graders.judging.cases import Case
@@ -64,26 +64,94 @@ def _pair(result) -> tuple[torch.Tensor, torch.Tensor]:
     return result
 
 
-def table_mistakes(positions: torch.Tensor, theta: float) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """(cos, sin) of the usual mistakes in the frequency table, by description."""
-    def table(base=theta, exponent=2, interleaved=False, unit=1.0, first=0, swapped=False):
-        index = torch.arange(0, D_HEAD, 2, dtype=torch.float32) * exponent / 2
-        angles = (positions.float()[:, None] + first) / base ** (index / D_HEAD) * unit
-        angles = angles.repeat_interleave(2, -1) if interleaved else torch.cat([angles, angles], -1)
-        return (angles.sin(), angles.cos()) if swapped else (angles.cos(), angles.sin())
+# The frequency table's settings, each with its right value first and the ways it goes wrong, and
+# what a wrong value is called. Every combination is tried, fewest wrong settings first, so a
+# table with two mistakes at once is named as such.
+TABLE_SETTINGS = {
+    "exponent": {-2: "", -1: "the frequency exponent is off by a factor of 2: theta ** (-2i / d_head) for i = 0 "
+                             ".. d_head/2 - 1, i.e. torch.arange(0, d_head, 2) / d_head",
+                 2: "the exponent's sign is flipped: theta ** (+2i / d_head) makes the frequencies grow; they "
+                    "fall, 1 / theta ** (2i / d_head)",
+                 1: "the exponent is +i / d_head: its sign is flipped and it is half the right one, "
+                    "1 / theta ** (2i / d_head)",
+                 -4: "the frequency exponent is twice the right one: theta ** (-2i / d_head) for i = 0 .. "
+                     "d_head/2 - 1"},
+    "layout": {"halves": "", "interleaved": "the frequencies are interleaved (f0, f0, f1, f1, ...) as in the "
+                                            "paper's pairs: transformers' Llama rotates halves, so the table "
+                                            "holds them twice in a row, cat([freqs, freqs])"},
+    "order": {"cos, sin": "", "sin, cos": "cos and sin are swapped: return (cos, sin), in that order"},
+    "unit": {1.0: "", 180 / math.pi: "the angles are in degrees: torch.cos and torch.sin take radians, "
+                                     "m * theta ** (-2i / d_head)"},
+    "first": {0: "", 1: "the positions start at 1: the first position is 0, with angle 0"},
+}
 
-    found = {"the frequency exponent is off by a factor of 2: theta ** (-2i / d_head) for i = 0 .. "
-             "d_head/2 - 1, i.e. torch.arange(0, d_head, 2) / d_head": table(exponent=1),
-             "the frequencies are interleaved (f0, f0, f1, f1, ...) as in the paper's pairs: "
-             "transformers' Llama rotates halves, so the table holds them twice in a row, "
-             "cat([freqs, freqs])": table(interleaved=True),
-             "cos and sin are swapped: return (cos, sin), in that order": table(swapped=True),
-             "the angles are in degrees: torch.cos and torch.sin take radians, m * theta ** (-2i / d_head)":
-                 table(unit=180 / math.pi),
-             "the positions start at 1: the first position is 0, with angle 0": table(first=1)}
+
+def table_mistakes(positions: torch.Tensor, theta: float) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(cos, sin) of every wrong combination of the table's settings (and of the base 10,000
+    where theta is another), by description, fewest mistakes first."""
+    settings = {**TABLE_SETTINGS, "base": {theta: ""}}
     if theta != 10000.0:
-        found["a wrong base: the frequencies use 10000, not the theta you are given"] = table(base=10000.0)
+        settings["base"][10000.0] = "a wrong base: the frequencies use 10000, not the theta you are given"
+    found = {}
+    for combination in sorted(itertools.product(*(s.items() for s in settings.values())),
+                              key=lambda values: sum(bool(why) for _, why in values)):
+        whys = [why for _, why in combination if why]
+        if whys:
+            found["; and ".join(whys)] = _table(positions, **dict(zip(settings, (v for v, _ in combination))))
     return found
+
+
+def _table(positions, exponent, layout, order, unit, first, base) -> tuple[torch.Tensor, torch.Tensor]:
+    index = torch.arange(0, D_HEAD, 2, dtype=torch.float32) * -exponent / 2   # in float32, as a learner's
+    angles = (positions.float()[:, None] + first) / base ** (index / D_HEAD) * unit
+    angles = angles.repeat_interleave(2, -1) if layout == "interleaved" else torch.cat([angles, angles], -1)
+    pair = (angles.cos(), angles.sin())
+    return pair[::-1] if order == "sin, cos" else pair
+
+
+def table_localised(cos, sin, positions: torch.Tensor, theta: float, named: bool) -> list[str]:
+    """Where the learner's table departs from the right one, read as angles: whether cos and sin
+    are of one angle, position 0's angle, and each column's angle per position; unless the
+    mistake is `named` already, which exponent and base those angles per position fit (they
+    are compared modulo 2π, which a fast frequency's float32 rounding does not upset)."""
+    if not all(isinstance(t, torch.Tensor) and t.shape == (len(positions), D_HEAD) for t in (cos, sin)):
+        return []
+    cos, sin = cos.detach().double(), sin.detach().double()
+    off = ((cos ** 2 + sin ** 2 - 1).abs() > 1e-3).nonzero()
+    if len(off):
+        return [f"  cos² + sin² is not 1 at [position {off[0, 0].item()}, d_head {off[0, 1].item()}]: these are "
+                "not the cosine and sine of one angle."]
+    angle = torch.atan2(sin, cos)
+    lines = []
+    if (angle[0].abs() > 1e-3).any():
+        lines.append(f"  Position 0's angles are not 0 (column {int((angle[0].abs() > 1e-3).nonzero()[0])}: "
+                     f"{angle[0].max().item():.4g} rad at most): position m turns by m·f, 0 at the first position.")
+    step = _wrapped(angle[1] - angle[0])        # each column's turn from position 0 to 1, in (-pi, pi]
+    right = _wrapped(_frequencies(-2, theta))
+    wrong = ((step - right).abs() > 1e-3).nonzero().flatten().tolist()
+    if wrong:
+        j = wrong[0]
+        lines.append(f"  The angle per position differs in {len(wrong)} of {D_HEAD} columns, first in column {j}: "
+                     f"{step[j].item():.4g} rad where f = theta ** (-2i / d_head) with i = j mod "
+                     f"{D_HEAD // 2} is {right[j].item():.4g}.")
+    if wrong and not named:
+        bases = dict.fromkeys((theta, 10000.0))
+        for exponent, base in itertools.product(TABLE_SETTINGS["exponent"], bases):
+            if (_wrapped(_frequencies(exponent, base) - step).abs() < 1e-2).all() and (exponent, base) != (-2, theta):
+                whys = [TABLE_SETTINGS["exponent"][exponent]] + (
+                    ["a wrong base: the frequencies use 10000, not the theta you are given"] if base != theta else [])
+                lines.append(f"  Likely mistake: {'; and '.join(why for why in whys if why)}")
+                break
+    return lines
+
+
+def _frequencies(exponent: int, base: float) -> torch.Tensor:
+    """The turn per position of each column (halves layout) for the exponent `exponent`·i / d_head."""
+    return torch.cat([base ** (torch.arange(0, D_HEAD, 2, dtype=torch.float64) * exponent / 2 / D_HEAD)] * 2)
+
+
+def _wrapped(angles: torch.Tensor) -> torch.Tensor:
+    return torch.remainder(angles + math.pi, 2 * math.pi) - math.pi
 
 
 def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -104,12 +172,16 @@ def judge(case: Case, outputs: dict) -> None:
     positions = torch.arange(case.seq)
     for theta in THETAS:
         expected = ref.hf_rope(replace(ref.ModernConfig(), d_head=D_HEAD, rope_theta=theta), positions)
-        mistakes = table_mistakes(positions, theta)
         for i, name in enumerate(("cos", "sin")):
-            compare(f"rope_cos_sin(positions 0..{case.seq - 1}, d_head={D_HEAD}, theta={theta:g}): {name}",
-                    outputs.get(f"{name}_{theta:g}"), expected[i], TABLE_DIMS,
-                    mistakes={why: pair[i] for why, pair in mistakes.items()},
-                    hint="angle[m, j] = m * theta ** (-2i / d_head) with i = j mod (d_head / 2).")
+            try:
+                compare(f"rope_cos_sin(positions 0..{case.seq - 1}, d_head={D_HEAD}, theta={theta:g}): {name}",
+                        outputs.get(f"{name}_{theta:g}"), expected[i], TABLE_DIMS,
+                        mistakes=lambda i=i: {why: pair[i] for why, pair in table_mistakes(positions, theta).items()},
+                        hint="angle[m, j] = m * theta ** (-2i / d_head) with i = j mod (d_head / 2).")
+            except CheckFailed as failed:
+                localised = table_localised(outputs.get(f"cos_{theta:g}"), outputs.get(f"sin_{theta:g}"),
+                                            positions, theta, named=LIKELY in str(failed))
+                raise CheckFailed("\n".join([str(failed), *localised])) from None
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     q, k = _qk(case)
