@@ -494,6 +494,14 @@ def _append_then_call(pick=lambda logits: logits[:, -1].argmax(-1, keepdim=True)
     return generate_greedy
 
 
+def _whole_sequence_with_the_cache(model, tokens, n_new):
+    logits, past = model(tokens)
+    for _ in range(n_new):
+        tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        logits, past = model(tokens, past)
+    return tokens
+
+
 def test_generate_greedy_with_a_call_after_the_last_token_passes():
     nb10.check_generate_greedy(_append_then_call())
     nb10.check_generate_greedy(_append_then_call(), seed=3, batch=3, seq=4)
@@ -505,6 +513,7 @@ def test_generate_greedy_with_a_call_after_the_last_token_passes():
     (_append_then_call(lambda logits: logits[:, -1].argmin(-1, keepdim=True)),
      "Likely mistake: the least likely token is taken"),
     (_append_then_call(keep_cache=False), "Likely mistake: the cache is fed wrongly"),
+    (_whole_sequence_with_the_cache, "Likely mistake: call 2 fed 6 tokens with a cache of 5 positions"),
 ])
 def test_a_wrong_token_is_named_before_the_calls_are_counted(learner, expected):
     fails_with(nb10.check_generate_greedy, learner, expected=expected)

@@ -241,16 +241,25 @@ N_NEW = 8
 
 def produce_generate(generate_greedy, case: Case, inputs: dict) -> dict:
     cfg = ref.ModernConfig()
-    model, fed = _course_model(cfg, case.seed), []
+    model, fed, cached = _course_model(cfg, case.seed), [], []
     forward = model.forward
 
     def counted(tokens, *args, **kwargs):   # model(...) and model.forward(...) alike
         fed.append(tokens.shape[-1])
+        cached.append(_cached_positions(args[0] if args else kwargs.get("past")))
         return forward(tokens, *args, **kwargs)
 
     model.forward = counted
     out = run_learner("generate_greedy", generate_greedy, model, tokens_for(case, cfg), N_NEW, forbidden=FORBIDDEN)
-    return {"out": out, "fed": torch.tensor(fed, dtype=torch.long)}
+    return {"out": out, "fed": torch.tensor(fed, dtype=torch.long), "cached": torch.tensor(cached, dtype=torch.long)}
+
+
+def _cached_positions(past) -> int:
+    """How many positions the cache passed in holds (0 without one; -1 if it is not a cache)."""
+    try:
+        return 0 if past is None else int(past[0][0].shape[2])
+    except (TypeError, IndexError, AttributeError):
+        return -1
 
 
 # How a greedy loop can pick its next token from the last logits, by the mistake it would be.
@@ -287,6 +296,8 @@ def judge_generate(case: Case, outputs: dict) -> None:
         wrong = (out != expected).nonzero()[0].tolist()
         named = next((m for m, pick in PICKS.items()
                       if m and torch.equal(out, _continued(hf, prompt, pick, cached))), None)
+        if named is None:
+            named = _whole_sequence_with_cache(fed, outputs["cached"].tolist())
         if named is None and cached:
             named = ("the cache is fed wrongly (each new token must go in with the cache the last call "
                      "returned), or the next token is not the argmax (sampled?)")
@@ -297,13 +308,26 @@ def judge_generate(case: Case, outputs: dict) -> None:
                              "Pass the cache the model returned back in with the next token, and take "
                              "the argmax of the last position's logits."))
     if not cached or len(fed) not in (N_NEW, N_NEW + 1):
+        whole = _whole_sequence_with_cache(fed, outputs["cached"].tolist())
         raise CheckFailed(f"generate_greedy fed the model {fed} tokens per call; with a KV cache, the "
                           f"prompt ({case.seq} tokens) goes in once, then each new token alone, with the "
                           "cache: model(next_token, past). Likely mistake: "
-                          + ("the cache is not used: the whole sequence is fed again at every step."
+                          + (f"{whole}." if whole else
+                             "the cache is not used: the whole sequence is fed again at every step."
                              if len(fed) > 1 and fed[1] > 1 else
                              f"the model is called {len(fed)} times for {N_NEW} new tokens "
                              f"({N_NEW} calls, or {N_NEW + 1} with one after the last token, are right)."))
+
+
+def _whole_sequence_with_cache(fed: list[int], cached: list[int]) -> str | None:
+    """The call that passed a cache with positions it already holds, as a mistake's description."""
+    for call, (n_tokens, n_cached) in enumerate(zip(fed, cached)):
+        if 0 < n_cached < n_tokens:   # the whole sequence again, with the cache of its start
+            return (f"call {call + 1} fed {n_tokens} tokens with a cache of {n_cached} positions: the cache "
+                    "already holds the earlier tokens, so they are counted twice and the new ones get "
+                    "positions past the end. After the first call, feed only the new token: "
+                    "model(next_token, past)")
+    return None
 
 
 generate_exercise = Exercise(NOTEBOOK, "generate_greedy", produce_generate, judge_generate,
