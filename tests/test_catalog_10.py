@@ -243,7 +243,16 @@ class ExpandAttention(ref.GQAttention):
         n_q = q.shape[2]
         allowed = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]
         z = scores.masked_fill(~allowed, -1e9).softmax(-1) @ v_all
-        return torch.einsum("bnph,nhd->bpd", z, self.W_O), (k, v)
+        return self.project(z), (k, v)
+
+    def project(self, z):
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O)
+
+
+class DHeadFirstFlatten(ExpandAttention):
+    def project(self, z):   # [batch, posn, d_head * n_heads], d_head first
+        return z.transpose(1, 3).transpose(1, 2).reshape(z.shape[0], z.shape[2], -1) @ self.W_O.reshape(
+            -1, self.cfg.d_model)
 
 
 class GroupedEinsumAttention(ExpandAttention):
@@ -296,6 +305,7 @@ def test_attention_correct_variants_pass(cls):
     (_attention(cache_new_only=True), "the difference comes with the cache) does not match the reference. "
                                       "Likely mistake: the cache returned holds this call's keys and values only"),
     (RepeatedKeysCached, "Likely mistake: the keys and values are cached after they were repeated"),
+    (DHeadFirstFlatten, "Likely mistake: z is flattened d_head first where W_O is read heads first"),
 ])
 def test_attention_mistakes_are_named(cls, expected):
     fails_with(nb10.check_gq_attention, cls, expected=expected)

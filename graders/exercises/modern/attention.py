@@ -132,6 +132,9 @@ def attention_mistakes(x, w, cos, sin, cfg, seq: int | None = None) -> dict[str,
           "set to -inf before the softmax)"] = run(mask=False)
     found["the softmax is over the queries (dim -2): each query's scores are normalised over the keys, "
           "the last axis"] = run(softmax_dim=-2)
+    found["z is flattened d_head first where W_O is read heads first: flatten z as [n_heads, d_head], "
+          "z.transpose(1, 2).reshape(batch, posn, n_heads * d_head), to match W_O.reshape(n_heads * d_head, "
+          "d_model)"] = run(z_d_head_first=True)
     if seq is not None:
         found["the cache returned holds this call's keys and values only: it is the cached ones followed "
               "by the new ones (the concatenation the scores used)"] = run(cache_new_only=True)

@@ -105,7 +105,7 @@ class SwiGLU(nn.Module):
 
 def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups="interleave",
               scale=None, rope_values=False, rope_keys=True, offset_mask=True, mask=True, softmax_dim=-1,
-              cache_new_only=False, masked_value=float("-inf"), cache_unrotated=False):
+              cache_new_only=False, masked_value=float("-inf"), cache_unrotated=False, z_d_head_first=False):
     """Grouped-query attention; the keywords switch on the catalogued mistakes.
     Returns (output, (keys, values)) with the cache holding only the KV heads (after RoPE)."""
     n_heads, n_kv = w["W_Q"].shape[0], w["W_K"].shape[0]
@@ -130,6 +130,8 @@ def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups
         scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(diagonal), masked_value)
     z = scores.softmax(softmax_dim) @ v_all                          # [batch, n_heads, posn, d_head]
     cache = (new_k, new_v) if cache_new_only else (unrotated, v) if cache_unrotated else (k, v)
+    if z_d_head_first:   # z flattened [d_head, n_heads] against W_O read as [n_heads, d_head]
+        return z.permute(0, 2, 3, 1).flatten(2) @ w["W_O"].flatten(0, 1), cache
     return torch.einsum("bnph,nhd->bpd", z, w["W_O"]), cache
 
 
