@@ -249,6 +249,16 @@ class ExpandAttention(ref.GQAttention):
         return torch.einsum("bnph,nhd->bpd", z, self.W_O)
 
 
+class DiagonalHidden(ExpandAttention):
+    def forward(self, x, cos, sin, past=None):
+        q, k, v = self.qkv(x, cos, sin, past)
+        k_all, v_all = (t.repeat_interleave(self.cfg.n_heads // k.shape[1], 1) for t in (k, v))
+        n_q, n_k = q.shape[2], k.shape[2]
+        hidden = torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q)   # the diagonal too
+        scores = (q @ k_all.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(hidden, float("-inf"))
+        return self.project(scores.softmax(-1) @ v_all), (k, v)
+
+
 class DHeadFirstFlatten(ExpandAttention):
     def project(self, z):   # [batch, posn, d_head * n_heads], d_head first
         return z.transpose(1, 3).transpose(1, 2).reshape(z.shape[0], z.shape[2], -1) @ self.W_O.reshape(
@@ -306,6 +316,7 @@ def test_attention_correct_variants_pass(cls):
                                       "Likely mistake: the cache returned holds this call's keys and values only"),
     (RepeatedKeysCached, "Likely mistake: the keys and values are cached after they were repeated"),
     (DHeadFirstFlatten, "Likely mistake: z is flattened d_head first where W_O is read heads first"),
+    (DiagonalHidden, "NaN or infinite values at position 0 only. Likely mistake: the mask hides the diagonal too"),
 ])
 def test_attention_mistakes_are_named(cls, expected):
     fails_with(nb10.check_gq_attention, cls, expected=expected)

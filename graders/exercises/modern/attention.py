@@ -155,6 +155,7 @@ def judge(case: Case, outputs: dict) -> None:
             expected = hf_attn(hidden_states=x, position_embeddings=(cos[None], sin[None]),
                                attention_mask=ref.causal_mask(n, n))[0]
         what = f"GQAttention (n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads})"
+        _judge_first_query_alone(f"{what} on {case.seq} positions at once", outputs.get(f"{tag}.full"))
         compare(f"{what} on {case.seq} positions at once", outputs.get(f"{tag}.full"), expected[:, :case.seq],
                 DIMS, mistakes=lambda: attention_mistakes(x[:, :case.seq], w, cos[:case.seq], sin[:case.seq], cfg),
                 hint="scores = q @ k.T / sqrt(d_head) with each query head reading its group's KV head.")
@@ -166,6 +167,18 @@ def judge(case: Case, outputs: dict) -> None:
         for part in ("keys", "values"):
             check_shape(f"{what}: the cached {part} after {n} positions", outputs.get(f"{tag}.{part}"),
                         (case.batch, cfg.n_kv_heads, n, cfg.d_head), ("batch", "kv_head", "position", "d_head"))
+
+
+def _judge_first_query_alone(what: str, out) -> None:
+    """NaN or inf at the first position only: the one query whose only key is itself."""
+    if not isinstance(out, torch.Tensor) or out.dim() != 3 or not out.is_floating_point():
+        return
+    bad = (~torch.isfinite(out)).any(dim=0).any(dim=-1).nonzero().flatten().tolist()
+    if bad == [0]:
+        raise CheckFailed(f"{what}: NaN or infinite values at position 0 only. Likely mistake: the mask hides the "
+                          "diagonal too, so the first query has no key left and a softmax over scores that are "
+                          "all -inf gives NaN. A query may see itself: mask the keys after it, "
+                          "torch.ones(n_q, n_k).triu(1) (shifted by the cache's length).")
 
 
 exercise = Exercise(NOTEBOOK, "GQAttention", with_course_functions(produce, ROPE_PARTS), diagnosis_first(judge),
