@@ -86,13 +86,17 @@ TABLE_SETTINGS = {
 }
 
 
+def _settings(theta: float) -> dict:
+    """TABLE_SETTINGS with the base: theta, and 10,000 as a mistake where theta is another."""
+    wrong_base = {} if theta == 10000.0 else {10000.0: "a wrong base: the frequencies use 10000, not the theta "
+                                                       "you are given"}
+    return {**TABLE_SETTINGS, "base": {theta: "", **wrong_base}}
+
+
 def table_mistakes(positions: torch.Tensor, theta: float) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """(cos, sin) of every wrong combination of the table's settings (and of the base 10,000
-    where theta is another), by description, fewest mistakes first."""
-    settings = {**TABLE_SETTINGS, "base": {theta: ""}}
-    if theta != 10000.0:
-        settings["base"][10000.0] = "a wrong base: the frequencies use 10000, not the theta you are given"
-    found = {}
+    """(cos, sin) of every wrong combination of the table's settings, by description, fewest
+    mistakes first."""
+    settings, found = _settings(theta), {}
     for combination in sorted(itertools.product(*(s.items() for s in settings.values())),
                               key=lambda values: sum(bool(why) for _, why in values)):
         whys = [why for _, why in combination if why]
@@ -125,7 +129,8 @@ def table_localised(cos, sin, positions: torch.Tensor, theta: float, named: bool
     lines = []
     if (angle[0].abs() > 1e-3).any():
         lines.append(f"  Position 0's angles are not 0 (column {int((angle[0].abs() > 1e-3).nonzero()[0])}: "
-                     f"{angle[0].max().item():.4g} rad at most): position m turns by m·f, 0 at the first position.")
+                     f"{angle[0].abs().max().item():.4g} rad at most): position m turns by m·f, 0 at the first "
+                     "position.")
     step = _wrapped(angle[1] - angle[0])        # each column's turn from position 0 to 1, in (-pi, pi]
     right = _wrapped(_frequencies(-2, theta))
     wrong = ((step - right).abs() > 1e-3).nonzero().flatten().tolist()
@@ -135,12 +140,11 @@ def table_localised(cos, sin, positions: torch.Tensor, theta: float, named: bool
                      f"{step[j].item():.4g} rad where f = theta ** (-2i / d_head) with i = j mod "
                      f"{D_HEAD // 2} is {right[j].item():.4g}.")
     if wrong and not named:
-        bases = dict.fromkeys((theta, 10000.0))
-        for exponent, base in itertools.product(TABLE_SETTINGS["exponent"], bases):
-            if (_wrapped(_frequencies(exponent, base) - step).abs() < 1e-2).all() and (exponent, base) != (-2, theta):
-                whys = [TABLE_SETTINGS["exponent"][exponent]] + (
-                    ["a wrong base: the frequencies use 10000, not the theta you are given"] if base != theta else [])
-                lines.append(f"  Likely mistake: {'; and '.join(why for why in whys if why)}")
+        settings = _settings(theta)
+        for exponent, base in itertools.product(settings["exponent"], settings["base"]):
+            whys = [why for why in (settings["exponent"][exponent], settings["base"][base]) if why]
+            if whys and (_wrapped(_frequencies(exponent, base) - step).abs() < 1e-2).all():
+                lines.append(f"  {LIKELY} {'; and '.join(whys)}")
                 break
     return lines
 
