@@ -15,7 +15,7 @@ import torch
 from graders.course import example_class
 from graders.judging.cases import Case, activations
 from graders.judging.compare import CheckFailed
-from test_integrity import ROOT_GRADER, crafted, grade, printed
+from test_integrity import CONFINED, crafted, grade, printed
 
 pytestmark = pytest.mark.xdist_group("lookup")
 
@@ -79,7 +79,7 @@ def submission(name, cheat: bool):
     return crafted(name, edits=[(name, answer, old, new)], extra=extra)
 
 
-@ROOT_GRADER
+@CONFINED
 @pytest.mark.parametrize("cheat", [True, False], ids=["with lookup cell", "without"])
 @pytest.mark.parametrize("name", sorted(CHEATS))
 @pytest.mark.slow

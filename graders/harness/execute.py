@@ -22,7 +22,7 @@ from graders.harness.cells import KERNEL_NAME, is_test_cell, nbgrader_meta
 from graders.harness.limits import TimeLimits
 from graders.harness.sandbox_kernel import SESSION_ARG
 from graders.judging.session import Session
-from graders.harness.sandbox import SANDBOX_UIDS, end_processes_of, sandbox_env, sandbox_plan
+from graders.harness.sandbox import SANDBOX_UIDS, sandbox_env, sandbox_plan
 
 MAX_RESTARTS = 6
 OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
@@ -34,23 +34,25 @@ def _kernel_dir(root: Path, session: Session) -> Path:
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "graders.harness.sandbox_kernel", SESSION_ARG, session.to_json(),
                  "-f", "{connection_file}"],
-        "display_name": "GPT-2 course sandbox", "language": "python"}))
+        # Interrupted by a message: a signal would reach bubblewrap, not the kernel inside it.
+        "display_name": "GPT-2 course sandbox", "language": "python", "interrupt_mode": "message"}))
     return root
 
 
 def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
         demonstrations: bool = True, given: tuple[str, ...] = (),
-        overlays: list[tuple[Path, Path]] = ()) -> dict[int, str]:
+        view: Path | None = None, tests: set[str] | None = None) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
     `inputs_dir` (reference activations are withheld); without, they judge in the kernel (the
-    learner's own pre-submission check). With `confined_to` (a root grader), the kernel is
-    confined and sees those of the grader's files only (see graders.harness.sandbox). Without
-    `demonstrations`, the demonstration cells skip themselves, as they do in grading. `given`
-    names the notebook's given parts for a grading kernel (graders.judging.provenance); a confined
-    kernel sees each of `overlays`' graders files as its sealed copy (graders.harness.kernel_view).
+    learner's own pre-submission check). With `confined_to`, the kernel is confined and sees
+    those of the grader's files only (see graders.harness.sandbox), and the graders package as
+    the folder `view` (its kernel view: graders.harness.kernel_view). Without `demonstrations`,
+    the demonstration cells skip themselves, as they do in grading. `given` names the notebook's
+    given parts for a grading kernel (graders.judging.provenance). With `tests`, only the test
+    cells of those grade_ids run (the others are graded in another kernel).
     """
     session = Session(records, inputs_dir, demonstrations and records is None, tuple(given))
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
@@ -62,22 +64,19 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             from graders.harness.sandbox_kernel import PLAN_ENV
 
             uid = secrets.randbelow(SANDBOX_UIDS[1] - SANDBOX_UIDS[0]) + SANDBOX_UIDS[0]
-            root, sockets = Path(private) / "root", Path(private) / "sockets"
-            root.mkdir()
+            sockets = Path(private) / "sockets"
             sockets.mkdir()
-            for folder in (workdir, records, sockets):
-                os.chown(folder, uid, uid)
-            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, root, confined_to, uid, sockets, overlays))
+            if os.geteuid() == 0:   # the kernel is this uid on the host too (sandbox_kernel)
+                for folder in (workdir, records, sockets):
+                    os.chown(folder, uid, uid)
+            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
-            try:
-                return _run_kernels(notebook, records, workdir, limits, env, config)
-            finally:
-                end_processes_of(uid)
+            return _run_kernels(notebook, records, workdir, limits, env, config, tests)
         # Unix sockets in this private folder rather than TCP on localhost: no other user can
         # connect, and the kernel has no plain-text TCP to warn about.
         config = {"KernelManager": {"transport": "ipc", "ip": str(Path(private) / "kernel")}}
-        return _run_kernels(notebook, records, workdir, limits, env, config)
+        return _run_kernels(notebook, records, workdir, limits, env, config, tests)
 
 
 def _test_cell_prelude(grade_id: str) -> str:
@@ -85,14 +84,14 @@ def _test_cell_prelude(grade_id: str) -> str:
     return f"from graders.judging.session import enter_cell as _enter_cell; _enter_cell({grade_id!r})\n"
 
 
-def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config) -> dict[int, str]:
+def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, tests=None) -> dict[int, str]:
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
 
     problems: dict[int, str] = {}
     test_indices = {i for i, c in enumerate(notebook.cells) if is_test_cell(c)}
-    done: set[int] = set()
+    done = {i for i in test_indices if tests is not None and nbgrader_meta(notebook.cells[i])["grade_id"] not in tests}
     for _attempt in range(MAX_RESTARTS):
         order = [i for i in range(len(notebook.cells))
                  if notebook.cells[i]["cell_type"] == "code" and i not in problems and i not in done]

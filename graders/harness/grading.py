@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from graders.exercises import find
 from graders.judging.provenance import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
-from graders.harness.kernel_view import overlays
+from graders.harness.kernel_view import kernel_package, supplied_parts
 from graders.harness.sandbox import confinement_unavailable, kernel_files, unconfined_notice
 
 
@@ -103,6 +104,17 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: dict[str
     return CellResult(grade_id, points, points, "passed")
 
 
+def kernel_runs(wanted: dict[str, list[Check] | UnreadableTestCell]) -> list[tuple[bool, set[str]]]:
+    """The kernels a notebook is graded in, one after the other: (whether it grades the
+    composites, the grade_ids of the test cells it runs). A composite's check runs course parts
+    inside the learner's code; they are real only in the second kernel, whose records count for
+    the composites alone, so no other check can reach them."""
+    composite = {grade_id for grade_id, checks in wanted.items() if not isinstance(checks, UnreadableTestCell)
+                 and any(supplied_parts(find(key)) for key, _ in checks)}
+    runs = [(False, set(wanted) - composite)]
+    return runs + [(True, composite)] if composite else runs
+
+
 def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
                    limits: TimeLimits = TimeLimits(), flags: list[str] | None = None) -> tuple[NotebookResult, object]:
     """Grade one student's notebook; returns the result and the executed, restored notebook."""
@@ -121,8 +133,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     notebook, restore_flags = restore(submission, source)
     released = released_notebook(name)
     result.flags += restore_flags + copy_flags(notebook, released)
-    records, inputs = workdir / "records", workdir / "inputs"
-    records.mkdir(parents=True, exist_ok=True)
+    inputs = workdir / "inputs"
     wanted = notebook_checks(name)
     prepare_inputs(wanted, inputs)
     unavailable = confinement_unavailable()
@@ -130,14 +141,28 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         warnings.warn(unconfined_notice(unavailable), RuntimeWarning, stacklevel=2)
     files = None if unavailable else kernel_files(inputs)
     before = graders_snapshot()
-    problems = run(notebook, records, workdir, limits, files, inputs, given=given_part_names(name),
-                   overlays=[] if unavailable else overlays(name))
+    recorded, problems = {}, {}
+    for composites, tests in kernel_runs(wanted):
+        # Each kernel has folders of its own: neither sees, nor can prepare, the other's.
+        suffix = "-composites" if composites else ""
+        home, records = workdir / f"kernel{suffix}", workdir / f"records{suffix}"
+        for folder in (home, records):
+            folder.mkdir(parents=True)
+        run_notebook = copy.deepcopy(notebook) if composites else notebook
+        found = run(run_notebook, records, home, limits, files, inputs, given=given_part_names(name),
+                    view=None if unavailable else kernel_package(name, composites), tests=tests)
+        graded_here = {i for i, c in enumerate(notebook.cells)
+                       if is_test_cell(c) and nbgrader_meta(c)["grade_id"] in tests}
+        problems.update({i: p for i, p in found.items() if not composites or i in graded_here})
+        recorded.update({check: r for check, r in load_records(records).items() if check.split("/")[0] in tests})
+        if composites:   # the composites' test cells show what they printed in their own kernel
+            for i in graded_here:
+                notebook.cells[i]["outputs"] = run_notebook.cells[i].get("outputs", [])
     tampered = changed_graders(before)
     if tampered:
         result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "
                             "were judged by the grader as loaded before it ran; check those files "
                             "(e.g. `git status graders/`) before grading more.")
-    recorded = load_records(records)
     sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
     for index, cell in enumerate(notebook.cells):
         if is_test_cell(cell):
@@ -149,9 +174,14 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
 
 
 def graders_snapshot() -> dict[Path, bytes]:
-    """The bytes of every file of the graders package."""
+    """The bytes of every file of the graders package, compiled files included (a planted .pyc
+    stamped like its source would be loaded by the next grading run). Every module is compiled
+    first, so that this process's own later imports write nothing new."""
+    import compileall
+
     package = Path(__file__).resolve().parents[1]
-    return {p: p.read_bytes() for p in sorted(package.rglob("*.py"))}
+    compileall.compile_dir(package, quiet=2)
+    return {p: p.read_bytes() for p in sorted(package.rglob("*")) if p.is_file()}
 
 
 def changed_graders(snapshot: dict[Path, bytes]) -> list[str]:
@@ -162,6 +192,6 @@ def changed_graders(snapshot: dict[Path, bytes]) -> list[str]:
     change is reported so that the instructor can see it and restore the files.
     """
     package = Path(__file__).resolve().parents[1]
-    now = graders_snapshot()
+    now = {p: p.read_bytes() for p in sorted(package.rglob("*")) if p.is_file()}
     return sorted({str(p.relative_to(package)) for p in snapshot.keys() | now.keys()
                    if snapshot.get(p) != now.get(p)})

@@ -1,18 +1,20 @@
-"""What a confined grading kernel sees of the graders package: the first line of defence.
+"""What a confined grading kernel sees of the graders package: the answer is not there to take.
 
 A notebook's kernel needs the course's machinery (running the learner's code, recording what it
-produced) and the earlier notebooks' parts its given cells import, nothing that answers its
-own exercises. Each graded module whose functions implement an exercise (declared beside the
-notebook: `Notebook.implementations`), or judge one (every exercise's `judge` and `inputs`, and
-the `*_mistakes` catalogs), is shown to the kernel as a sealed copy: the same names, classes
-and signatures, every such body replaced by a `raise`. Imports keep working and a learner who
-reaches for the course's code gets the same refusal as in their own kernel
-(graders.judging.provenance), but no correct implementation is on the kernel's file system.
+produced) and the earlier notebooks' parts its given cells import, nothing that answers an
+exercise. Each function or class that implements an exercise of any notebook (declared beside
+the notebook: `Notebook.implementations`: so an earlier notebook's part that computes the same
+thing is sealed too) or judges one (every exercise's `judge` and `inputs`, and the `*_mistakes`
+catalogs) is shown to the kernel as a sealed copy: the same names, classes and signatures, every
+such body replaced by a `raise`. Imports keep working and a learner who reaches for the course's
+code gets the same refusal as in their own kernel (graders.judging.provenance), but no correct
+implementation is on the kernel's file system, as source or as bytecode: the kernel sees the
+package as a folder of its own (`kernel_package`), compiled from those copies.
 
 Kept real: what the notebook's given cells import and what its checks' `produce` functions run
-in the kernel, among it the parts its composites' checks supply, with the course functions and
-classes they name. Those are the one way in (a composite's parts are in the kernel from its
-start); provenance refuses them in the part's own check.
+in the kernel, with the course functions and classes they name. The parts a composite's check
+supplies are real only in the kernel that grades the composites (`kernel_package(...,
+composites=True)`), whose records count for nothing else (graders.harness.grading).
 """
 from __future__ import annotations
 
@@ -45,8 +47,14 @@ def _function_name(fn) -> tuple[Path, str] | None:
     return path, name
 
 
-def sealed(notebook: str) -> dict[Path, set[str]]:
-    """The top-level functions and classes, by file, that `notebook`'s kernel sees sealed."""
+def supplied_parts(exercise) -> tuple:
+    """The course's parts a composite's check runs inside the learner's code (none for others)."""
+    return (*exercise.supplies, *getattr(exercise.produce, "supplies", ()))
+
+
+def sealed(notebook: str, composites: bool = False) -> dict[Path, set[str]]:
+    """The top-level functions and classes, by file, that `notebook`'s kernel sees sealed: in the
+    kernel that grades its composites, all but the parts they supply."""
     from graders.exercises import declared_notebooks
 
     declared = declared_notebooks()
@@ -56,10 +64,9 @@ def sealed(notebook: str) -> dict[Path, set[str]]:
         wanted.setdefault(path, set()).add(name)
 
     for name, declaration in declared.items():
-        if name >= notebook:
-            for entry in declaration.implementations:
-                file, _, symbol = entry.partition(":")
-                add(PACKAGE / file, symbol)
+        for entry in declaration.implementations:
+            file, _, symbol = entry.partition(":")
+            add(PACKAGE / file, symbol)
         for exercise in _exercises_of(name):
             for fn in (exercise.judge, exercise.inputs):
                 found = _function_name(fn)
@@ -69,16 +76,18 @@ def sealed(notebook: str) -> dict[Path, set[str]]:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_mistakes"):
                 add(path.resolve(), node.name)
-    kept = _kept(notebook)
+    kept = _kept(notebook, composites)
     return {path: names - kept.get(path, set()) for path, names in wanted.items() if names - kept.get(path, set())}
 
 
-def _kept(notebook: str) -> dict[Path, set[str]]:
-    """What stays real: the given parts, and what every exercise's `produce` runs in the kernel
-    (its supplied parts among it), with the course's functions and classes they name."""
+def _kept(notebook: str, composites: bool) -> dict[Path, set[str]]:
+    """What stays real: the given parts, and what every exercise's `produce` runs in the kernel,
+    with the course's functions and classes they name; the composites' supplied parts only in
+    the kernel that grades the composites."""
     parts = list(given_parts(notebook))
     for exercise in _exercises_of(notebook):
-        parts += [inspect.unwrap(exercise.produce), *exercise.supplies, *getattr(exercise.produce, "supplies", ())]
+        if bool(supplied_parts(exercise)) == composites or not composites:
+            parts += [inspect.unwrap(exercise.produce), *(supplied_parts(exercise) if composites else ())]
     kept: dict[Path, set[str]] = {}
     for code in allowed_code(tuple(parts)):
         module_file = Path(code.co_filename).resolve()
@@ -114,10 +123,13 @@ def sealed_source(path: Path, names: set[str]) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def overlays(notebook: str) -> list[tuple[Path, Path]]:
-    """(the graders file, its sealed copy) for each file `notebook`'s kernel sees sealed. The
-    copies are made once per version of the graders and the released notebooks (what decides
-    them), in the course cache: a grading kernel's cache is a fresh folder of its own."""
+def kernel_package(notebook: str, composites: bool = False) -> Path:
+    """The graders package as `notebook`'s kernel sees it (`composites`: the kernel that grades its
+    composites): a folder of its own holding every module, each file that `sealed` names as its
+    sealed copy, compiled (so that no kernel compiles, nor
+    finds a real module's bytecode). Made once per version of the graders and the released
+    notebooks (what decides it), in the course cache; a grading kernel's cache is a fresh folder."""
+    import compileall
     import hashlib
     import os
     import shutil
@@ -126,18 +138,26 @@ def overlays(notebook: str) -> list[tuple[Path, Path]]:
     from graders.layout import EXERCISES
     from graders.reference.paths import cache_dir
 
+    sources = sorted(p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     digest = hashlib.sha256()
-    for path in sorted(PACKAGE.rglob("*.py")) + sorted(EXERCISES.glob("*.ipynb")):
+    for path in sources + sorted(EXERCISES.glob("*.ipynb")):
         digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
-    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / notebook
+    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / (notebook + "+composites" * composites)
     if not folder.is_dir():
+        seal = sealed(notebook, composites)
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{notebook}."))
-        for path, names in sorted(sealed(notebook).items()):
+        for path in sources:
             copy = staging / path.relative_to(PACKAGE)
             copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_text(sealed_source(path, names))
+            if path.resolve() in seal:
+                copy.write_text(sealed_source(path.resolve(), seal[path.resolve()]))
+            else:
+                shutil.copyfile(path, copy)
+        compileall.compile_dir(staging, quiet=2, ddir=str(PACKAGE))
+        for where in [staging, *staging.rglob("*")]:   # readable by the kernel's own uid
+            where.chmod(0o755 if where.is_dir() else 0o644)
         try:
             os.rename(staging, folder)
         except OSError:   # another grader made it meanwhile: theirs is the same
             shutil.rmtree(staging, ignore_errors=True)
-    return [(PACKAGE / copy.relative_to(folder), copy) for copy in sorted(folder.rglob("*.py"))]
+    return folder

@@ -1,6 +1,7 @@
-"""The learner's kernel: a scrubbed environment, and (for a root grader) a confined file system.
+"""The learner's kernel: a scrubbed environment, and a confined file system where user namespaces
+are available (root or not).
 
-A confined kernel (see `graders.harness.sandbox_kernel.confine`) sees the system, Python and the
+A confined kernel (bubblewrap: see `graders.harness.sandbox_kernel.bwrap_argv`) sees the system, Python and the
 graders package read-only, the latter as its notebook's kernel view (the course's
 implementations and judges sealed: graders.harness.kernel_view); the course weights it loads
 the learner's modules with; the tokenizer files; tiny Shakespeare; the inputs its checks
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,25 +46,23 @@ def sandbox_env(home: Path) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def confinement_unavailable() -> str | None:
-    """Why learner code cannot be confined here (None when it can): that needs root and private
-    mount and network namespaces, which a throwaway process tries once."""
-    if os.geteuid() != 0:
-        return "the grader does not run as root"
-    probe = subprocess.run([sys.executable, "-m", "graders.harness.sandbox_kernel", "--probe"],
-                           capture_output=True, text=True)
-    if probe.returncode:
-        return f"no private namespaces here ({(probe.stderr.strip().splitlines() or ['?'])[-1]})"
-    return None
+    """Why learner code cannot be confined here (None when it can): bubblewrap needs user
+    namespaces, which a throwaway sandbox tries once."""
+    from graders.harness.sandbox_kernel import probe
+
+    return probe()
 
 
 def unconfined_notice(why: str) -> str:
     """What an instructor is told, once at the start of grading, when kernels cannot be confined."""
     return (f"NOT CONFINED: {why}. Learner code will run with your own file access and network: it "
             "can read solutions/ (and the hidden tests in them), the course's implementations, the "
-            "course cache and other students' folders. An answer that is the course's own code still "
-            "fails its check (graders/judging/provenance.py), but code that first disables that "
-            "check is not stopped. To confine every kernel, grade as root (sudo make grade ...) or "
-            "inside a container.")
+            "course cache and other students' folders, and write where you can. An answer that is the "
+            "course's own code still fails its check (graders/judging/provenance.py), but code that "
+            "first disables that check is not stopped. Kernels are confined with bubblewrap, which "
+            "needs unprivileged user namespaces: enable them (`sysctl -w user.max_user_namespaces=15000`; "
+            "on Debian before 11 also `kernel.unprivileged_userns_clone=1`; on Ubuntu 24.04 and later "
+            "`kernel.apparmor_restrict_unprivileged_userns=0`) or grade inside a container that allows them.")
 
 
 def kernel_files(inputs_dir: Path) -> list[Path]:
@@ -87,38 +85,22 @@ def kernel_files(inputs_dir: Path) -> list[Path]:
     return files
 
 
-def sandbox_plan(workdir: Path, root: Path, files: list[Path], uid: int, sockets: Path,
-                 overlays: list[tuple[Path, Path]] = ()) -> dict:
-    """What a confined kernel sees: the system, Python and the graders package read-only (with
-    each of `overlays`' files shown as its sealed copy: graders.harness.kernel_view), `files`,
-    its own folder and sockets; a fresh /tmp and course cache; nothing else of the course folder."""
+def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sockets: Path,
+                 view: Path | None) -> dict:
+    """What a confined kernel sees (graders.harness.sandbox_kernel.bwrap_argv): the system and
+    Python read-only, the graders package as `view` (its notebook's kernel view:
+    graders.harness.kernel_view), `files`, its own folder, records and sockets; a fresh /tmp and course
+    cache; nothing else of the course folder."""
     from graders.reference.paths import cache_dir
 
     package = Path(__file__).resolve().parents[1]
     system = [(p, "link" if os.path.islink(p) else "ro")
               for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
               if os.path.lexists(p)]
-    mounts = system + [("/dev", "tree"), ("/proc", "tree"), ("/sys", "tree"), ("/tmp", "tmp"),
-                       ("/dev/shm", "tmp"), (str(package.parent), "empty"), (str(cache_dir()), "tmp")]
-    mounts += [(str(p), "ro") for p in {Path(sys.base_prefix).resolve(), Path(sys.prefix), package,
+    mounts = system + [("/tmp", "tmp"), ("/dev/shm", "tmp"), (str(cache_dir()), "tmp")]
+    mounts += [(str(p), "ro") for p in {Path(sys.base_prefix).resolve(), Path(sys.prefix),
                                         package.parent / "data", *files} if p.exists()]
-    mounts += [(str(workdir), "rw"), (str(sockets), "rw")]
-    mounts += [(str(path), "over", str(copy)) for path, copy in overlays]
-    return {"uid": uid, "root": str(root), "cwd": str(workdir), "mounts": sorted(mounts)}
-
-
-def end_processes_of(uid: int) -> None:
-    """Kill what learner code left running under its sandbox uid: a background process would
-    otherwise outlive its notebook. Repeated while any appear (a process may fork meanwhile)."""
-    import signal
-
-    for _ in range(20):
-        found = False
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if entry.stat().st_uid == uid:
-                        os.kill(int(entry.name), signal.SIGKILL)
-                        found = True
-        if not found:
-            return
+    mounts += [(str(workdir), "rw"), (str(records), "rw"), (str(sockets), "rw")]
+    if view is not None:
+        mounts.append((str(package), "view", str(view)))
+    return {"uid": uid, "cwd": str(workdir), "sockets": str(sockets), "mounts": sorted(mounts)}

