@@ -3,9 +3,11 @@ constants and the names it uses, for it and every function nested in it. Used by
 walks a confined kernel for the course's sealed implementations; self-contained, because its
 source is also run inside that kernel as a learner cell."""
 import hashlib
+import importlib.util
 import marshal
 import os
 import types
+import warnings
 
 MIN_CODE_BYTES = 40   # shorter bytecode (a one-line accessor) is too common to say anything
 
@@ -33,17 +35,19 @@ def file_codes(path: str) -> list[types.CodeType]:
     try:
         with open(path, "rb") as f:
             data = f.read()
-        if path.endswith(".pyc"):
-            return [marshal.loads(data[16:])]
-        return [compile(data, path, "exec", dont_inherit=True)]
-    except Exception:
+        if path.endswith(".pyc"):   # another Python's bytecode can crash this one's marshal
+            return [marshal.loads(data[16:])] if data[:4] == importlib.util.MAGIC_NUMBER else []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [compile(data, path, "exec", dont_inherit=True)]
+    except Exception:   # not Python 3.11's: it cannot hold a code object of ours
         return []
 
 
-def walk_files(root: str, wanted: set[str], skip=("/proc", "/sys", "/dev"), source_markers=()) -> dict[str, int]:
-    """{file: how many of `wanted`'s digests its code holds} under `root`. Every .pyc is loaded;
-    a .py is compiled when its text holds one of `source_markers` (lines of the wanted code:
-    compiling every library source would take minutes) or when no compiled copy is beside it."""
+def walk_files(root: str, wanted: set[str], skip=("/proc", "/sys", "/dev")) -> dict[str, int]:
+    """{file: how many of `wanted`'s digests its code holds} under `root`. Every .pyc of this
+    Python is loaded, and every .py that has no compiled copy beside it is compiled (compiling
+    every library source would take minutes, and nothing in a kernel can write beside them)."""
     hits: dict[str, int] = {}
     for folder, dirs, files in os.walk(root):
         if any(folder == s or folder.startswith(s + "/") for s in skip):
@@ -53,15 +57,8 @@ def walk_files(root: str, wanted: set[str], skip=("/proc", "/sys", "/dev"), sour
         for name in files:
             path = os.path.join(folder, name)
             if name.endswith(".py"):
-                beside = any(c.startswith(name[:-3] + ".") for c in compiled)
-                if beside and source_markers:
-                    try:
-                        with open(path, "rb") as f:
-                            text = f.read()
-                    except OSError:
-                        continue
-                    if not any(marker in text for marker in source_markers):
-                        continue
+                if any(c.startswith(name[:-3] + ".") for c in compiled):
+                    continue
             elif not name.endswith(".pyc"):
                 continue
             count = sum(len(fingerprints(code) & wanted) for code in file_codes(path))
@@ -71,18 +68,19 @@ def walk_files(root: str, wanted: set[str], skip=("/proc", "/sys", "/dev"), sour
 
 
 def loaded_module_hits(wanted: set[str]) -> dict[str, int]:
-    """{module: how many of `wanted`'s digests the code of its functions and classes holds}."""
+    """{module: how many of `wanted`'s digests the code of its functions and classes holds}. Read
+    from the modules' own dictionaries: no attribute is computed (some modules compute them lazily)."""
     import sys
 
     hits: dict[str, int] = {}
     for name, module in list(sys.modules.items()):
         found = set()
-        for value in list(vars(module).values()) if module is not None else ():
-            members = vars(value).values() if isinstance(value, type) else [value]
+        for value in list(getattr(module, "__dict__", {}).values()):
+            members = list(value.__dict__.values()) if isinstance(value, type) else [value]
             for member in members:
-                code = getattr(getattr(member, "__func__", member), "__code__", None)
-                if isinstance(code, types.CodeType):
-                    found |= fingerprints(code) & wanted
+                function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                if isinstance(function, types.FunctionType):
+                    found |= fingerprints(function.__code__) & wanted
         if found:
             hits[name] = len(found)
     return hits

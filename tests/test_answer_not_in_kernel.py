@@ -9,76 +9,74 @@ from pathlib import Path
 
 import pytest
 
-from code_search import fingerprints, walk_files
+from code_search import file_codes, fingerprints, walk_files
 from graders.exercises import declared_notebooks
-from graders.harness import grading, kernel_view, sandbox
+from graders.harness import grading, kernel_plan, kernel_view, sandbox
 from graders.judging.origins import PACKAGE
-from graders.judging.provenance import allowed_code
 from test_integrity import crafted, grade, printed
 
 CONFINED = pytest.mark.skipif(bool(sandbox.confinement_unavailable()), reason="no user namespaces here")
 
-# Checks whose `produce` still runs a course implementation of the same notebook in its kernel
-# (a table, a batch or a model the check builds there). They are the work left of issue 43: each
-# must receive what it needs as inputs instead. The test fails when one is fixed, so that the
-# list only shrinks, and when any other appears.
-KNOWN_IN_KERNEL = {
-    ("06_gpt2", False): {"Unembed"},
-    ("07_training", False): {"reference_reversal"},
-    ("07_training", True): {"reference_reversal"},
-    ("08_sampling", False): {"apply_frequency_penalty", "token_counts"},
-    ("09_transformer_family", False): {"BertEmbeddings", "BertForMLM", "BertMLP", "EncoderBlock", "FusedLayerNorm",
-                                       "MLMHead", "PostNormBlock", "TiedUnembed", "gelu_erf",
-                                       "reference_mask_tokens"},
-    ("09_transformer_family", True): {"BertForMLM", "EncoderBlock", "MLMHead"},
-    ("10_modern_decoder", False): {"DecoderLayer", "GQAttention", "ModernDecoder", "RMSNorm", "SwiGLU",
-                                   "apply_rope", "attention", "rms_norm", "rope_cos_sin", "rotate_half", "swiglu"},
-    ("10_modern_decoder", True): {"DecoderLayer", "GQAttention", "RMSNorm", "SwiGLU", "attention", "rms_norm",
-                                  "swiglu"},
-}
-
-
 def _codes(obj) -> list:
     if isinstance(obj, type):
-        return [m.__code__ for m in vars(obj).values() if inspect.isfunction(m)]
+        return [inspect.unwrap(m).__code__ for m in vars(obj).values() if inspect.isfunction(m)]
     return [inspect.unwrap(obj).__code__]
 
 
-def implementations(notebook: str, composites: bool) -> dict[str, str]:
-    """{fingerprint: name} of `notebook`'s own implementations; in the kernel that grades its
-    composites, less the parts those supply (they are real there on purpose)."""
-    supplied = set()
-    if composites:   # the supplied parts, and the course's parts they run
-        parts = tuple(p for e in kernel_view._exercises_of(notebook) for p in kernel_view.supplied_parts(e))
-        supplied = {code.co_qualname.split(".")[0] for code in allowed_code(parts)}
+def implementations(answers) -> dict[str, str]:
+    """{fingerprint: name} of the course's implementations of `answers` (the notebook's names),
+    whichever notebook declares them."""
     found = {}
-    for entry in declared_notebooks()[notebook].implementations:
-        file, _, name = entry.partition(":")
-        if name in supplied:
-            continue
-        module = importlib.import_module("graders." + file[:-3].replace("/", "."))
-        for code in _codes(getattr(module, name)):
-            found.update(dict.fromkeys(fingerprints(code), name))
+    for declaration in declared_notebooks().values():
+        renamed = dict(declaration.renamed)
+        for entry in declaration.implementations:
+            file, _, name = entry.partition(":")
+            if renamed.get(name, name) not in answers:
+                continue
+            module = importlib.import_module("graders." + file[:-3].replace("/", "."))
+            for code in _codes(getattr(module, name)):
+                found.update(dict.fromkeys(fingerprints(code), name))
     return found
 
 
+def answers_of(notebook, group) -> set[str]:
+    return set().union(*(kernel_plan.answers(notebook)[g] for g in group))
+
+
 def _kernels():
+    """Every kernel that grades an answer the course implements (07's `train` and 10's
+    `generate_greedy` have no course implementation to find)."""
     for notebook in sorted(declared_notebooks()):
-        composite = any(kernel_view.supplied_parts(e) for e in kernel_view._exercises_of(notebook))
-        yield from [(notebook, False)] + ([(notebook, True)] if composite else [])
+        yield from [(notebook, group) for group in kernel_plan.kernel_groups(notebook)
+                    if implementations(answers_of(notebook, group))]
 
 
-@pytest.mark.parametrize("notebook, composites", list(_kernels()))
-def test_the_kernel_package_holds_no_implementation_of_its_notebook(notebook, composites):
-    wanted = implementations(notebook, composites)
-    view = kernel_view.kernel_package(notebook, composites)
-    assert not list(view.rglob("*.py")) or list(view.rglob("*.pyc")), "the view is compiled"
+@pytest.mark.parametrize("notebook, group", list(_kernels()))
+def test_no_kernel_holds_the_answer_of_a_check_it_grades(notebook, group):
+    wanted = implementations(answers_of(notebook, group))
+    view = kernel_view.kernel_package(notebook, group)
+    assert list(view.rglob("*.pyc")), "the view is compiled: a kernel compiles nothing"
     found = set()
     for path in walk_files(str(view), set(wanted)):
-        from code_search import file_codes
         for code in file_codes(path):
             found |= {wanted[f] for f in fingerprints(code) if f in wanted}
-    assert found == KNOWN_IN_KERNEL.get((notebook, composites), set())
+    assert found == set()
+
+
+def test_no_check_needs_its_own_answer_in_its_kernel():
+    assert {nb: kernel_plan.self_answering(nb) for nb in declared_notebooks()
+            if kernel_plan.self_answering(nb)} == {}
+
+
+def test_a_composite_is_graded_apart_from_the_parts_it_runs():
+    """10's DecoderLayer check runs the course's RMSNorm, attention and SwiGLU: its kernel is not
+    the one that grades them, and each of those kernels sees that part sealed."""
+    groups = kernel_plan.kernel_groups("10_modern_decoder")
+    layer = next(g for g in groups if "decoder_layer_test" in g)
+    assert not {"rms_norm_test", "gqa_test", "swiglu_test"} & set(layer)
+    assert {"RMSNorm", "GQAttention", "SwiGLU"} <= kernel_plan.real_answers("10_modern_decoder", layer)
+    first = next(g for g in groups if "rms_norm_test" in g)
+    assert "RMSNorm" not in kernel_plan.real_answers("10_modern_decoder", first)
 
 
 def test_the_search_finds_a_relabelled_copy(tmp_path):
@@ -86,7 +84,7 @@ def test_the_search_finds_a_relabelled_copy(tmp_path):
     name and line is found (the test above can fail)."""
     from graders.reference.components import LayerNorm
 
-    wanted = implementations("01_layernorm", False)
+    wanted = implementations({"LayerNorm"})
     relabelled = LayerNorm.forward.__code__.replace(co_filename="<cell 3>", co_name="f", co_qualname="f",
                                                     co_firstlineno=7)
     assert fingerprints(relabelled) & set(wanted)
@@ -100,23 +98,17 @@ def test_the_search_finds_a_relabelled_copy(tmp_path):
 @pytest.mark.slow
 def test_a_confined_kernel_finds_no_implementation_anywhere(tmp_path):
     """A learner cell walks the whole file system the kernel sees (every .pyc loaded, every .py
-    whose text holds a line of the wanted code, or with no compiled copy, compiled) and every
-    function it has loaded: none is the notebook's answer."""
-    notebook = "12_training_step"
-    wanted = implementations(notebook, False)
-    markers = set()
-    for entry in declared_notebooks()[notebook].implementations:
-        file, _, name = entry.partition(":")
-        source = inspect.getsource(getattr(importlib.import_module("graders." + file[:-3].replace("/", ".")), name))
-        markers |= {line.strip().encode() for line in source.splitlines() if len(line.strip()) > 30}
+    with no compiled copy compiled) and every function it has loaded: none is the answer of a
+    check that kernel grades."""
+    notebook = "03_attention"
+    wanted = implementations(answers_of(notebook, kernel_plan.kernel_groups(notebook)[0]))
     search = (Path(__file__).parent / "code_search.py").read_text()
     walk = (f"# walk\n{search}\nimport json\nwanted = set({sorted(wanted)!r})\n"
-            f"hits = walk_files('/', wanted, source_markers={sorted(markers)!r})\n"
+            "hits = walk_files('/', wanted)\n"
             "print(json.dumps([hits, loaded_module_hits(wanted)]))\n")
-    notebook_cells = crafted(notebook)
-    notebook_cells.cells.append(__import__("nbformat").v4.new_code_cell(walk))
-    cells, _, executed = grade(tmp_path, notebook, notebook_cells, cell_timeout=600)
-    files, modules = json.loads(printed(executed, "# walk"))
+    assert {"Attention"} <= set(wanted.values())
+    cells, _, executed = grade(tmp_path, notebook, crafted(notebook, extra={"setup": [walk]}), cell_timeout=600)
+    files, modules = json.loads(printed(executed, "# walk").splitlines()[-1])
     assert files == {} and modules == {}
     assert all(c.points == c.max_points for c in cells.values())
 

@@ -290,4 +290,5 @@ NOTEBOOK = Notebook(
         'exercises/parameter_count.py:expected_counts',
         'exercises/next_token.py:reference_loss',
     ),
+    renamed=(('reference_loss', 'next_token_loss'), ('expected_counts', 'count_parameters')),
 )

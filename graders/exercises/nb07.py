@@ -56,4 +56,7 @@ NOTEBOOK = Notebook(
         'exercises/training/practice.py:reference_groups',
         'exercises/training/reversal.py:reference_evaluate',
     ),
+    renamed=(('reference_lr', 'lr_at'), ('reference_reversal', 'make_reversal_batch'),
+             ('per_position', 'per_position_accuracy'), ('reference_groups', 'optimizer_groups'),
+             ('reference_evaluate', 'evaluate')),
 )

@@ -49,4 +49,6 @@ NOTEBOOK = Notebook(
         'exercises/family/tasks.py:reference_mask_tokens',
         'exercises/family/tasks.py:reference_mlm_loss',
     ),
+    renamed=(('sinusoidal', 'sinusoidal_encoding'), ('reference_mask_tokens', 'mask_tokens'),
+             ('reference_mlm_loss', 'mlm_loss')),
 )

@@ -43,4 +43,7 @@ NOTEBOOK = Notebook(
         'exercises/modern/reference.py:ModernDecoder',
         'exercises/modern/reference.py:causal_mask',
     ),
+    renamed=(('rms_norm', 'RMSNorm'), ('swiglu', 'SwiGLU'), ('attention', 'GQAttention'),
+             ('rotate_half', 'apply_rope'), ('apply_rope_interleaved', 'apply_rope'),
+             ('causal_mask', 'GQAttention')),
 )

@@ -24,4 +24,5 @@ NOTEBOOK = Notebook(
         "reference.py:train_bpe", "naive.py:naive_train",
         "texts.py:hidden_text", "texts.py:hidden_corpus",
     )),
+    renamed=(('naive_train', 'train_bpe'), ('merge_pair', 'train_bpe')),
 )

@@ -30,4 +30,5 @@ NOTEBOOK = Notebook(
     course_code=('exercises/training_step/*.py',),
     implementations=('exercises/training_step/reference.py:VariantAdamW',
                      'exercises/training_step/memory.py:saved_records'),
+    renamed=(('VariantAdamW', 'AdamW'), ('saved_records', 'saved_activation_bytes')),
 )

@@ -42,7 +42,7 @@ def _kernel_dir(root: Path, session: Session) -> Path:
 def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
         demonstrations: bool = True, given: tuple[str, ...] = (),
-        view: Path | None = None, tests: set[str] | None = None) -> dict[int, str]:
+        view: Path | None = None, tests: set[str] | None = None, stop: bool = False) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
@@ -52,7 +52,8 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     the folder `view` (its kernel view: graders.harness.kernel_view). Without `demonstrations`,
     the demonstration cells skip themselves, as they do in grading. `given` names the notebook's
     given parts for a grading kernel (graders.judging.provenance). With `tests`, only the test
-    cells of those grade_ids run (the others are graded in another kernel).
+    cells of those grade_ids run (the others are graded in another kernel), and with `stop` no
+    cell after the last of them.
     """
     session = Session(records, inputs_dir, demonstrations and records is None, tuple(given))
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
@@ -72,11 +73,11 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
-            return _run_kernels(notebook, records, workdir, limits, env, config, tests)
+            return _run_kernels(notebook, records, workdir, limits, env, config, tests, stop)
         # Unix sockets in this private folder rather than TCP on localhost: no other user can
         # connect, and the kernel has no plain-text TCP to warn about.
         config = {"KernelManager": {"transport": "ipc", "ip": str(Path(private) / "kernel")}}
-        return _run_kernels(notebook, records, workdir, limits, env, config, tests)
+        return _run_kernels(notebook, records, workdir, limits, env, config, tests, stop)
 
 
 def _test_cell_prelude(grade_id: str) -> str:
@@ -84,7 +85,7 @@ def _test_cell_prelude(grade_id: str) -> str:
     return f"from graders.judging.session import enter_cell as _enter_cell; _enter_cell({grade_id!r})\n"
 
 
-def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, tests=None) -> dict[int, str]:
+def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, tests=None, stop=False) -> dict[int, str]:
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
@@ -92,6 +93,8 @@ def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, te
     problems: dict[int, str] = {}
     test_indices = {i for i, c in enumerate(notebook.cells) if is_test_cell(c)}
     done = {i for i in test_indices if tests is not None and nbgrader_meta(notebook.cells[i])["grade_id"] not in tests}
+    if stop:
+        done |= set(range(max(test_indices - done, default=-1) + 1, len(notebook.cells)))
     for _attempt in range(MAX_RESTARTS):
         order = [i for i in range(len(notebook.cells))
                  if notebook.cells[i]["cell_type"] == "code" and i not in problems and i not in done]

@@ -6,8 +6,10 @@
    This imports every exercise module the judge needs before any learner code runs.
 3. Prepare: each listed check's inputs, computed here from the reference and written where the
    kernel can read them. Expected outputs never leave this process.
-4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel; test cells record
-   what the learner's code produced (graders.judging.records).
+4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel, or in several one
+   after the other when a check runs course code that another check's answer is
+   (graders.harness.kernel_plan); test cells record what the learner's code produced
+   (graders.judging.records).
 5. Judge: each recorded output, found by its check id, with `graders.judging.verdict.decide`
    (what the learner's own check cell calls too). A test cell scores its points only if all
    its checks pass.
@@ -30,7 +32,8 @@ from graders.exercises import find
 from graders.judging.provenance import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
-from graders.harness.kernel_view import kernel_package, supplied_parts
+from graders.harness.kernel_plan import kernel_groups
+from graders.harness.kernel_view import kernel_package
 from graders.harness.sandbox import confinement_unavailable, kernel_files, unconfined_notice
 
 
@@ -104,17 +107,6 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: dict[str
     return CellResult(grade_id, points, points, "passed")
 
 
-def kernel_runs(wanted: dict[str, list[Check] | UnreadableTestCell]) -> list[tuple[bool, set[str]]]:
-    """The kernels a notebook is graded in, one after the other: (whether it grades the
-    composites, the grade_ids of the test cells it runs). A composite's check runs course parts
-    inside the learner's code; they are real only in the second kernel, whose records count for
-    the composites alone, so no other check can reach them."""
-    composite = {grade_id for grade_id, checks in wanted.items() if not isinstance(checks, UnreadableTestCell)
-                 and any(supplied_parts(find(key)) for key, _ in checks)}
-    runs = [(False, set(wanted) - composite)]
-    return runs + [(True, composite)] if composite else runs
-
-
 def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
                    limits: TimeLimits = TimeLimits(), flags: list[str] | None = None) -> tuple[NotebookResult, object]:
     """Grade one student's notebook; returns the result and the executed, restored notebook."""
@@ -142,22 +134,21 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     files = None if unavailable else kernel_files(inputs)
     before = graders_snapshot()
     recorded, problems = {}, {}
-    for composites, tests in kernel_runs(wanted):
-        # Each kernel has folders of its own: neither sees, nor can prepare, the other's.
-        suffix = "-composites" if composites else ""
-        home, records = workdir / f"kernel{suffix}", workdir / f"records{suffix}"
+    for number, group in enumerate(kernel_groups(name)):
+        # Each kernel has folders of its own: none sees, nor can prepare, another's.
+        home, records = workdir / f"kernel-{number}", workdir / f"records-{number}"
         for folder in (home, records):
             folder.mkdir(parents=True)
-        run_notebook = copy.deepcopy(notebook) if composites else notebook
+        later = number > 0   # runs the notebook only as far as its last test cell
+        run_notebook = copy.deepcopy(notebook) if later else notebook
         found = run(run_notebook, records, home, limits, files, inputs, given=given_part_names(name),
-                    view=None if unavailable else kernel_package(name, composites), tests=tests)
+                    view=None if unavailable else kernel_package(name, group), tests=set(group), stop=later)
         graded_here = {i for i, c in enumerate(notebook.cells)
-                       if is_test_cell(c) and nbgrader_meta(c)["grade_id"] in tests}
-        problems.update({i: p for i, p in found.items() if not composites or i in graded_here})
-        recorded.update({check: r for check, r in load_records(records).items() if check.split("/")[0] in tests})
-        if composites:   # the composites' test cells show what they printed in their own kernel
-            for i in graded_here:
-                notebook.cells[i]["outputs"] = run_notebook.cells[i].get("outputs", [])
+                       if is_test_cell(c) and nbgrader_meta(c)["grade_id"] in group}
+        problems.update({i: p for i, p in found.items() if not later or i in graded_here})
+        recorded.update({check: r for check, r in load_records(records).items() if check.split("/")[0] in group})
+        for i in graded_here if later else ():   # a test cell shows what it printed in its own kernel
+            notebook.cells[i]["outputs"] = run_notebook.cells[i].get("outputs", [])
     tampered = changed_graders(before)
     if tampered:
         result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "

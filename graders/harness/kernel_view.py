@@ -11,10 +11,10 @@ code gets the same refusal as in their own kernel (graders.judging.provenance), 
 implementation is on the kernel's file system, as source or as bytecode: the kernel sees the
 package as a folder of its own (`kernel_package`), compiled from those copies.
 
-Kept real: what the notebook's given cells import and what its checks' `produce` functions run
-in the kernel, with the course functions and classes they name. The parts a composite's check
-supplies are real only in the kernel that grades the composites (`kernel_package(...,
-composites=True)`), whose records count for nothing else (graders.harness.grading).
+Kept real: what the notebook's given cells import and what the checks a kernel grades run in
+it (their `produce`, the parts a composite supplies), with the course functions and classes they
+name. A notebook is graded in as many kernels as it takes for none of them to hold real the
+answer of a check it grades (graders.harness.kernel_plan).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from graders.judging.provenance import allowed_code, given_parts
 SEALED_ERROR = "CourseCodeSealed"
 
 
-def _exercises_of(notebook: str) -> list:
+def exercises_of(notebook: str) -> list:
     from graders.exercises import grader_module
     from graders.judging.exercise import _REGISTRY
 
@@ -52,9 +52,9 @@ def supplied_parts(exercise) -> tuple:
     return (*exercise.supplies, *getattr(exercise.produce, "supplies", ()))
 
 
-def sealed(notebook: str, composites: bool = False) -> dict[Path, set[str]]:
-    """The top-level functions and classes, by file, that `notebook`'s kernel sees sealed: in the
-    kernel that grades its composites, all but the parts they supply."""
+def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, set[str]]:
+    """The top-level functions and classes, by file, that the kernel grading `cells` of `notebook`
+    (grade_ids; None: a kernel that runs no check) sees sealed."""
     from graders.exercises import declared_notebooks
 
     declared = declared_notebooks()
@@ -67,7 +67,7 @@ def sealed(notebook: str, composites: bool = False) -> dict[Path, set[str]]:
         for entry in declaration.implementations:
             file, _, symbol = entry.partition(":")
             add(PACKAGE / file, symbol)
-        for exercise in _exercises_of(name):
+        for exercise in exercises_of(name):
             for fn in (exercise.judge, exercise.inputs):
                 found = _function_name(fn)
                 if found:
@@ -76,18 +76,27 @@ def sealed(notebook: str, composites: bool = False) -> dict[Path, set[str]]:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_mistakes"):
                 add(path.resolve(), node.name)
-    kept = _kept(notebook, composites)
+    kept = kept_real(notebook, cells)
     return {path: names - kept.get(path, set()) for path, names in wanted.items() if names - kept.get(path, set())}
 
 
-def _kept(notebook: str, composites: bool) -> dict[Path, set[str]]:
-    """What stays real: the given parts, and what every exercise's `produce` runs in the kernel,
-    with the course's functions and classes they name; the composites' supplied parts only in
-    the kernel that grades the composites."""
+def cell_exercises(notebook: str, cells: tuple[str, ...] | None) -> list:
+    """The exercises the test cells `cells` of `notebook` check."""
+    from graders.exercises import find
+    from graders.harness.manifest import notebook_checks
+
+    listed = notebook_checks(notebook)
+    return [find(key) for grade_id in cells or () if isinstance(listed.get(grade_id), list)
+            for key, _ in listed[grade_id]]
+
+
+def kept_real(notebook: str, cells: tuple[str, ...] | None) -> dict[Path, set[str]]:
+    """What stays real in the kernel grading `cells`: the given parts, and what those cells'
+    checks run in the kernel (their `produce`, and the parts a composite supplies), with the
+    course's functions and classes they name."""
     parts = list(given_parts(notebook))
-    for exercise in _exercises_of(notebook):
-        if bool(supplied_parts(exercise)) == composites or not composites:
-            parts += [inspect.unwrap(exercise.produce), *(supplied_parts(exercise) if composites else ())]
+    for exercise in cell_exercises(notebook, cells):
+        parts += [inspect.unwrap(exercise.produce), *supplied_parts(exercise)]
     kept: dict[Path, set[str]] = {}
     for code in allowed_code(tuple(parts)):
         module_file = Path(code.co_filename).resolve()
@@ -123,11 +132,10 @@ def sealed_source(path: Path, names: set[str]) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def kernel_package(notebook: str, composites: bool = False) -> Path:
-    """The graders package as `notebook`'s kernel sees it (`composites`: the kernel that grades its
-    composites): a folder of its own holding every module, each file that `sealed` names as its
-    sealed copy, compiled (so that no kernel compiles, nor
-    finds a real module's bytecode). Made once per version of the graders and the released
+def kernel_package(notebook: str, cells: tuple[str, ...] | None = None) -> Path:
+    """The graders package as the kernel grading `cells` of `notebook` sees it: a folder of its
+    own holding every module, each file that `sealed` names as its sealed copy, compiled (so that
+    no kernel compiles, nor finds a real module's bytecode). Made once per version of the graders and the released
     notebooks (what decides it), in the course cache; a grading kernel's cache is a fresh folder."""
     import compileall
     import hashlib
@@ -142,9 +150,10 @@ def kernel_package(notebook: str, composites: bool = False) -> Path:
     digest = hashlib.sha256()
     for path in sources + sorted(EXERCISES.glob("*.ipynb")):
         digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
-    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / (notebook + "+composites" * composites)
+    group = hashlib.sha256(repr(sorted(cells or ())).encode()).hexdigest()[:10]
+    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / f"{notebook}-{group}"
     if not folder.is_dir():
-        seal = sealed(notebook, composites)
+        seal = sealed(notebook, cells)
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{notebook}."))
         for path in sources:
             copy = staging / path.relative_to(PACKAGE)

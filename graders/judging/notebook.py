@@ -28,9 +28,12 @@ class Notebook:
     # answer that copies one is flagged for the instructor (graders.harness.copies).
     course_code: tuple[str, ...] = ()
     # The course's implementations of this notebook's exercises ("reference/components.py:LayerNorm",
-    # under graders/): sealed in the grading kernels of this notebook and the earlier ones
-    # (graders.harness.kernel_view).
+    # under graders/): sealed in every grading kernel but where a check runs it
+    # (graders.harness.kernel_view, kernel_plan).
     implementations: tuple[str, ...] = ()
+    # (the course's name, the notebook's name) of implementations named otherwise in the notebook
+    # ("reference_lr", "lr_at"): how a grading kernel knows which check an implementation answers.
+    renamed: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if not (len(self.name) > 3 and self.name[:2].isdigit() and self.name[2] == "_"):

@@ -33,6 +33,7 @@ class CheckCall:
     function: str        # "check_layernorm"
     arguments: dict      # its keyword arguments, each a literal
     line: int
+    learners: tuple[str, ...] = ()   # the names of the learner's objects it checks
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ def read_calls(source: str, where: str = "test cell") -> tuple[CheckCall, ...]:
                 arguments[keyword.arg] = ast.literal_eval(keyword.value)
             except ValueError:
                 refuse(f"the argument {keyword.arg}= is computed; write its value as a literal")
-        calls.append(CheckCall(call.func.value.id, call.func.attr, arguments, statement.lineno))
+        learners = tuple(a.id for a in call.args if isinstance(a, ast.Name))
+        calls.append(CheckCall(call.func.value.id, call.func.attr, arguments, statement.lineno, learners))
     return tuple(calls)
 
 

@@ -54,9 +54,15 @@ def _weights(seed: int) -> dict:
     return spread_weights(reference, 800 + seed)
 
 
-def tied_model(cfg, unembed_class, seed: int, what: str = "TiedUnembed") -> nn.Module:
+def inputs(case: Case) -> dict[str, torch.Tensor]:
+    """The seeded weights, made here: making them in the kernel would need the course's TiedUnembed."""
+    return {name: value.contiguous() for name, value in _weights(case.seed).items()}
+
+
+def tied_model(cfg, unembed_class, seed: int, what: str = "TiedUnembed", weights: dict | None = None) -> nn.Module:
     """A course DemoTransformer whose unembedding is `unembed_class(model.embed)`, with seeded
-    weights written in place (so that whatever shares W_E's memory sees them)."""
+    weights (`weights`, else made here) written in place (so that whatever shares W_E's memory
+    sees them)."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = components.DemoTransformer(cfg)
@@ -67,7 +73,7 @@ def tied_model(cfg, unembed_class, seed: int, what: str = "TiedUnembed") -> nn.M
                           f"[{cfg.d_vocab}] (got {type(bias).__name__}"
                           f"{'' if bias is None else ' of shape ' + str(list(bias.shape))}).")
     with torch.no_grad():
-        for name, value in _weights(seed).items():
+        for name, value in (_weights(seed) if weights is None else weights).items():
             target = bias if name == "unembed.b_U" else model.get_parameter(name)
             target.copy_(value)
     return model
@@ -91,7 +97,7 @@ def _step(model, tokens, targets) -> torch.Tensor:
 
 def produce(TiedUnembed, case: Case, inputs: dict) -> dict:
     cfg = block_config()
-    model = tied_model(cfg, TiedUnembed, case.seed)
+    model = tied_model(cfg, TiedUnembed, case.seed, weights=inputs)
     tokens, targets = _data(case, cfg)
     W_E = model.embed.W_E
     entries = [t for n, t in model.state_dict().items()
@@ -161,7 +167,7 @@ def _resid(model, tokens):
     return resid
 
 
-exercise = Exercise("09_transformer_family", "TiedUnembed", produce, judge,
+exercise = Exercise("09_transformer_family", "TiedUnembed", produce, judge, inputs=inputs,
                     defaults={"text": None, "batch": 2, "seq": 8})
 check_tied_unembed = exercise.checker(
     "Grade `TiedUnembed(embed)`: one parameter shared with the embedding (state dict, parameter "

@@ -1,5 +1,5 @@
 """Where a learner's ModernDecoder first differs from transformers' LlamaForCausalLM. Its layers and
-final norm are the course's (model.with_course_parts), so what can differ is what the model
+final norm are the course's (model.with_course_layers), so what can differ is what the model
 hands them: the embedding, the cos and sin, each layer's input and cache, the final norm's input,
 the unembedding. Hooks on the layers and the final norm record these in the kernel, for the
 whole sequence and for the chunk that runs on the cache; the judge walks them in forward order

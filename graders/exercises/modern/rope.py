@@ -37,6 +37,16 @@ def _qk(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(torch.randn(case.batch, N_HEADS, case.seq, D_HEAD, generator=generator) for _ in range(2))
 
 
+def rotation_table(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of seeded random angles, laid out as RoPE's table is (each angle on a dimension
+    and on its partner d_head/2 later): what apply_rope is checked with. Not RoPE's own table,
+    which would be rope_cos_sin's answer in the kernel."""
+    generator = torch.Generator().manual_seed(810 + case.seed)
+    angles = torch.rand(case.seq, D_HEAD // 2, generator=generator) * 2 * math.pi
+    table = torch.cat([angles, angles], dim=-1)
+    return table.cos(), table.sin()
+
+
 def produce(learner, case: Case, inputs: dict) -> dict:
     rope_cos_sin, apply_rope = learner
     positions = torch.arange(case.seq)
@@ -46,7 +56,7 @@ def produce(learner, case: Case, inputs: dict) -> dict:
         cos, sin = _pair(run_learner("RoPE (rope_cos_sin)", rope_cos_sin, positions, D_HEAD, theta,
                                      forbidden=FORBIDDEN))
         outputs[f"cos_{theta:g}"], outputs[f"sin_{theta:g}"] = cos, sin
-    cos, sin = ref.rope_cos_sin(positions, D_HEAD, THETAS[0])
+    cos, sin = rotation_table(case)
     outputs["q_rotated"] = run_learner("RoPE (apply_rope)", apply_rope, q, cos, sin, forbidden=FORBIDDEN)
     for name, start in (("scores", 0), ("scores_shifted", offset(case))):
         cos, sin = _pair(run_learner("RoPE (rope_cos_sin)", rope_cos_sin, positions + start, D_HEAD, THETAS[0],
@@ -189,9 +199,9 @@ def judge(case: Case, outputs: dict) -> None:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     q, k = _qk(case)
-    cos, sin = ref.hf_rope(replace(ref.ModernConfig(), d_head=D_HEAD), positions)
+    cos, sin = rotation_table(case)
     expected, _ = apply_rotary_pos_emb(q, k, cos[None], sin[None])
-    compare(f"apply_rope(q {list(q.shape)}, cos, sin)", outputs.get("q_rotated"), expected, X_DIMS,
+    compare(f"apply_rope(q {list(q.shape)}, cos and sin of seeded angles)", outputs.get("q_rotated"), expected, X_DIMS,
             mistakes=lambda: rotation_mistakes(q, cos, sin), hint="x * cos + rotate_half(x) * sin.")
     compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
             "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),

@@ -1,0 +1,75 @@
+"""In which kernels a notebook is graded: none may hold real the answer of a check it grades.
+
+A check whose `produce` runs course code in the kernel (a composite's supplied parts, a course
+model it hands over) makes that code real in its kernel (graders.harness.kernel_view.kept_real).
+The test cells are put, in notebook order, each into the first kernel where no cell's answer is
+real; most notebooks need one kernel, a notebook with composites one or two more. The kernels run
+one after the other, each with folders of its own, and only the records of the cells a kernel
+grades count from it (graders.harness.grading). A check that makes its own answer real cannot be
+graded without it and is listed by `self_answering`, which a test keeps empty.
+
+A check's answer is named by what its test cell passes it (`check_rope(rope_cos_sin, apply_rope)`);
+a course implementation by the notebook's name for it (`Notebook.renamed`, else its own name).
+"""
+from __future__ import annotations
+
+import functools
+
+from graders.harness.kernel_view import kept_real
+
+
+@functools.lru_cache(maxsize=None)
+def answers(notebook: str) -> dict[str, frozenset[str]]:
+    """{grade_id: the names of the learner's objects its checks grade}."""
+    from graders.harness.cells import source_notebook, test_cells
+    from graders.judging.testcells import UnreadableTestCell, test_cells_of
+
+    found = {}
+    for cell in test_cells(source_notebook(notebook)):
+        try:
+            (read,) = test_cells_of([cell], notebook)
+        except UnreadableTestCell:
+            continue
+        found[read.grade_id] = frozenset(name for call in read.calls for name in call.learners)
+    return found
+
+
+def real_answers(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
+    """The notebook's names of the course implementations real in the kernel grading `cells`."""
+    from graders.exercises import declared_notebooks
+    from graders.judging.origins import PACKAGE
+
+    declared = declared_notebooks()
+    renamed = {course: mine for d in declared.values() for course, mine in d.renamed}
+    kept = kept_real(notebook, cells)
+    real = set()
+    for declaration in declared.values():
+        for entry in declaration.implementations:
+            file, _, name = entry.partition(":")
+            if name in kept.get((PACKAGE / file).resolve(), ()):
+                real.add(renamed.get(name, name))
+    return frozenset(real)
+
+
+def _clash(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
+    graded = frozenset().union(*(answers(notebook).get(c, frozenset()) for c in cells))
+    return real_answers(notebook, cells) & graded
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_groups(notebook: str) -> tuple[tuple[str, ...], ...]:
+    """The test cells (grade_ids) each kernel grades, in the order the kernels run."""
+    groups: list[tuple[str, ...]] = []
+    for grade_id in answers(notebook):
+        for i, group in enumerate(groups):
+            if not _clash(notebook, group + (grade_id,)):
+                groups[i] = group + (grade_id,)
+                break
+        else:
+            groups.append((grade_id,))
+    return tuple(groups)
+
+
+def self_answering(notebook: str) -> dict[str, frozenset[str]]:
+    """{grade_id: its answers that its own checks make real}: cells no kernel can grade safely."""
+    return {g: clash for g in answers(notebook) if (clash := _clash(notebook, (g,)))}
