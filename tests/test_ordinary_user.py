@@ -1,0 +1,72 @@
+"""An instructor who is not root gets the same confinement and the same grades (issue 43): the
+example class graded as an ordinary user (uid 65534, no groups), on a notebook graded in one
+kernel and one whose composite is graded in a kernel of its own."""
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from graders.course import example_class
+from test_classroom import EXPECTED
+
+NOBODY = 65534
+NOTEBOOKS = ("01_layernorm", "04_mlp")   # 04: its MLP check runs the course's gelu_new in a kernel of its own
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="run as another user, the whole suite is that test")]
+
+
+def _unreachable_ancestor(path: Path) -> Path | None:
+    """The top-most folder above `path` that others cannot enter (/root for a Python under it)."""
+    for parent in reversed(path.parents):
+        if parent != Path("/") and not parent.stat().st_mode & 0o001:
+            return parent
+    return None
+
+
+def _as_nobody(command: list[str], env: dict) -> subprocess.CompletedProcess:
+    """`command` as uid 65534 with no groups. Python may live in a folder only root enters (here
+    /root/.pyenv): in a mount namespace of this command alone, that folder is shown as a fresh one
+    holding Python only."""
+    python = Path(sys.base_prefix).resolve()
+    hidden = _unreachable_ancestor(python)
+    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "env", "-i",
+            *(f"{k}={v}" for k, v in env.items()), *command]
+    if hidden is None:
+        return subprocess.run(drop, capture_output=True, text=True, timeout=1500)
+    stash = tempfile.mkdtemp(prefix="gpt2-python-")
+    script = (f'mount --bind "{python}" "{stash}" && mount -t tmpfs -o mode=0755 tmpfs "{hidden}" && '
+              f'mkdir -p "{python}" && mount --bind "{stash}" "{python}" && exec "$@"')
+    try:
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *drop],
+                              capture_output=True, text=True, timeout=1500)
+    finally:
+        os.rmdir(stash)
+
+
+def test_the_example_class_graded_as_an_ordinary_user_gets_its_expected_grades():
+    work = Path(tempfile.mkdtemp(prefix="gpt2-ordinary-"))
+    try:
+        work.chmod(0o755)
+        submissions = work / "class"
+        example_class.write(submissions)
+        for where in [work, *work.rglob("*")]:
+            os.chown(where, NOBODY, NOBODY)
+        env = {"PATH": os.environ["PATH"], "HOME": str(work), "GPT2_COURSE_CACHE": str(work / "cache"),
+               "GPT2_COURSE_WEIGHTS": "synthetic", "OMP_NUM_THREADS": "1"}
+        done = _as_nobody([sys.executable, "-m", "graders.harness.classroom", "--submissions", str(submissions),
+                           "--out", str(work / "grading"), "--plain", "--workers", "2",
+                           "--notebooks", *NOTEBOOKS], env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "NOT CONFINED" not in done.stderr, done.stderr[-3000:]
+        with open(work / "grading" / "grades.csv") as f:
+            rows = {row["student"]: row for row in csv.DictReader(f)}
+        for student, cells in EXPECTED.items():
+            wanted = {cell: float(points) for cell, points in cells.items() if cell.split("/")[0] in NOTEBOOKS}
+            assert {cell: float(rows[student][cell]) for cell in wanted} == wanted, student
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
