@@ -141,3 +141,56 @@ def test_a_kernel_writes_nothing_a_later_kernel_or_the_grader_loads(tmp_path):
     assert not any("grader files changed" in flag for flag in result.flags)
     assert cells["layernorm_test"].points == 5
     assert len(printed(executed, "# plant").split()) == len(targets)
+
+
+# The families of round 4 that reached the course's real code in the kernel. Each scores 0 in the
+# grade: there is no real code to reach.
+LAUNDERED = '''    def forward(self, residual):
+        import glob, importlib.util, marshal, types
+        import graders.reference.components as c
+        folder = c.__file__.rsplit("/", 1)[0] + "/__pycache__/"
+        data = open(glob.glob(folder + "components.*.pyc")[0], "rb").read()
+        module = marshal.loads(data[16:])
+        cls = next(k for k in module.co_consts if getattr(k, "co_name", "") == "LayerNorm")
+        body = next(k for k in cls.co_consts if getattr(k, "co_name", "") == "forward")
+        body = body.replace(co_filename=type(self).forward.__code__.co_filename)
+        return types.FunctionType(body, vars(c))(self, residual)
+'''
+THROUGH_A_WRAPPER = '''    def forward(self, residual):
+        import functools
+        import graders.reference.components as c
+        return functools.lru_cache(maxsize=None)(c.LayerNorm.forward)(self, residual)
+'''
+PROFILER_OFF = '''    def forward(self, residual):
+        import importlib
+        provenance = importlib.import_module("graders.judging." + "provenance")
+        provenance.Watch.refusal = lambda *args, **kwargs: None
+        provenance.Watch.library_answer = lambda *args, **kwargs: None
+        import graders.reference.components as c
+        return c.LayerNorm.forward(self, residual)
+'''
+
+
+@CONFINED
+@pytest.mark.slow
+@pytest.mark.parametrize("forward", [LAUNDERED, THROUGH_A_WRAPPER, PROFILER_OFF],
+                         ids=["bytecode-laundering", "lru_cache-wrapper", "profiler-switched-off"])
+def test_the_course_code_a_cheat_reaches_for_is_not_there(tmp_path, forward):
+    from test_integrity import with_forward
+
+    cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
+    assert cells["layernorm_test"].points == 0
+
+
+@CONFINED
+@pytest.mark.slow
+def test_a_part_real_for_a_composite_is_sealed_where_the_part_is_graded(tmp_path):
+    """10's RMSNorm, with the profiler switched off, taking the course's RMSNorm (real in the kernel
+    that grades DecoderLayer): 0 for RMSNorm. (Checks below a cell that names `graders` fail
+    too, by the rule the notebook states.)"""
+    from test_integrity import with_forward
+
+    forward = PROFILER_OFF.replace("graders.reference.components as c", "graders.exercises.modern.reference as c") \
+        .replace("c.LayerNorm.forward(self, residual)", "c.RMSNorm.forward(self, x)").replace("residual", "x")
+    cells, _, _ = grade(tmp_path, "10_modern_decoder", with_forward("10_modern_decoder", "rms_norm_answer", forward))
+    assert cells["rms_norm_test"].points == 0
