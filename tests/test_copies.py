@@ -256,3 +256,27 @@ def test_a_pasted_attention_keeps_its_points_and_is_reported(tmp_path):
     result, _ = grading.grade_notebook("pat", "03_attention", path, tmp_path / "work")
     assert result.score == sum(c.max_points for c in result.cells)
     assert any("Attention.forward matches the course's own implementation" in f for f in result.flags)
+
+
+@pytest.mark.slow
+def test_make_grade_names_two_students_with_the_same_answer_and_keeps_their_grades(tmp_path):
+    """The class pass in `make grade` (graders.harness.classroom): ann's and bob's attention are
+    one answer (bob changed its comments); each is named in the other's report, and both keep
+    the points the answer earns. Running again keeps the notes."""
+    from graders.harness import classroom
+    from graders.harness.limits import TimeLimits
+
+    ann = submission("03_attention", solved=True)
+    bob = _with_answer(submission("03_attention", solved=True), "attention_answer",
+                       re.sub(r"#.*", "# mine", answers(ann)["attention_answer"]))
+    for student, notebook in (("ann", ann), ("bob", bob)):
+        (tmp_path / "class" / student).mkdir(parents=True)
+        nbformat.write(notebook, tmp_path / "class" / student / "03_attention.ipynb")
+    out = tmp_path / "out"
+    for _ in range(2):
+        entries = classroom.grade_class(tmp_path / "class", out, ["03_attention"], workers=1, limits=TimeLimits())
+        for entry in entries:
+            assert sum(c["points"] for c in entry["cells"]) == sum(c["max_points"] for c in entry["cells"])
+        for student, other in (("ann", "bob"), ("bob", "ann")):
+            assert f"answer cell attention_answer: the answer matches {other}'s answer to the same exercise" in \
+                (out / "reports" / f"{student}.txt").read_text()

@@ -54,8 +54,7 @@ LIBRARY_SOURCES = {
 
 @dataclass(frozen=True)
 class Code:
-    """A piece of code to compare: where it comes from, what it is called there, its text."""
-    origin: str
+    """A function to compare: what it is called where it comes from, its text."""
     name: str
     text: str
 
@@ -89,18 +88,18 @@ def statements(text: str) -> int:
         (len(tree.body) == 1 and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
-def functions(text: str, origin: str) -> list[Code]:
+def functions(text: str) -> list[Code]:
     """Every function and method in `text` (nested ones are part of theirs), and the code held
     in its string constants (a source pasted in to be exec'd); the whole text when it defines
     none or does not parse."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return [Code(origin, "the cell", text)]
+        return [Code("the cell", text)]
     found = []
     for node in tree.body:
         members = [(f"{node.name}.", m) for m in node.body] if isinstance(node, ast.ClassDef) else [("", node)]
-        found += [Code(origin, prefix + m.name, textwrap.dedent(ast.get_source_segment(text, m)))
+        found += [Code(prefix + m.name, textwrap.dedent(ast.get_source_segment(text, m)))
                   for prefix, m in members if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and "def " in node.value:
@@ -108,9 +107,9 @@ def functions(text: str, origin: str) -> list[Code]:
                 ast.parse(textwrap.dedent(node.value))
             except SyntaxError:
                 continue
-            found += [Code(origin, f"code in a string: {code.name}", code.text)
-                      for code in functions(textwrap.dedent(node.value), origin)]
-    return found or [Code(origin, "the cell", text)]
+            found += [Code(f"code in a string: {code.name}", code.text)
+                      for code in functions(textwrap.dedent(node.value))]
+    return found or [Code("the cell", text)]
 
 
 @lru_cache(maxsize=None)
@@ -118,22 +117,20 @@ def _sources(name: str) -> tuple[tuple[str, Code, object], ...]:
     """(how a note names it, function, fingerprint) of every implementation an answer of notebook
     `name` is compared with: the course's graders and solution, then the libraries'."""
     from graders.exercises import declared_notebooks
+    from graders.harness.cells import source_notebook
 
     found = []
     for pattern in declared_notebooks()[name].course_code:
         for path in sorted(PACKAGE.glob(pattern)):
             where = f"graders/{path.relative_to(PACKAGE)}"
             found += [(f"the course's own implementation ({where}: {code.name})", code)
-                      for code in functions(path.read_text(), where)]
-    from graders.harness.cells import source_notebook
-
+                      for code in functions(path.read_text())]
     found += [(f"the course's solution (solutions/{name}.ipynb: {code.name})", code)
-              for grade_id, text in answers(source_notebook(name)).items()
-              for code in functions(text, grade_id)]
+              for text in answers(source_notebook(name)).values() for code in functions(text)]
     for package, file, what in LIBRARY_SOURCES.get(name, ()):
         path = Path(importlib.util.find_spec(package).origin).parent / file
         where = f"{package}/{file}"
-        found += [(f"{what} ({where}: {code.name})", code) for code in functions(path.read_text(), where)]
+        found += [(f"{what} ({where}: {code.name})", code) for code in functions(path.read_text())]
     return tuple((label, code, fingerprint(code.text)) for label, code in found)
 
 
@@ -158,11 +155,14 @@ def _given_statements(name: str) -> dict[str, int]:
 
 @lru_cache(maxsize=1)
 def _names() -> dict[tuple[str, ...], str]:
-    """{the answer cell ids of a released notebook: its name}: `copy_flags` is given the notebook."""
+    """{the answer cell ids of a released notebook: its name}: `copy_flags` is given the notebook
+    (of those released so far: a course being built may have only some)."""
     from graders.exercises import declared_notebooks
     from graders.harness.cells import released_notebook
+    from graders.layout import EXERCISES
 
-    return {tuple(answers(released_notebook(name))): name for name in declared_notebooks()}
+    return {tuple(answers(released_notebook(name))): name for name in declared_notebooks()
+            if (EXERCISES / f"{name}.ipynb").is_file()}
 
 
 def _note(grade_id: str, what: str, source: str, how_much: str) -> str:
@@ -203,7 +203,7 @@ def copy_flags(notebook, released) -> list[str]:
     sources, given = _sources(name), _given(name)
     notes = []
     for grade_id, text in answers(notebook).items():
-        for code in functions(text, grade_id):
+        for code in functions(text):
             if statements(code.text) < MIN_STATEMENTS:
                 continue
             mine = fingerprint(code.text, given)
