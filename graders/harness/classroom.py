@@ -66,11 +66,11 @@ def grade_task(submission: Submission, limits) -> dict:
                 result, executed = grading.grade_notebook(submission.student, name, submission.path,
                                                           workdir, limits)
             cells, flags, answered = result.to_json()["cells"], result.flags, answers(executed)
-            notes = submission.notes + flags
-            notebook = annotated(executed, name, cells, notes)
-            for_learner = [note for note in notes if not is_copy_note(note)]
-            page = feedback_html(notebook if for_learner == notes else
-                                 annotated(executed, name, cells, for_learner), name, cells)
+            # `nbgrader generate_feedback` makes the learner's page from the autograded notebook:
+            # copy notes stay in the report and the gradebook's comment (as graders.harness.autograde)
+            notebook = annotated(executed, name, cells,
+                                 [note for note in submission.notes + flags if not is_copy_note(note)])
+            page = feedback_html(notebook, name, cells)
         except Exception as err:  # the grader's own failure: reported, never silently zero
             cells, flags = _ungraded(name, "error", f"the grader failed on this notebook: "
                                                     f"{type(err).__name__}: {err}"), []
