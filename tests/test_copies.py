@@ -194,13 +194,13 @@ def test_two_students_with_the_same_answer_are_flagged_as_each_others_and_keep_t
     before = {key: entry["cells"] for key, entry in results.entries.items()}
     review_class(results, tmp_path)
     copies = {student: entry["copies"] for (student, _), entry in results.entries.items()}
-    assert [n.split(" (")[0] for n in copies["ann"]] == ["answer cell adamw_answer: the answer matches bob's "
-                                                         "answer to the same exercise"], copies
-    assert [n.split(" (")[0] for n in copies["bob"]] == ["answer cell adamw_answer: the answer matches ann's "
-                                                         "answer to the same exercise"], copies
+    for student, other in (("ann", "bob"), ("bob", "ann")):
+        assert [n.split(" (")[0] for n in copies[student]] == [
+            "answer cell adamw_answer: the answer matches other students' answers to the same exercise"], copies
+        assert f"exercise ({other}: " in copies[student][0] and "cy:" not in copies[student][0], copies
     assert copies["cy"] == [], copies          # the independent answer
     assert {key: entry["cells"] for key, entry in ClassResults(tmp_path).entries.items()} == before
-    assert "matches bob's answer to the same exercise" in (tmp_path / "reports" / "ann.txt").read_text()
+    assert "to the same exercise (bob: " in (tmp_path / "reports" / "ann.txt").read_text()
     assert "matches" not in (tmp_path / "reports" / "cy.txt").read_text()
 
 
@@ -216,7 +216,7 @@ def test_the_class_pass_is_the_answer_cells_comment_in_nbgrader_and_runs_again_u
         find_grade=lambda cell, nb, a, student: grades.setdefault((student, cell), SimpleNamespace(manual_score=None)),
         find_submission_notebook=notebook, db=SimpleNamespace(commit=lambda: None)))
     review_class(results, tmp_path, gradebook)
-    assert "matches bob's answer" in comments["ann"][0].auto_comment and comments["ann"][1].auto_comment is None
+    assert "exercise (bob: " in comments["ann"][0].auto_comment and comments["ann"][1].auto_comment is None
     assert grades["ann", "adamw_test"].auto_score == 5.0
     comments.clear()
     review_class(ClassResults(tmp_path), tmp_path, gradebook)   # nothing changed: nothing rewritten
@@ -278,5 +278,5 @@ def test_make_grade_names_two_students_with_the_same_answer_and_keeps_their_grad
         for entry in entries:
             assert sum(c["points"] for c in entry["cells"]) == sum(c["max_points"] for c in entry["cells"])
         for student, other in (("ann", "bob"), ("bob", "ann")):
-            assert f"answer cell attention_answer: the answer matches {other}'s answer to the same exercise" in \
-                (out / "reports" / f"{student}.txt").read_text()
+            assert f"answer cell attention_answer: the answer matches other students' answers to the same " \
+                   f"exercise ({other}: " in (out / "reports" / f"{student}.txt").read_text()

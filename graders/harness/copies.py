@@ -216,8 +216,9 @@ def copy_flags(notebook, released) -> list[str]:
 
 
 def class_notes(entries: dict) -> dict[tuple[str, str], list[str]]:
-    """{(student, notebook): notes} for the answer cells that are near-copies of another
-    student's answer to the same exercise, over a class's results (each entry's "answers")."""
+    """{(student, notebook): notes}, one per answer cell that is a near-copy of other students'
+    answers to the same exercise (or they of it), naming them, over a class's results (each
+    entry's "answers")."""
     from itertools import combinations
 
     cells: dict[tuple[str, str], list[tuple[str, object]]] = {}
@@ -227,25 +228,30 @@ def class_notes(entries: dict) -> dict[tuple[str, str], list[str]]:
                 cells.setdefault((name, grade_id), []).append((student, fingerprint(text, _given(name))))
     notes: dict[tuple[str, str], list[str]] = {}
     for (name, grade_id), answered in sorted(cells.items()):
+        partners: dict[str, list[str]] = {}
         for (first, one), (second, other) in combinations(answered, 2):
             of_first, of_second, _ = shared(one, other)
             if max(of_first, of_second) >= SHARE:
-                for student, partner, mine, theirs in ((first, second, of_first, of_second),
-                                                       (second, first, of_second, of_first)):
-                    notes.setdefault((student, name), []).append(_note(
-                        grade_id, "the answer", f"{partner}'s answer to the same exercise",
-                        f"{mine:.0%} of its code is in theirs, {theirs:.0%} of theirs in it"))
+                partners.setdefault(first, []).append(f"{second}: {of_first:.0%} of its code is in "
+                                                      f"theirs, {of_second:.0%} of theirs in it")
+                partners.setdefault(second, []).append(f"{first}: {of_second:.0%} of its code is in "
+                                                       f"theirs, {of_first:.0%} of theirs in it")
+        for student, found in sorted(partners.items()):
+            notes.setdefault((student, name), []).append(_note(
+                grade_id, "the answer", "other students' answers to the same exercise", "; ".join(found)))
     return notes
 
 
 def review_class(results, out: Path, gradebook=None, fresh=()) -> None:
-    """The class-wide pass, after every notebook is graded (in any order, on any worker): each
-    entry's "copies" are the notes naming another student; the reports are rewritten, and the
-    gradebook's comments of the cells whose notes changed (or that were graded just now, `fresh`:
+    """The class-wide pass, after the notebooks of a run are graded (in any order, on any worker):
+    each entry's "copies" are its notes naming other students; the reports are rewritten, and the
+    gradebook's comments of the cells whose notes changed or that were graded just now (`fresh`:
     (student, notebook) pairs). Grades are untouched."""
     from graders.harness.gradebook import save_verdicts
     from graders.harness.reports import write_report
 
+    if not fresh and all("copies" in entry for entry in results.entries.values() if entry.get("answers")):
+        return   # nothing graded since the last pass
     notes = class_notes(results.entries)
     changed = set()
     for key, entry in results.entries.items():
