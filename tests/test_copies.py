@@ -223,6 +223,17 @@ def test_the_class_pass_is_the_answer_cells_comment_in_nbgrader_and_runs_again_u
     assert comments == {}
 
 
+def test_class_notes_do_not_depend_on_the_order_notebooks_were_graded_in():
+    ours = answers(source_notebook(TS))
+    graded = [((student, TS), {"answers": dict(ours, adamw_answer=text)}) for student, text in
+              (("ann", ours["adamw_answer"]), ("bob", ours["adamw_answer"].replace("state", "s")),
+               ("cy", EXPLICIT_ADAMW))]
+    notes = class_notes(dict(graded))
+    assert notes == class_notes(dict(graded[::-1])), notes
+    assert [n.split(":")[0] for n in notes[("ann", TS)]].count("answer cell adamw_answer") == 1
+    assert not [n for n in notes[("cy", TS)] if n.startswith("answer cell adamw_answer")], notes
+
+
 def test_class_notes_compare_only_the_same_exercise():
     entries = {("ann", TS): {"answers": {"adamw_answer": EXPLICIT_ADAMW}},
                ("bob", TS): {"answers": {"clip_answer": EXPLICIT_ADAMW}}}
