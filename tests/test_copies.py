@@ -132,6 +132,7 @@ def test_pasted_torch_clipping_is_flagged():
 @pytest.mark.parametrize("package, file, function", [
     ("tiktoken", "_educational.py", "bpe_encode"),
     ("transformers", "models/clvp/tokenization_clvp.py", "bytes_to_unicode"),   # GPT-2's encoder.py's
+    ("gpt3_tokenizer", "_functions.py", "_bpe"),                                # a port of encoder.py's bpe
 ])
 def test_a_copied_tokenizer_is_flagged(package, file, function):
     pasted = _renamed(_library_function(package, file, function))
