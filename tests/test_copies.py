@@ -261,13 +261,17 @@ def test_the_copy_note_is_the_answer_cells_comment_in_nbgrader():
 
 
 @pytest.mark.slow
-def test_a_pasted_attention_keeps_its_points_and_is_reported(tmp_path):
+def test_a_pasted_attention_keeps_its_points_and_is_reported(tmp_path, monkeypatch):
+    """Its grade is the one it gets with the copy check switched off: full points."""
     notebook = _with_answer(submission("03_attention", solved=True), "attention_answer", _pasted_attention())
     path = tmp_path / "03_attention.ipynb"
     nbformat.write(notebook, path)
     result, _ = grading.grade_notebook("pat", "03_attention", path, tmp_path / "work")
     assert result.score == sum(c.max_points for c in result.cells)
     assert any("Attention.forward matches the course's own implementation" in f for f in result.flags)
+    monkeypatch.setattr(grading, "copy_flags", lambda *_: [])
+    unchecked, _ = grading.grade_notebook("pat", "03_attention", path, tmp_path / "again")
+    assert unchecked.cells == result.cells and not any(map(is_copy_note, unchecked.flags))
 
 
 @pytest.mark.slow
