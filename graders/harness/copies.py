@@ -1,13 +1,14 @@
 """Answer cells that copy an implementation, for the instructor to look at.
 
-Three kinds of source are compared with each answer cell: the course's own implementations (the
-grader files each notebook declares as its `course_code`), the libraries' own sources of that
-notebook's exercises (LIBRARY_SOURCES: torch's AdamW and gradient clipping, tiktoken's educational
-BPE, GPT-2's encoder.py as transformers keeps it), and, once the class is graded, the other
-students' answers to the same exercise. The comparison is copydetect's (MOSS's winnowing over
-Pygments tokens, names replaced by one letter): renaming variables, reformatting or recommenting
-does not hide a copy, while the same idea written another way shares too little code to be one.
-Code the released notebook gives (a stub, a constructor written out) counts for nobody.
+Three kinds of source are compared with each answer cell: the course's own code (the grader files
+each notebook declares as its `course_code`, and its solution notebook, which is public), the
+libraries' own sources of that notebook's exercises (LIBRARY_SOURCES: torch's AdamW and gradient
+clipping, tiktoken's educational BPE, GPT-2's encoder.py as transformers keeps it), and, once the
+class is graded, the other students' answers to the same exercise. The comparison is copydetect's
+(MOSS's winnowing over Pygments tokens, names and strings replaced by one letter): renaming
+variables, reformatting or recommenting does not hide a copy, while the same idea written another
+way shares too little code to be one. Code the released notebook gives (a stub, a constructor
+written out) counts for nobody.
 
 A copy is flagged, never zeroed: its points stand. The note goes to the class report and, as
 nbgrader's comment on that answer cell, to formgrader; the learner's feedback page leaves it out.
