@@ -194,7 +194,7 @@ def test_two_students_with_the_same_answer_are_flagged_as_each_others_and_keep_t
     results = _class(tmp_path, {"ann": ours, "bob": renamed, "cy": EXPLICIT_ADAMW})
     before = {key: entry["cells"] for key, entry in results.entries.items()}
     review_class(results, tmp_path)
-    copies = {student: entry["copies"] for (student, _), entry in results.entries.items()}
+    copies = {student: entry.get("copies", []) for (student, _), entry in results.entries.items()}
     for student, other in (("ann", "bob"), ("bob", "ann")):
         assert [n.split(" (")[0] for n in copies[student]] == [
             "answer cell adamw_answer: the answer matches other students' answers to the same exercise"], copies
@@ -222,6 +222,9 @@ def test_the_class_pass_is_the_answer_cells_comment_in_nbgrader_and_runs_again_u
     comments.clear()
     review_class(ClassResults(tmp_path), tmp_path, gradebook)   # nothing changed: nothing rewritten
     assert comments == {}
+    del results.entries["bob", TS]                              # bob withdrawn: ann's note goes
+    review_class(results, tmp_path, gradebook)
+    assert comments["ann"][0].auto_comment is None and "copies" in results.entries["ann", TS]
 
 
 def test_class_notes_do_not_depend_on_the_order_notebooks_were_graded_in():

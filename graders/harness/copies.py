@@ -247,18 +247,15 @@ def review_class(results, out: Path, gradebook=None, fresh=()) -> None:
     """The class-wide pass, after the notebooks of a run are graded (in any order, on any worker):
     each entry's "copies" are its notes naming other students; the reports are rewritten, and the
     gradebook's comments of the cells whose notes changed or that were graded just now (`fresh`:
-    (student, notebook) pairs). Grades are untouched."""
+    (student, notebook) pairs). Grades are untouched. It runs after every run, also one that
+    graded nothing new: the run before may have been interrupted before its pass."""
     from graders.harness.gradebook import save_verdicts
     from graders.harness.reports import write_report
 
-    if not fresh and all("copies" in entry for entry in results.entries.values() if entry.get("answers")):
-        return   # nothing graded since the last pass
     notes = class_notes(results.entries)
-    changed = set()
-    for key, entry in results.entries.items():
-        if entry.get("copies", []) != notes.get(key, []):
-            changed.add(key)
-        entry["copies"] = notes.get(key, [])
+    changed = {key for key, entry in results.entries.items() if entry.get("copies", []) != notes.get(key, [])}
+    for key in changed:   # an entry without notes is left as graded
+        results.entries[key]["copies"] = notes.get(key, [])
     results.save()
     for student in results.students():
         write_report(out, student, results)
