@@ -8,7 +8,10 @@ on a Dask cluster: a local one with one worker per core by default, or the sched
 
 Each notebook's result is saved the moment it is graded, so an interrupted run keeps what it
 did, and running again grades only what is new or changed (same file and same grader: kept);
-a second batch of submissions is merged into the same output folder. Outputs:
+a second batch of submissions is merged into the same output folder. When every notebook of a
+run is graded, one pass over the saved answers (graders.harness.copies.review_class) names the
+answer cells that are near-copies of another student's, whatever order they were graded in.
+Outputs:
 
     OUT/grades.csv                     one row per student: points per test cell, total, maximum
     OUT/reports/<student>.txt          why each point was lost
@@ -27,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from graders.harness.copies import review_class
 from graders.harness.intake import IntakeError, Submission, discover, graded_notebooks
 from graders.harness.reports import safe, write_grades_csv, write_report
 from graders.harness.results import ClassResults, ResultsError, submission_key
@@ -44,12 +48,12 @@ def grade_task(submission: Submission, limits) -> dict:
 
     from graders.harness import grading
     from graders.harness.execute import scratch_dir
-    from graders.harness.copies import is_copy_note
+    from graders.harness.copies import answers, is_copy_note
     from graders.harness.feedback import annotated, feedback_html
 
     _announce("started", submission)
     start = time.perf_counter()
-    name, notebook, page = submission.notebook, None, None
+    name, notebook, page, answered = submission.notebook, None, None, {}
     try:
         nbformat.read(submission.path, as_version=4)
     except Exception as err:  # one fact, instead of "graded as empty" and a note per cell
@@ -61,17 +65,18 @@ def grade_task(submission: Submission, limits) -> dict:
             with scratch_dir() as workdir:
                 result, executed = grading.grade_notebook(submission.student, name, submission.path,
                                                           workdir, limits)
-            cells, flags = result.to_json()["cells"], result.flags
-            notes = submission.notes + flags
-            notebook = annotated(executed, name, cells, notes)
-            for_learner = [note for note in notes if not is_copy_note(note)]
-            page = feedback_html(notebook if for_learner == notes else
-                                 annotated(executed, name, cells, for_learner), name, cells)
+            cells, flags, answered = result.to_json()["cells"], result.flags, answers(executed)
+            # `nbgrader generate_feedback` makes the learner's page from the autograded notebook:
+            # copy notes stay in the report and the gradebook's comment (as graders.harness.autograde)
+            notebook = annotated(executed, name, cells,
+                                 [note for note in submission.notes + flags if not is_copy_note(note)])
+            page = feedback_html(notebook, name, cells)
         except Exception as err:  # the grader's own failure: reported, never silently zero
             cells, flags = _ungraded(name, "error", f"the grader failed on this notebook: "
                                                     f"{type(err).__name__}: {err}"), []
     entry = {"student": submission.student, "notebook": name, "notes": submission.notes,
-             "flags": flags, "cells": cells, "seconds": round(time.perf_counter() - start, 1)}
+             "flags": flags, "cells": cells, "seconds": round(time.perf_counter() - start, 1),
+             "answers": answered}   # for the class-wide copy check (graders.harness.copies.review_class)
     _announce("finished", submission)
     return {"entry": entry, "notebook": nbformat.writes(notebook) if notebook else None, "feedback": page}
 
@@ -122,6 +127,7 @@ def grade_class(submissions: Path, out: Path, names: list[str] | None = None, wo
             if todo:
                 _grade_on_cluster(todo, limits, workers, scheduler,
                                   lambda submission, done: _save(submission, done, results, out, gradebook))
+            review_class(results, out, gradebook, {(s.student, s.notebook) for s in todo})
         finally:
             if gradebook:
                 gradebook.close()

@@ -1,95 +1,177 @@
-"""Answer cells that copy the course's own implementations, for the instructor to look at.
+"""Answer cells that copy an implementation, for the instructor to look at.
 
-A learner who pastes `graders/reference/components.py`'s `Attention` passes every check. The
-grade stands (it is correct code); the class report and nbgrader's comment on that answer cell
-say which function matches which course function. Two functions match when their syntax trees
-are equal after every local name is replaced by its order of first use and docstrings, type
-annotations and comments are dropped: renaming variables or reformatting does not hide a copy,
-while the same idea written another way (einops against matmul) is not one.
+Three kinds of source are compared with each answer cell: the course's own code (the grader files
+each notebook declares as its `course_code`, and its solution notebook, which is public), the
+libraries' own sources of that notebook's exercises (LIBRARY_SOURCES: torch's AdamW and gradient
+clipping, tiktoken's educational BPE, GPT-2's encoder.py as transformers keeps it), and, once the
+class is graded, the other students' answers to the same exercise. The comparison is copydetect's
+(MOSS's winnowing over Pygments tokens, names and strings replaced by one letter): renaming
+variables, reformatting or recommenting does not hide a copy, while the same idea written another
+way shares too little code to be one. Code the released notebook gives (a stub, a constructor
+written out) counts for nobody.
+
+A copy is flagged, never zeroed: its points stand. The note goes to the class report and, as
+nbgrader's comment on that answer cell, to formgrader; the learner's feedback page leaves it out.
 """
 from __future__ import annotations
 
 import ast
+import importlib.util
+import io
 import re
+import textwrap
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]
-MIN_STATEMENTS = 5   # shorter ones (a mask, a loop over blocks) have one natural way to be written
+REVIEW = "its points stand, please review it"
+
+# copydetect's noise threshold: a match is at least this many characters of normalised code
+# (names are one letter each, whitespace and comments are gone), about one statement; with a
+# window of 1 every such k-gram is a fingerprint.
+NOISE = 25
+# Measured (README, "Copies"): a function is flagged when this share of its normalised code is
+# found in one source. Functions of fewer statements (a LayerNorm body, a decode) have one natural
+# way to be written and are not compared.
+SHARE = 0.65
+MIN_STATEMENTS = 5
+
+# The libraries' own implementations of each notebook's exercises: (package, file in it, what it is).
+LIBRARY_SOURCES = {
+    "11_tokenizer": (
+        ("tiktoken", "_educational.py", "tiktoken's educational BPE"),
+        ("transformers", "models/clvp/tokenization_clvp.py",
+         "GPT-2's encoder.py as transformers keeps it (bytes_to_unicode, get_pairs, bpe)"),
+        ("gpt3_tokenizer", "_functions.py", "gpt3_tokenizer, a port of GPT-2's encoder.py"),
+    ),
+    "12_training_step": (
+        ("torch", "optim/adamw.py", "torch's AdamW"),
+        ("torch", "optim/adam.py", "torch's Adam, whose update torch.optim.AdamW runs"),
+        ("torch", "nn/utils/clip_grad.py", "torch's gradient clipping"),
+    ),
+}
 
 
-class _Canonical(ast.NodeTransformer):
-    """Local names become n0, n1, ... in order of first use; annotations and docstrings go.
-    Attribute names (self.W_Q) and constants stay: the exercise fixes the former."""
-
-    def __init__(self):
-        self.names: dict[str, str] = {}
-
-    def _name(self, name: str) -> str:
-        return self.names.setdefault(name, f"n{len(self.names)}")
-
-    def visit_Name(self, node):
-        return ast.copy_location(ast.Name(id=self._name(node.id), ctx=node.ctx), node)
-
-    def visit_arg(self, node):
-        return ast.copy_location(ast.arg(arg=self._name(node.arg)), node)
-
-    def visit_FunctionDef(self, node):
-        node.returns, node.decorator_list = None, []
-        body = node.body[1:] if _is_docstring(node.body[0]) and len(node.body) > 1 else node.body
-        node.body = body
-        node.name = "f"
-        self.generic_visit(node)
-        return node
-
-    def visit_AnnAssign(self, node):
-        if node.value is None:
-            return None
-        return self.visit(ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node))
+@dataclass(frozen=True)
+class Code:
+    """A function to compare: what it is called where it comes from, its text."""
+    name: str
+    text: str
 
 
-def _is_docstring(statement) -> bool:
-    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) \
-        and isinstance(statement.value.value, str)
+def fingerprint(text: str, boilerplate=None):
+    """copydetect's fingerprint of Python code; `boilerplate`: hashes that count for nobody."""
+    from copydetect import CodeFingerprint
+
+    return CodeFingerprint("answer.py", NOISE, 1, boilerplate=boilerplate, fp=io.StringIO(text),
+                           language="python")
 
 
-def _functions(tree) -> list[tuple[str, ast.FunctionDef]]:
-    """(qualified name, node) of every top-level function and method defined in `tree`."""
+def shared(answer, source) -> tuple[float, float, int]:
+    """(share of `answer`'s code found in `source`, share of `source`'s found in `answer`,
+    characters of normalised code shared), between two fingerprints."""
+    from copydetect import compare_files
+
+    if not answer.token_coverage or not source.token_coverage:
+        return 0.0, 0.0, 0
+    overlap, (of_answer, of_source), _ = compare_files(answer, source)
+    return float(of_answer), float(of_source), int(overlap)
+
+
+def statements(text: str) -> int:
+    """Statements in `text` (a function's own line not counted); 0 when it does not parse."""
+    try:
+        tree = ast.parse(textwrap.dedent(text))
+    except SyntaxError:
+        return 0
+    return sum(isinstance(node, ast.stmt) for node in ast.walk(tree)) - \
+        (len(tree.body) == 1 and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+def functions(text: str) -> list[Code]:
+    """Every function and method in `text` (nested ones are part of theirs), and the code held
+    in its string constants (a source pasted in to be exec'd); the whole text when it defines
+    none or does not parse."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return [Code("the cell", text)]
     found = []
     for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            found += [(f"{node.name}.{item.name}", item) for item in node.body
-                      if isinstance(item, ast.FunctionDef)]
-        elif isinstance(node, ast.FunctionDef):
-            found.append((node.name, node))
-    return found
+        members = [(f"{node.name}.", m) for m in node.body] if isinstance(node, ast.ClassDef) else [("", node)]
+        found += [Code(prefix + m.name, textwrap.dedent(ast.get_source_segment(text, m)))
+                  for prefix, m in members if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "def " in node.value:
+            try:
+                ast.parse(textwrap.dedent(node.value))
+            except SyntaxError:
+                continue
+            found += [Code(f"code in a string: {code.name}", code.text)
+                      for code in functions(textwrap.dedent(node.value))]
+    return found or [Code("the cell", text)]
 
 
-def _fingerprint(function: ast.FunctionDef) -> str | None:
-    statements = sum(isinstance(n, ast.stmt) for n in ast.walk(function)) - 1
-    if statements < MIN_STATEMENTS:
-        return None
-    return ast.dump(_Canonical().visit(ast.parse(ast.unparse(function))), include_attributes=False)
+@lru_cache(maxsize=None)
+def _sources(name: str) -> tuple[tuple[str, Code, object], ...]:
+    """(how a note names it, function, fingerprint) of every implementation an answer of notebook
+    `name` is compared with: the course's graders and solution, then the libraries'."""
+    from graders.exercises import declared_notebooks
+    from graders.harness.cells import source_notebook
+
+    found = []
+    for pattern in declared_notebooks()[name].course_code:
+        for path in sorted(PACKAGE.glob(pattern)):
+            where = f"graders/{path.relative_to(PACKAGE)}"
+            found += [(f"the course's own implementation ({where}: {code.name})", code)
+                      for code in functions(path.read_text())]
+    found += [(f"the course's solution (solutions/{name}.ipynb: {code.name})", code)
+              for text in answers(source_notebook(name)).values() for code in functions(text)]
+    for package, file, what in LIBRARY_SOURCES.get(name, ()):
+        path = Path(importlib.util.find_spec(package).origin).parent / file
+        where = f"{package}/{file}"
+        found += [(f"{what} ({where}: {code.name})", code) for code in functions(path.read_text())]
+    return tuple((label, code, fingerprint(code.text)) for label, code in found)
+
+
+@lru_cache(maxsize=None)
+def _given(name: str):
+    """The hashes of the code the released notebook gives (stubs, given cells): nobody's."""
+    import numpy as np
+
+    from graders.harness.cells import released_notebook
+
+    cells = [c["source"] for c in released_notebook(name).cells if c.get("cell_type") == "code"]
+    return np.array(sorted(set().union(*(fingerprint(text).hashes for text in cells))))
+
+
+@lru_cache(maxsize=None)
+def _given_statements(name: str) -> dict[str, int]:
+    """{answer cell id: statements of its released stub}: what a learner wrote is the rest."""
+    from graders.harness.cells import released_notebook
+
+    return {grade_id: statements(text) for grade_id, text in answers(released_notebook(name)).items()}
 
 
 @lru_cache(maxsize=1)
-def course_fingerprints() -> dict[str, str]:
-    """{fingerprint: "graders/<file>: <function>"} over the course's implementations: the grader
-    files each notebook declares as its `course_code`."""
+def _names() -> dict[tuple[str, ...], str]:
+    """{the answer cell ids of a released notebook: its name}: `copy_flags` is given the notebook
+    (of those released so far: a course being built may have only some)."""
     from graders.exercises import declared_notebooks
+    from graders.harness.cells import released_notebook
+    from graders.layout import EXERCISES
 
-    prints = {}
-    patterns = dict.fromkeys(p for notebook in declared_notebooks().values() for p in notebook.course_code)
-    for pattern in patterns:
-        for path in sorted(PACKAGE.glob(pattern)):
-            for name, function in _functions(ast.parse(path.read_text())):
-                key = _fingerprint(function)
-                if key is not None:
-                    prints.setdefault(key, f"graders/{path.relative_to(PACKAGE)}: {name}")
-    return prints
+    return {tuple(answers(released_notebook(name))): name for name in declared_notebooks()
+            if (EXERCISES / f"{name}.ipynb").is_file()}
 
 
-COPY_NOTE = re.compile(r"answer cell (\S+): (.* matches the course's own implementation .*)$")
+def _note(grade_id: str, what: str, source: str, how_much: str) -> str:
+    return (f"answer cell {grade_id}: {what} matches {source} ({how_much}, once names, comments and "
+            f"formatting are normalised); {REVIEW}")
+
+
+COPY_NOTE = re.compile(rf"answer cell (\S+): (.* matches .*; {REVIEW})$")
 
 
 def is_copy_note(flag: str) -> bool:
@@ -107,32 +189,86 @@ def cell_notes(flags) -> dict[str, list[str]]:
     return notes
 
 
-def _cell_functions(source: str) -> list[tuple[str, str]]:
-    """(name, fingerprint) of the functions a cell defines that are long enough to compare."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    return [(name, key) for name, function in _functions(tree)
-            if (key := _fingerprint(function)) is not None]
+def answers(notebook) -> dict[str, str]:
+    """{answer cell id: its code} of a notebook."""
+    from graders.harness.cells import nbgrader_meta
+
+    return {meta["grade_id"]: cell["source"] for cell in notebook.cells
+            if cell.get("cell_type") == "code" and (meta := nbgrader_meta(cell)).get("solution")}
 
 
 def copy_flags(notebook, released) -> list[str]:
-    """One note per function in an answer cell that matches a course implementation; code the
-    released notebook already gives (a constructor written out for the learner) is not theirs."""
-    from graders.harness.cells import nbgrader_meta
-
-    given = {key for cell in released.cells if nbgrader_meta(cell).get("solution")
-             for _, key in _cell_functions(cell["source"])}
+    """One note per function of an answer cell that is a near-copy of the course's or a library's
+    implementation of that notebook's exercises (the best match of each)."""
+    name = _names()[tuple(answers(released))]
+    sources, given = _sources(name), _given(name)
     notes = []
-    for cell in notebook.cells:
-        meta = nbgrader_meta(cell)
-        if cell.get("cell_type") != "code" or not meta.get("solution"):
-            continue
-        for name, key in _cell_functions(cell["source"]):
-            where = course_fingerprints().get(key)
-            if where and key not in given:
-                notes.append(f"answer cell {meta['grade_id']}: {name} matches the course's own "
-                             f"implementation ({where}) after normalising names, comments and "
-                             "formatting; its points stand, please review it")
+    for grade_id, text in answers(notebook).items():
+        for code in functions(text):
+            if statements(code.text) < MIN_STATEMENTS:
+                continue
+            mine = fingerprint(code.text, given)
+            # the first of the best: the graders before the solution before the libraries
+            share, label = max(((shared(mine, theirs)[0], label) for label, _, theirs in sources),
+                               key=lambda found: found[0], default=(0.0, ""))
+            if share >= SHARE:
+                notes.append(_note(grade_id, code.name, label, f"{share:.0%} of its code"))
     return notes
+
+
+def class_notes(entries: dict) -> dict[tuple[str, str], list[str]]:
+    """{(student, notebook): notes}, one per answer cell that is a near-copy of other students'
+    answers to the same exercise (or they of it), naming them, over a class's results (each
+    entry's "answers")."""
+    from itertools import combinations
+
+    cells: dict[tuple[str, str], list[tuple[str, object]]] = {}
+    for (student, name), entry in sorted(entries.items()):
+        for grade_id, text in (entry.get("answers") or {}).items():
+            if statements(text) - _given_statements(name).get(grade_id, 0) >= MIN_STATEMENTS:
+                cells.setdefault((name, grade_id), []).append((student, fingerprint(text, _given(name))))
+    notes: dict[tuple[str, str], list[str]] = {}
+    for (name, grade_id), answered in sorted(cells.items()):
+        partners: dict[str, list[str]] = {}
+        for (first, one), (second, other) in combinations(answered, 2):
+            of_first, of_second, _ = shared(one, other)
+            if max(of_first, of_second) >= SHARE:
+                partners.setdefault(first, []).append(f"{second}: {of_first:.0%} of its code is in "
+                                                      f"theirs, {of_second:.0%} of theirs in it")
+                partners.setdefault(second, []).append(f"{first}: {of_second:.0%} of its code is in "
+                                                       f"theirs, {of_first:.0%} of theirs in it")
+        for student, found in sorted(partners.items()):
+            notes.setdefault((student, name), []).append(_note(
+                grade_id, "the answer", "other students' answers to the same exercise", "; ".join(found)))
+    return notes
+
+
+def review_class(results, out: Path, gradebook=None, fresh=()) -> None:
+    """The class-wide pass, after the notebooks of a run are graded (in any order, on any worker):
+    each entry's "copies" are its notes naming other students; the reports are rewritten, and the
+    gradebook's comments of the cells whose notes changed or that were graded just now (`fresh`:
+    (student, notebook) pairs). Grades are untouched. It runs after every run, also one that
+    graded nothing new: the run before may have been interrupted before its pass."""
+    from graders.harness.gradebook import save_verdicts
+    from graders.harness.reports import write_report
+
+    notes = class_notes(results.entries)
+    changed = {key for key, entry in results.entries.items() if entry.get("copies", []) != notes.get(key, [])}
+    for key in changed:   # an entry without notes is left as graded
+        results.entries[key]["copies"] = notes.get(key, [])
+    results.save()
+    for student in results.students():
+        write_report(out, student, results)
+    if gradebook is None:
+        return
+    from nbgrader.api import MissingEntry
+
+    for student, name in sorted(changed | set(fresh)):
+        entry = results.entries.get((student, name))
+        if entry is None or not entry.get("submission") or name not in gradebook.assignments:
+            continue
+        try:
+            save_verdicts(gradebook.gradebook, gradebook.assignments[name], name, student, entry["cells"],
+                          entry["flags"] + entry.get("copies", []))
+        except MissingEntry:   # graded into another course by an earlier run
+            continue

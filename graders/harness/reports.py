@@ -43,7 +43,7 @@ def write_report(out: Path, student: str, results) -> None:
         got = sum(c["points"] for c in entry["cells"])
         total = sum(c["max_points"] for c in entry["cells"])
         lines.append(f"{name}: {got:g} / {total:g}")
-        lines += [f"  note: {note}" for note in entry.get("notes", []) + entry["flags"]]
+        lines += [f"  note: {note}" for note in entry.get("notes", []) + entry["flags"] + entry.get("copies", [])]
         for cell in entry["cells"]:
             if cell["points"] < cell["max_points"]:
                 message = cell["message"].replace("\n", "\n      ")
