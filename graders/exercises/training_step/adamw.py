@@ -23,11 +23,12 @@ from graders.exercises.small_models import seeded_model
 from graders.exercises.training.practice import role
 from graders.exercises.training.runs import with_grad
 from graders.exercises.training_step.loss import NOTEBOOK
+from graders.exercises.training_step.readers import items_of, real_number, real_tensor
 from graders.exercises.training_step.reference import Slip, VariantAdamW
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, run_learner
+from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
 from graders.judging.tolerance import close
 from graders.reference.config import Config
 
@@ -36,6 +37,7 @@ SCHEDULE = (0.2, 0.6, 1.0, 1.0, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)          # x the b
 GRAD_SCALE = (1e-3, 3e-3, 1e-3, 1e-5, 2e-3, 1e-3, 5e-4, 1e-3, 1e-2, 1e-3)
 SKIPPED = ("pos_embed.W_pos", (0, 4))    # a parameter with no gradient at these steps
 STATE = ("exp_avg", "exp_avg_sq")
+KEYED_BY_PARAMETERS = "parameters"     # what optimizer.state's keys should be
 _ADAMW, _ADAM = importlib.import_module("torch.optim.adamw"), importlib.import_module("torch.optim.adam")
 _FUNCTIONAL = importlib.import_module("torch.optim._functional")
 ADAM_FUNCTIONS = [(_ADAMW, "adamw"), (_ADAM, "adam"), (_FUNCTIONAL, "adam"), (_FUNCTIONAL, "adamw"),
@@ -92,30 +94,76 @@ def gradient(case: Case, step: int, index: int, p: torch.Tensor) -> torch.Tensor
 
 def trajectory(optimizer, params: list, case: Case, step=None) -> dict:
     """Take N_STEPS steps with `optimizer` (built on groups(params)); after each, record every
-    parameter, and its state under torch's names (NaN where there is none): [step, all numbers]."""
+    parameter, and its state under torch's names (NaN where there is none): [step, all numbers].
+    "keys" says what the state's keys are when they are not the parameters themselves."""
     factors = (1.0, setting(case).no_decay_lr_factor)
     record = {key: [] for key in ("params", *STATE, "step")}
+    keys = ""
     for t in range(N_STEPS):
-        for group, factor in zip(optimizer.param_groups, factors):
+        for group, factor in zip(_groups_of(optimizer), factors):
             group["lr"] = setting(case).lr * SCHEDULE[t] * factor
         for i, (name, p) in enumerate(params):
             skipped = name == SKIPPED[0] and t in SKIPPED[1]
             p.grad = None if skipped else gradient(case, t, i, p)
+        shapes = [p.shape for _, p in params]
         (step or optimizer.step)()
-        record["params"].append(torch.cat([p.detach().flatten() for _, p in params]).float())
+        record["params"].append(torch.cat([_parameter(name, p, shape) for (name, p), shape in zip(params, shapes)]))
+        states, keys = state_by_parameter(optimizer, params)
         for key in STATE:
-            record[key].append(torch.cat([_state(optimizer, p, key).flatten() for _, p in params]))
-        record["step"].append(torch.tensor([float(_state(optimizer, p, "step").flatten()[0]) for _, p in params]))
-    return {key: torch.stack(values) for key, values in record.items()}
+            record[key].append(torch.cat([_state(states, p, key) for _, p in params]))
+        record["step"].append(torch.cat([_state(states, p, "step") for _, p in params]))
+    stacked = {key: torch.stack(values) for key, values in record.items()}
+    return {**stacked, "keys": text_record(keys or KEYED_BY_PARAMETERS)}
 
 
-def _state(optimizer, p: torch.Tensor, key: str) -> torch.Tensor:
-    value = optimizer.state.get(p, {}).get(key) if isinstance(optimizer.state, dict) else None
-    if isinstance(value, (int, float)):
-        value = torch.tensor(float(value))
-    if not isinstance(value, torch.Tensor) or value.numel() not in (1, p.numel()):
-        return torch.full((p.numel() if key in STATE else 1,), float("nan"))
-    return value.detach().float().flatten().expand(p.numel() if key in STATE else 1).clone()   # not a live view
+def _groups_of(optimizer) -> list:
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list) or len(groups) != 2 or not all(isinstance(g, dict) for g in groups):
+        found = f"a list of {len(groups)}" if isinstance(groups, list) else type(groups).__name__
+        raise CheckFailed("AdamW(groups, lr=...) must keep the two parameter groups it is given, as dicts in "
+                          "self.param_groups (pass them on to super().__init__(params, defaults)); its "
+                          f"param_groups is {found}.")
+    return groups
+
+
+def _parameter(name: str, p: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A parameter's numbers after a step, as float32; its shape must be what it was."""
+    if p.shape != shape or p.is_complex():
+        raise CheckFailed(f"AdamW.step changed {name} from a real tensor of shape {list(shape)} to a "
+                          f"{p.dtype} of shape {list(p.shape)}: update each parameter in place, keeping its shape.")
+    return p.detach().float().flatten()
+
+
+def state_by_parameter(optimizer, params: list) -> tuple[dict, str]:
+    """The learner's optimizer.state read without looking anything up in it: a key that is not the
+    parameter itself (id(p), an int, hashes like p) would be compared with a tensor, which raises.
+    {id(p): p's state} for the tensor keys, and what the keys are when none is a tensor: "ids"
+    (id(p) of the parameters), another type's name, or what optimizer.state is instead of a dict."""
+    state = getattr(optimizer, "state", None)
+    items = items_of(state)
+    if items is None:
+        return {}, f"optimizer.state is {type(state).__name__}, not a dict"
+    found = {id(key): value for key, value in items if isinstance(key, torch.Tensor)}
+    others = [key for key, _ in items if not isinstance(key, torch.Tensor)]
+    if found or not others:
+        return found, ""
+    ids = {id(p) for _, p in params}
+    if all(type(key) is int and key in ids for key in others):
+        return dict(items), "ids"
+    return {}, f"keys of type {type(others[0]).__name__}"
+
+
+def _state(states: dict, p: torch.Tensor, key: str) -> torch.Tensor:
+    """p's state[key] as float32 numbers (p's size for the moments, one for the step), NaN where it
+    is missing or of another kind."""
+    size = p.numel() if key in STATE else 1
+    entries = items_of(states.get(id(p)))
+    value = next((v for k, v in entries if isinstance(k, str) and k == key), None) if entries else None
+    number = real_number(value)
+    value = torch.tensor(number) if number is not None else real_tensor(value)
+    if value is None or value.numel() not in (1, size):
+        return torch.full((size,), float("nan"))
+    return value.float().flatten().expand(size).clone()   # not a live view
 
 
 def produce(AdamW, case: Case, inputs: dict) -> dict:
@@ -126,9 +174,7 @@ def produce(AdamW, case: Case, inputs: dict) -> dict:
                           "answer. Subclass torch.optim.Optimizer and write step() yourself.")
     params = named_params(case)
     optimizer = run_learner("AdamW", AdamW, groups(params, case), forbidden=FORBIDDEN, **setting(case).kwargs())
-    if not isinstance(optimizer, torch.optim.Optimizer) or len(optimizer.param_groups) != 2:
-        raise CheckFailed("AdamW(groups, lr=...) must keep the two parameter groups it is given "
-                          "(pass them on to super().__init__(params, defaults)).")
+    _groups_of(optimizer)
 
     def step():
         try:   # with autograd on, as in a training loop
@@ -224,7 +270,8 @@ def judge(case: Case, outputs: dict) -> None:
     for description, mistaken in adamw_mistakes(case).items():
         if _same_params(outputs, mistaken):
             raise CheckFailed(f"{head} Likely mistake: {description}.")
-    raise CheckFailed(f"{head}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}")
+    keys = f"\n  Also: {keys_mistake(outputs)}." if keys_mistake(outputs) else ""
+    raise CheckFailed(f"{head}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}{keys}")
 
 
 def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], names: list[str],
@@ -265,8 +312,22 @@ def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], name
     return "; ".join(notes) + "."
 
 
+def keys_mistake(outputs: dict) -> str:
+    """What is wrong with the keys of the learner's optimizer.state ("" when they are the parameters)."""
+    keys = recorded_text(outputs["keys"]) if "keys" in outputs else KEYED_BY_PARAMETERS
+    if keys == "ids":
+        return ("the state is kept by id(p), not by the parameter: key self.state by the parameter tensor "
+                "itself, self.state[p], as torch.optim.Optimizer does, so that state_dict() and "
+                "load_state_dict() find it (a checkpoint saves nothing of a state keyed by ids)")
+    return ("" if keys == KEYED_BY_PARAMETERS else f"{keys}: optimizer.state must be the dict "
+            "torch.optim.Optimizer makes, keyed by each parameter tensor (self.state[p])")
+
+
 def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[int]) -> None:
     """The parameters are right: the state must be too, under torch's names (checkpoints save it)."""
+    if keys_mistake(outputs):
+        raise CheckFailed(f"AdamW's updates are right, but its state cannot be read. Likely mistake: "
+                          f"{keys_mistake(outputs)}.")
     for key in STATE:
         if torch.isnan(outputs[key]).all():
             raise CheckFailed(f"AdamW's updates are right, but optimizer.state[p]['{key}'] is missing. Keep "

@@ -26,6 +26,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
+from graders.exercises.training_step.readers import shown, items_of, whole_number
 
 D_VOCAB, D_MODEL, WINDOW, BATCH = 32, 16, 8, 4
 N_STEPS = 12
@@ -148,17 +149,50 @@ def produce(run, case: Case, inputs: dict) -> dict:
         run_learner("save_checkpoint", save_checkpoint, path, model, optimizer, save_at(case), generator)
         if not path.exists():
             raise CheckFailed("save_checkpoint(path, ...) wrote no file at path: save with torch.save(..., path).")
+        # The saving run trains on, as a run does after it saves: a load that reads the objects
+        # save kept in memory, not the file, finds them changed.
+        later = _after_saving(model, optimizer, generator, data, case)
         # A new process: other weights, a fresh optimizer, another generator and global random state.
         torch.manual_seed(case.seed + 12_345)
         model, optimizer, generator = build_run(case.seed + 1)
         model.eval()
         step = run_learner("load_checkpoint", load_checkpoint, path, model, optimizer, generator)
-        if isinstance(step, torch.Tensor) and step.numel() == 1:
-            step = int(step)
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= N_STEPS:
-            raise CheckFailed(f"load_checkpoint returned {step!r}; return the step to resume from (an int, "
+        if whole_number(step) is None or not 0 <= whole_number(step) <= N_STEPS:
+            raise CheckFailed(f"load_checkpoint returned {shown(step)}; return the step to resume from (an int, "
                               f"{save_at(case)} here: the checkpoint was saved after steps 0 to {save_at(case) - 1}).")
-        return train_steps(model, optimizer, generator, data, step, N_STEPS)
+        loaded = _snapshot(model, optimizer, generator)
+        try:
+            resumed = train_steps(model, optimizer, generator, data, whole_number(step), N_STEPS)
+        except Exception as err:   # the course's loop on what the learner's load left
+            raise CheckFailed(f"After load_checkpoint, the training loop cannot go on: {type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}. load_checkpoint must restore the "
+                              "saved state into the given model, optimizer and generator, as their "
+                              "load_state_dict and set_state do.") from err
+        return {**resumed, **{f"loaded_{key}": value for key, value in loaded.items()},
+                **{f"later_{key}": value for key, value in later.items()}}
+
+
+def _snapshot(model, optimizer, generator) -> dict:
+    """What the resumed run starts from: weights, first moments, the two generators' states."""
+    states = {id(key): value for key, value in items_of(getattr(optimizer, "state", None)) or ()}
+    moments = []
+    for p in model.parameters():
+        moment = next((v for k, v in items_of(states.get(id(p))) or () if isinstance(k, str) and k == "exp_avg"), None)
+        moments.append(moment if isinstance(moment, torch.Tensor) and moment.shape == p.shape else torch.zeros_like(p))
+    return {"weights": _flat(list(model.parameters())), "exp_avg": _flat(moments).float(),
+            "batch_rng": generator.get_state(), "rng": torch.get_rng_state()}
+
+
+def _after_saving(model, optimizer, generator, data, case: Case) -> dict:
+    """The saving run trained on to the end, back in training mode; where it ends."""
+    try:
+        model.train()
+        train_steps(model, optimizer, generator, data, save_at(case), N_STEPS)
+    except Exception as err:
+        raise CheckFailed(f"After save_checkpoint, the training loop cannot go on: {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}. save_checkpoint must leave the "
+                          "model, optimizer and generator as they were (save copies of their state).") from err
+    return _snapshot(model, optimizer, generator)
 
 
 # What differs at the first resumed step, in the order it is looked for, and what it means.
@@ -192,6 +226,8 @@ def judge(case: Case, outputs: dict) -> None:
     for i in range(N_STEPS - stop):
         for key, what, meaning in DIVERGED:
             if not torch.equal(outputs[key][i], expected[key][i]):
+                if i == 0:
+                    _judge_in_memory(outputs, key, what)
                 when = "as training resumed" if i == 0 else f"at step {stop + i}, {i} steps after resuming"
                 raise CheckFailed(f"The resumed run differs from the uninterrupted one {when}, first in "
                                   f"{what}. Likely mistake: {meaning}.")
@@ -201,6 +237,19 @@ def judge(case: Case, outputs: dict) -> None:
                 f"uninterrupted run's {float(expected['loss'][i]):.9g}, although weights, moments, batch, mode "
                 "and random state were the same when it started. Save and restore every part of the "
                 "state as it is (no copies in another dtype).")
+
+
+def _judge_in_memory(outputs: dict, key: str, what: str) -> None:
+    """A resumed run that starts from where the saving run went on to, not from where it saved:
+    load read the objects save kept in memory."""
+    snapshot = {"weights": "weights", "exp_avg": "exp_avg", "batch": "batch_rng", "rng": "rng"}.get(key)
+    if snapshot and torch.equal(outputs[f"loaded_{snapshot}"], outputs[f"later_{snapshot}"]):
+        raise CheckFailed(
+            f"The resumed run differs from the uninterrupted one as training resumed, first in {what}: they are "
+            "those of the saving run after it trained on past the checkpoint. Likely mistake: load reads the "
+            "objects that save kept in memory (state_dict() holds the live tensors, not copies), not the file: "
+            "save to the file with torch.save and load everything back from it with torch.load, as a new "
+            "process would have to.")
 
 
 exercise = Exercise(NOTEBOOK, "checkpoints", produce, judge, defaults={"text": None})

@@ -11,6 +11,7 @@ from graders.exercises.training_step.loss import NOTEBOOK
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
+from graders.exercises.training_step.readers import shown, real_number, real_tensor
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.tolerance import close
 
@@ -57,17 +58,26 @@ def produce(clip_grad_norm, case: Case, inputs: dict) -> dict:
         # suspended in it, to be closed later inside another check's learner code).
         norm = run_learner("clip_grad_norm", clip_grad_norm, iter([p for _, p in params]), max_norm_of(case),
                            forbidden=FORBIDDEN)
-        if isinstance(norm, torch.Tensor) and norm.numel() == 1:
-            norm = norm.item()
-        if isinstance(norm, bool) or not isinstance(norm, (int, float)):
-            raise CheckFailed(f"clip_grad_norm returned {norm!r}; return the total norm of the gradients "
+        number = real_number(norm)
+        if number is None:
+            raise CheckFailed(f"clip_grad_norm returned {shown(norm)}; return the total norm of the gradients "
                               "(a number or a 0-dim tensor), as clip_grad_norm_ does.")
-        if dict(params)[WITHOUT_GRAD].grad is not None:
-            raise CheckFailed(f"clip_grad_norm gave {WITHOUT_GRAD}, which had no gradient (.grad None), a "
-                              "gradient. Skip parameters whose .grad is None.")
-        outputs[f"norm_{k}"] = torch.tensor(float(norm), dtype=torch.float64)
+        _gradients_kept(params)
+        outputs[f"norm_{k}"] = torch.tensor(number, dtype=torch.float64)
         outputs[f"grads_{k}"] = _grads(params)
     return outputs
+
+
+def _gradients_kept(params) -> None:
+    """Each gradient still a real tensor of its parameter's shape, and None where it was None."""
+    for name, p in params:
+        if name == WITHOUT_GRAD:
+            if p.grad is not None:
+                raise CheckFailed(f"clip_grad_norm gave {WITHOUT_GRAD}, which had no gradient (.grad None), a "
+                                  "gradient. Skip parameters whose .grad is None.")
+        elif real_tensor(p.grad) is None or p.grad.shape != p.shape:
+            raise CheckFailed(f"clip_grad_norm left {name}.grad as {shown(p.grad)}, where it was a tensor of shape "
+                              f"{list(p.shape)}: scale each gradient in place (g.mul_(coefficient)).")
 
 
 def expected(case: Case, k: int) -> tuple[float, torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from torch import nn
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
+from graders.exercises.training_step.readers import real_tensor
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.tolerance import close
 
@@ -87,9 +88,9 @@ def produce(cross_entropy, case: Case, inputs: dict) -> dict:
                                forbidden=FORBIDDEN)
         except CheckFailed as failure:
             raise _crash_named(failure, label, case) from failure.__cause__
-        if not isinstance(loss, torch.Tensor):
-            raise CheckFailed(f"cross_entropy returned {type(loss).__name__} on {describe_input(label)}; "
-                              "return the loss as a torch tensor (a scalar, like F.cross_entropy's).")
+        if real_tensor(loss) is None:
+            raise CheckFailed(f"cross_entropy returned {_kind(loss)} on {describe_input(label)}; "
+                              "return the loss as a real torch tensor (a scalar, like F.cross_entropy's).")
         if loss.numel() != 1:
             raise CheckFailed(
                 f"cross_entropy returned a tensor of shape {list(loss.shape)} on logits "
@@ -98,6 +99,12 @@ def produce(cross_entropy, case: Case, inputs: dict) -> dict:
         outputs[label] = loss.detach().reshape(()).double()
         outputs[f"{label}_is_float32"] = torch.tensor(loss.dtype == torch.float32)
     return outputs
+
+
+def _kind(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor on {value.device.type}"
+    return type(value).__name__
 
 
 def _crash_named(failure: CheckFailed, label: str, case: Case) -> CheckFailed:

@@ -22,6 +22,7 @@ from graders.exercises.training_step.loss import NOTEBOOK
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
+from graders.exercises.training_step.readers import described_keys, items_of, shown, whole_number
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.config import Config
 
@@ -58,12 +59,10 @@ def produce(saved_activation_bytes, case: Case, inputs: dict) -> dict:
         with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
             found = run_learner("saved_activation_bytes", _with_grad, saved_activation_bytes, model, *args,
                                 forbidden=FORBIDDEN)
-        if isinstance(found, torch.Tensor) and found.numel() == 1 and not found.is_floating_point():
-            found = int(found)
-        if isinstance(found, bool) or not isinstance(found, int):
-            raise CheckFailed(f"saved_activation_bytes returned {found!r} on {label}; return a number of bytes, "
+        if whole_number(found) is None:
+            raise CheckFailed(f"saved_activation_bytes returned {shown(found)} on {label}; return a number of bytes, "
                               "a Python int.")
-        outputs[f"bytes_{i}"] = torch.tensor(found, dtype=torch.int64)
+        outputs[f"bytes_{i}"] = torch.tensor(whole_number(found), dtype=torch.int64)
     return outputs
 
 
@@ -146,17 +145,17 @@ def produce_state(training_state_bytes, case: Case, inputs: dict) -> dict:
     for mixed in (False, True):
         model, _ = measured_run(case, "model")
         found = run_learner("training_state_bytes", training_state_bytes, model, mixed)
-        if not isinstance(found, dict) or set(found) != set(STATE_KEYS):
-            raise CheckFailed(f"training_state_bytes returned {type(found).__name__} "
-                              f"{sorted(found) if isinstance(found, dict) else ''}; return a dict with the keys "
-                              f"{list(STATE_KEYS)}, each a number of bytes (an int).")
+        items = items_of(found)
+        named = {key: value for key, value in items or () if isinstance(key, str)}
+        if items is None or len(items) != len(STATE_KEYS) or set(named) != set(STATE_KEYS):
+            keys = f" with the keys {described_keys(key for key, _ in items)}" if items else ""
+            raise CheckFailed(f"training_state_bytes returned {type(found).__name__}{keys}; return a dict with "
+                              f"the keys {list(STATE_KEYS)}, each a number of bytes (an int).")
         for key in STATE_KEYS:
-            value = found[key]
-            if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise CheckFailed(f"training_state_bytes(...)[{key!r}] is {value!r}; a number of bytes is an int.")
-            outputs[f"{key}_{int(mixed)}"] = torch.tensor(value, dtype=torch.int64)
+            if whole_number(named[key]) is None:
+                raise CheckFailed(f"training_state_bytes(...)[{key!r}] is {shown(named[key])}; a number of bytes "
+                                  "is an int.")
+            outputs[f"{key}_{int(mixed)}"] = torch.tensor(whole_number(named[key]), dtype=torch.int64)
     return outputs
 
 
