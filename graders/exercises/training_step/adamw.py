@@ -29,6 +29,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
+from graders.judging.library_ops import LibraryOps, OpWatch, refused
 from graders.judging.tolerance import close
 from graders.reference.config import Config
 
@@ -50,6 +51,15 @@ FORBIDDEN = Forbidden("AdamW", targets=ADAM_FUNCTIONS,
                                     "_fused_adam", "_single_tensor_adam", "_multi_tensor_adam"],
                       instead="from the update equations (a subclass of torch.optim.Optimizer)",
                       notebook_wide=False, library_code=("torch.optim.adamw", "torch.optim.adam"))
+# torch's fused and multi-tensor (foreach) kernels are what its own AdamW runs: a learner's step is
+# a loop over the parameters in public tensor operations. Copies of torch's adam.py and adamw.py
+# compiled from their source are torch's code.
+LIBRARY_OPS = LibraryOps(
+    "AdamW", ops=(("_fused_adamw_", "torch's fused AdamW step"), ("_fused_adam_", "torch's fused Adam step"),
+                  ("_fused_adamw", "torch's fused AdamW step"), ("_fused_adam", "torch's fused Adam step"),
+                  ("_foreach_*", "a multi-tensor kernel of the kind torch's optimizers are built from")),
+    sources=("torch.optim.adamw", "torch.optim.adam", "torch.optim._functional"),
+    instead="from the update equations, one parameter at a time (a subclass of torch.optim.Optimizer)")
 
 
 @dataclass(frozen=True)
@@ -173,12 +183,14 @@ def produce(AdamW, case: Case, inputs: dict) -> dict:
         raise CheckFailed("AdamW: your class subclasses torch.optim.Adam (or AdamW), whose step is the "
                           "answer. Subclass torch.optim.Optimizer and write step() yourself.")
     params = named_params(case)
-    optimizer = run_learner("AdamW", AdamW, groups(params, case), forbidden=FORBIDDEN, **setting(case).kwargs())
+    with refused(LIBRARY_OPS, "AdamW"):
+        optimizer = run_learner("AdamW", AdamW, groups(params, case), forbidden=FORBIDDEN, **setting(case).kwargs())
     _groups_of(optimizer)
 
     def step():
         try:   # with autograd on, as in a training loop
-            run_learner("AdamW.step", with_grad, optimizer.step, forbidden=FORBIDDEN)
+            with refused(LIBRARY_OPS, "AdamW.step"):
+                run_learner("AdamW.step", with_grad, optimizer.step, forbidden=FORBIDDEN)
         except CheckFailed as failure:
             raise _named_crash(failure) from failure.__cause__
     return trajectory(optimizer, params, case, step)
@@ -348,6 +360,7 @@ def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[in
                           "updates of that parameter (skipped steps do not count).")
 
 
-exercise = Exercise(NOTEBOOK, "AdamW", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None})
+exercise = Exercise(NOTEBOOK, "AdamW", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
+                    supplies=(OpWatch,))
 check_adamw = exercise.checker(
     "Grade your `AdamW` against torch.optim.AdamW, step by step, on two parameter groups.")

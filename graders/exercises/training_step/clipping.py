@@ -13,6 +13,7 @@ from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.exercises.training_step.readers import shown, real_number, real_tensor
 from graders.judging.learner import Forbidden, run_learner
+from graders.judging.library_ops import LibraryOps, OpWatch, refused
 from graders.judging.tolerance import close
 
 FORBIDDEN = Forbidden(
@@ -22,6 +23,12 @@ FORBIDDEN = Forbidden(
                           "_clip_grads_with_norm_", "_get_total_norm") if hasattr(module, name)],
     source_words=["clip_grad_norm_", "clip_grads_with_norm_", "get_total_norm", "utils.clip_grad"],
     instead="from the gradients' norms", notebook_wide=False, library_code=("torch.nn.utils.clip_grad",))
+# _foreach_norm gives every gradient's norm in one kernel, clip_grad_norm_'s own route where torch
+# has multi-tensor kernels; a copy of clip_grad.py compiled from its source is torch's code.
+LIBRARY_OPS = LibraryOps(
+    "clipping by the global norm",
+    ops=(("_foreach_*", "a multi-tensor kernel, as torch.nn.utils.clip_grad_norm_ uses"),),
+    sources=("torch.nn.utils.clip_grad",), instead="from the gradients' norms, one gradient at a time")
 WITHOUT_GRAD = "pos_embed.W_pos"
 # The gradients' total norm, as a multiple of max_norm: clipped, then left alone.
 NORM_FACTORS = (3.0, 0.5)
@@ -56,8 +63,9 @@ def produce(clip_grad_norm, case: Case, inputs: dict) -> dict:
         params = with_gradients(case, factor)
         # A one-pass iterator, as model.parameters() is (a C iterator: no frame of ours is left
         # suspended in it, to be closed later inside another check's learner code).
-        norm = run_learner("clip_grad_norm", clip_grad_norm, iter([p for _, p in params]), max_norm_of(case),
-                           forbidden=FORBIDDEN)
+        with refused(LIBRARY_OPS, "clip_grad_norm"):
+            norm = run_learner("clip_grad_norm", clip_grad_norm, iter([p for _, p in params]), max_norm_of(case),
+                               forbidden=FORBIDDEN)
         number = real_number(norm)
         if number is None:
             raise CheckFailed(f"clip_grad_norm returned {shown(norm)}; return the total norm of the gradients "
@@ -146,6 +154,7 @@ def _localised(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor, nam
             + ". Every gradient is multiplied by the same coefficient, min(1, max_norm / (norm + 1e-6)).")
 
 
-exercise = Exercise(NOTEBOOK, "clip_grad_norm", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None})
+exercise = Exercise(NOTEBOOK, "clip_grad_norm", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
+                    supplies=(OpWatch,))
 check_clip_grad_norm = exercise.checker(
     "Grade `clip_grad_norm(parameters, max_norm)` against torch.nn.utils.clip_grad_norm_.")

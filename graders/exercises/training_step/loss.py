@@ -17,6 +17,7 @@ from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.exercises.training_step.readers import real_tensor
 from graders.judging.learner import Forbidden, run_learner
+from graders.judging.library_ops import LibraryOps, OpWatch, refused
 from graders.judging.tolerance import close
 
 NOTEBOOK = "12_training_step"
@@ -33,6 +34,18 @@ FORBIDDEN = Forbidden(
     library_code=("torch.nn.functional:cross_entropy", "torch.nn.functional:nll_loss",
                   "torch.nn.functional:log_softmax", "torch.nn.modules.loss:CrossEntropyLoss",
                   "torch.nn.modules.loss:NLLLoss", "torch.nn.modules.activation:LogSoftmax"))
+# The kernels that compute the loss or its log-probabilities, however they are reached (F, a Tensor
+# method, torch.special, torch._C._nn, torch.ops.aten): the dispatcher sees each by this name.
+LIBRARY_OPS = LibraryOps(
+    "the cross-entropy",
+    ops=(("_log_softmax", "log-softmax"), ("log_softmax", "log-softmax"), ("_softmax", "softmax"),
+         ("softmax", "softmax"), ("_safe_softmax", "softmax"), ("logsumexp", "logsumexp"),
+         ("nll_loss_forward", "the negative log-likelihood loss"), ("nll_loss", "the negative log-likelihood loss"),
+         ("nll_loss_nd", "the negative log-likelihood loss"), ("nll_loss2d_forward", "the negative log-likelihood loss"),
+         ("cross_entropy_loss", "the cross-entropy loss")),
+    sources=("torch.nn.functional:cross_entropy", "torch.nn.functional:nll_loss", "torch.nn.functional:log_softmax",
+             "torch.nn.functional:softmax", "torch.nn.modules.loss:CrossEntropyLoss", "torch.nn.modules.loss:NLLLoss"),
+    instead="from max, exp, sum, log and gather")
 # The inputs each check runs on: (name, dtype, scale of the logits). "spread" stretches each row
 # from -60 to +60 and puts the target at its smallest logit: exp(-120) underflows float32 to 0.
 # "offset" moves each row by its own constant, from -80 to +40: no exp overflows, but a row 120
@@ -84,8 +97,9 @@ def produce(cross_entropy, case: Case, inputs: dict) -> dict:
     outputs = {}
     for label, logits, targets in loss_inputs(case):
         try:
-            loss = run_learner("cross_entropy", cross_entropy, logits, targets, ignore_index_of(case),
-                               forbidden=FORBIDDEN)
+            with refused(LIBRARY_OPS, "cross_entropy"):
+                loss = run_learner("cross_entropy", cross_entropy, logits, targets, ignore_index_of(case),
+                                   forbidden=FORBIDDEN)
         except CheckFailed as failure:
             raise _crash_named(failure, label, case) from failure.__cause__
         if real_tensor(loss) is None:
@@ -206,7 +220,7 @@ def judge(case: Case, outputs: dict) -> None:
                       "max; the result is the mean over the positions whose target is not ignore_index.")
 
 
-exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,),
+exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,), supplies=(OpWatch,),
                     defaults={"text": None, "batch": 3, "seq": 8})
 check_cross_entropy = exercise.checker(
     "Grade `cross_entropy(logits, targets, ignore_index)` against F.cross_entropy, ordinary and huge "
