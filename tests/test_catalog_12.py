@@ -24,7 +24,8 @@ def _loss(kind="right"):
         x = logits.double() if kind == "float64" else logits if kind == "bf16" else logits.float()
         keep = targets != ignore_index
         safe = targets if kind == "no_mask" else targets.where(keep, 0)
-        m = x.max() if kind == "global_max" else x.max(dim=-1, keepdim=True).values
+        m = x.max() if kind == "global_max" else x.amin(-1, keepdim=True) if kind == "min_shift" \
+            else x.max(dim=-1, keepdim=True).values
         lse = (x.exp().sum(-1).log() if kind == "no_shift" else (x - m).exp().sum(-1).log() if kind == "not_back"
                else m.squeeze(-1) + (x - m).exp().sum(-1).log())
         if kind == "log_of_softmax":     # a softmax written out (torch's softmax is refused)
@@ -53,6 +54,7 @@ def test_cross_entropy_correct_variants_pass(kind):
     ("no_shift", "Likely mistake: exp without the max-shift"),
     ("log_of_softmax", "Likely mistake: the log of a softmax"),
     ("global_max", "Likely mistake: the shift is the max of the whole tensor"),
+    ("min_shift", "Likely mistake: the shift is each row's minimum"),
     ("not_back", "Likely mistake: the max is subtracted but not added back"),
     ("padding_counted", "Likely mistake: the padding positions are counted"),
     ("mean_of_means", "Likely mistake: a mean of each sequence's mean"),
@@ -138,12 +140,22 @@ def _adamw(mistake=None, style="inplace"):
                     if mistake == "eps_uncorrected":      # Kingma & Ba's "efficient" ordering
                         m_hat = state["exp_avg"] * (1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)
                         denominator = state["exp_avg_sq"].sqrt() + eps
+                    if mistake == "amsgrad":
+                        state["max_v"] = torch.maximum(state.get("max_v", state["exp_avg_sq"]), state["exp_avg_sq"])
+                        denominator = (state["max_v"] / (1 - beta2 ** t)).sqrt() + eps
                     if mistake == "rebind":
                         p = p * (1 - lr * wd) - lr * m_hat / denominator
                         continue
-                    if mistake != "l2":
+                    if mistake == "rebind_update":                 # unlisted: the decay in place, the update not
+                        p.mul_(1 - lr * wd)
+                        p = p - lr * m_hat / denominator
+                        continue
+                    if mistake not in ("l2", "decay_after", "no_decay"):
                         p.mul_(1 - (wd if mistake == "unscaled_decay" else lr * wd))
-                    p.addcdiv_(m_hat, denominator, value=-lr)
+                    p.addcdiv_(m_hat, denominator, value=lr if mistake == "sign" else
+                               -2 * lr if mistake == "double_rate" else -lr)
+                    if mistake == "decay_after":
+                        p.mul_(1 - lr * wd)
     return AdamW
 
 
@@ -191,6 +203,27 @@ def test_adamw_correct_variants_pass(cls):
     ("rebind", ["from step 1 of 10", "the moments exp_avg and exp_avg_sq are right: the update"]),
 ])
 def test_adamw_mistakes_are_named(mistake, expected):
+    fails_with(nb12.check_adamw, _adamw(mistake), expected=expected)
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    ("decay_after", "Likely mistake: the weights are decayed after the Adam update"),
+    ("amsgrad", "Likely mistake: the denominator uses the largest v so far"),
+])
+def test_adamw_mistakes_the_hidden_case_tells_apart_are_named(mistake, expected):
+    """Decaying after the update changes a step by lr**2 * weight_decay * update, and AMSGrad's max by
+    little while v barely shrinks: beyond the tolerance with the hidden case's rate, decay and beta2."""
+    fails_with(nb12.check_adamw, _adamw(mistake), seed=1, expected=expected)
+
+
+@pytest.mark.parametrize("mistake, expected", [    # mistakes no catalog lists, named from the update's parts
+    ("sign", "Likely mistake: the Adam update has the wrong sign at step 1"),
+    ("no_decay", "Likely mistake: the Adam update is right at step 2, but the weights are not decayed"),
+    ("double_rate", "Likely mistake: the Adam update is 2 times torch's at step 1"),
+    ("rebind_update", "Likely mistake: only the weight decay reaches the parameters at step 1"),
+    ("rebind", "Likely mistake: the parameters do not change at step 1"),
+])
+def test_adamw_unlisted_mistakes_are_named_from_the_update(mistake, expected):
     fails_with(nb12.check_adamw, _adamw(mistake), expected=expected)
 
 

@@ -240,6 +240,14 @@ MISTAKES = {
                                "keep state['step'] per parameter",
     Slip(lr_at_init=True): "the learning rate is read once, when the optimizer is built: read group['lr'] "
                            "at every step (a schedule changes it between steps)",
+    Slip(decay_after=True): "the weights are decayed after the Adam update, not before it: torch (and "
+                            "Loshchilov & Hutter's algorithm) decays the weights the step starts from, "
+                            "p -= lr * weight_decay * p, then subtracts lr * m_hat / (sqrt(v_hat) + eps)",
+}
+# Mistakes torch's own AdamW makes on request: its keyword arguments, and what they mean.
+TORCH_MISTAKES = {
+    (("amsgrad", True),): "the denominator uses the largest v so far (AMSGrad's max(v_max, v)): AdamW divides "
+                          "by the root of this step's bias-corrected v, which can shrink",
 }
 
 
@@ -247,7 +255,9 @@ MISTAKES = {
 def adamw_mistakes(case: Case) -> dict[str, dict]:
     """The trajectory each listed mistake takes on this case's steps (kept: they are the same for
     every learner)."""
-    return {description: expected_trajectory(case, VariantAdamW, slip=slip) for slip, description in MISTAKES.items()}
+    ours = {description: expected_trajectory(case, VariantAdamW, slip=slip) for slip, description in MISTAKES.items()}
+    return {**ours, **{description: expected_trajectory(case, **dict(kwargs))
+                       for kwargs, description in TORCH_MISTAKES.items()}}
 
 
 def _same_params(actual: dict, expected: dict) -> bool:
@@ -283,7 +293,51 @@ def judge(case: Case, outputs: dict) -> None:
         if _same_params(outputs, mistaken):
             raise CheckFailed(f"{head} Likely mistake: {description}.")
     keys = f"\n  Also: {keys_mistake(outputs)}." if keys_mistake(outputs) else ""
-    raise CheckFailed(f"{head}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}{keys}")
+    parts = _update_parts(outputs, expected, first, case)
+    named = f" Likely mistake: {parts}." if parts else ""
+    raise CheckFailed(f"{head}{named}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}{keys}")
+
+
+def _update_parts(outputs: dict, expected: dict, first: int, case: Case) -> str | None:
+    """Name an unlisted mistake from what the first wrong step did: torch's change of the parameters
+    is an Adam update U plus a decay D (-lr * weight_decay * p), and the learner's change, fitted
+    as a * U + b * D, says which part went missing, changed sign or changed size."""
+    params = named_params(case)
+    start = torch.cat([p.detach().flatten() for _, p in params]).double()
+    before = {key: run["params"][first - 1].double() if first else start for key, run in (("ours", expected),
+                                                                                          ("yours", outputs))}
+    rate = setting(case).lr * SCHEDULE[first] * setting(case).weight_decay
+    decay = torch.cat([torch.full((p.numel(),), rate if role(n) == "matrix" else 0.0) for n, p in params]).double()
+    U = expected["params"][first].double() - before["ours"] * (1 - decay)
+    D = -decay * before["yours"]                      # the decay of the learner's own parameters
+    L = outputs["params"][first].double() - before["yours"]
+    if not torch.isfinite(L).all() or U.norm() == 0:
+        return None
+    basis = torch.stack([U, D], 1) if D.norm() > 0 else U[:, None]
+    fit = torch.linalg.lstsq(basis, L[:, None]).solution[:, 0]
+    a, b = float(fit[0]), float(fit[1]) if len(fit) > 1 else 0.0
+    if float((basis @ fit - L).norm()) > 1e-2 * float(L.norm() + U.norm() * 1e-3):
+        return None                                   # not a mix of the two parts: the direction differs
+    step = f"at step {first + 1}"
+    near = lambda x, y: abs(x - y) <= 1e-2 * max(1.0, abs(y))   # noqa: E731
+    if near(a, 0) and near(b, 0):
+        return (f"the parameters do not change {step}: the update never reaches them. `p = p - ...` rebinds "
+                "the name p to a new tensor and leaves the model's parameter as it was; update it in place "
+                "(p.mul_, p.add_, p.addcdiv_, or p.copy_(...))")
+    if near(a, 0):
+        return (f"only the weight decay reaches the parameters {step}; the Adam update lr * m_hat / (sqrt(v_hat) "
+                "+ eps) is computed but not applied in place (rebound to a new tensor?)")
+    if near(a, -1):
+        return f"the Adam update has the wrong sign {step}: subtract lr * m_hat / (sqrt(v_hat) + eps)"
+    if near(a, 1) and D.norm() > 0:
+        return (f"the Adam update is right {step}, but the weight decay is {b:.3g} times torch's "
+                "(lr * weight_decay * p, with the group's weight_decay)" if not near(b, 0) else
+                f"the Adam update is right {step}, but the weights are not decayed: p -= lr * weight_decay * p, "
+                "with each group's own weight_decay")
+    if near(b, 1) or D.norm() == 0:
+        return (f"the Adam update is {a:.4g} times torch's {step} (its direction is right, its size is not): "
+                "look at the learning rate it uses and the bias corrections 1 - beta**t")
+    return None
 
 
 def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], names: list[str],

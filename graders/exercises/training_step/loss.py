@@ -40,8 +40,8 @@ LIBRARY_OPS = LibraryOps(
     "the cross-entropy",
     ops=(("_log_softmax", "log-softmax"), ("log_softmax", "log-softmax"), ("_softmax", "softmax"),
          ("softmax", "softmax"), ("_safe_softmax", "softmax"), ("logsumexp", "logsumexp"),
-         ("nll_loss_forward", "the negative log-likelihood loss"), ("nll_loss", "the negative log-likelihood loss"),
-         ("nll_loss_nd", "the negative log-likelihood loss"), ("nll_loss2d_forward", "the negative log-likelihood loss"),
+         *((name, "the negative log-likelihood loss") for name in ("nll_loss_forward", "nll_loss", "nll_loss_nd",
+                                                                    "nll_loss2d_forward")),
          ("cross_entropy_loss", "the cross-entropy loss")),
     sources=("torch.nn.functional:cross_entropy", "torch.nn.functional:nll_loss", "torch.nn.functional:log_softmax",
              "torch.nn.functional:softmax", "torch.nn.modules.loss:CrossEntropyLoss", "torch.nn.modules.loss:NLLLoss"),
@@ -50,11 +50,15 @@ LIBRARY_OPS = LibraryOps(
 # from -60 to +60 and puts the target at its smallest logit: exp(-120) underflows float32 to 0.
 # "offset" moves each row by its own constant, from -80 to +40: no exp overflows, but a row 120
 # below the tensor's largest logit underflows when shifted by that one max.
-INPUTS = (("ordinary", torch.float32, 2.0), ("spread", torch.float32, 60.0), ("offset", torch.float32, 2.0),
+# "wide" is spread with each target at its row's largest logit: nothing underflows there, but an exp
+# shifted by the row's minimum overflows.
+INPUTS = (("ordinary", torch.float32, 2.0), ("spread", torch.float32, 60.0), ("wide", torch.float32, 60.0),
+          ("offset", torch.float32, 2.0),
           ("large", torch.float32, 1e4),
           ("ordinary", torch.bfloat16, 2.0), ("large", torch.bfloat16, 1e4))
 DESCRIBED = {"ordinary": "ordinary logits (spread about +-4)",
              "spread": "logits from -60 to +60, each target at its row's smallest logit",
+             "wide": "logits from -60 to +60, each target at its row's largest logit",
              "offset": "ordinary logits moved by a constant per position, from -80 to +40",
              "large": "logits of magnitude 1e4"}
 
@@ -71,10 +75,10 @@ def loss_inputs(case: Case) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     for i, (kind, dtype, scale) in enumerate(INPUTS):
         generator = torch.Generator().manual_seed(1000 * case.seed + i)
         logits = torch.randn(case.batch, case.seq, D_VOCAB, generator=generator)
-        if kind == "spread":
+        if kind in ("spread", "wide"):
             low, high = logits.amin(-1, keepdim=True), logits.amax(-1, keepdim=True)
             logits = (logits - low) / (high - low) * 2 * scale - scale     # each row from -60 to +60
-            targets = logits.argmin(-1)
+            targets = logits.argmin(-1) if kind == "spread" else logits.argmax(-1)
         else:
             logits = logits * scale
             targets = torch.randint(0, D_VOCAB, (case.batch, case.seq), generator=generator)
@@ -160,6 +164,9 @@ def loss_mistakes(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
         "the log of a softmax: a probability below ~1e-45 underflows to 0 and its log is -inf. Work "
         "in log space: log p = x - logsumexp(x), never log(softmax(x))":
             mean(-probs.gather(-1, targets.clamp(min=0)[..., None])[..., 0].log() * keep),
+        "the shift is each row's minimum, not its maximum: exp(x - min) is at least 1 and overflows once a "
+        "row spans more than about 88. Subtract the row's max, so that every exponent is at most 0":
+            mean((x.amin(-1) + (x - x.amin(-1, keepdim=True)).exp().sum(-1).log() - picked) * keep),
         "the shift is the max of the whole tensor, not of each row: a row far below it has every "
         "exp(x - m) underflow to 0. Take m per position: x.amax(dim=-1, keepdim=True)":
             mean((x.amax() + (x - x.amax()).exp().sum(-1).log() - picked) * keep),
