@@ -306,6 +306,10 @@ def _clip(kind="right"):
             total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         elif kind == "twice":
             total = sum(float(g.pow(2).sum()) for g in grads) ** 0.5
+        elif kind == "l1":
+            total = sum(g.abs().sum() for g in grads)
+        elif kind == "summed":
+            total = sum(g.norm() for g in grads)
         else:
             total = torch.stack([g.norm() for g in grads]).norm()
         for p in params:
@@ -315,6 +319,10 @@ def _clip(kind="right"):
             coef = max_norm / ((own if kind == "per_parameter" else total) + 1e-6)
             if kind == "clamped":
                 p.grad.mul_(torch.clamp(torch.as_tensor(coef), max=1.0))
+            elif kind == "inverted":
+                p.grad.mul_(1 / coef) if coef < 1 else None
+            elif kind == "sqrt":                   # unlisted: the square root of the coefficient
+                p.grad.mul_(coef ** 0.5) if coef < 1 else None
             elif kind == "always" or coef < 1:
                 p.grad.mul_(coef * coef if kind == "squared" else coef)
         if kind == "after":
@@ -334,7 +342,12 @@ def test_clip_correct_variants_pass(kind):
     ("always", "Likely mistake: the gradients are scaled up when their norm is below max_norm"),
     ("after", "Likely mistake: the norm is returned after clipping"),
     ("twice", "may be a generator (model.parameters())"),
-    ("squared", ["gradients differ from clip_grad_norm_'s", "scaled down by"]),
+    ("squared", ["gradients differ from clip_grad_norm_'s", "scaled down by", "Likely mistake: every gradient is "
+                 "scaled by one factor", "the square of clip_grad_norm_'s"]),
+    ("sqrt", "the square root of clip_grad_norm_'s"),
+    ("inverted", "Likely mistake: the coefficient is inverted"),
+    ("l1", "Likely mistake: the norm is the L1 norm"),
+    ("summed", "Likely mistake: the total norm is the sum of each parameter's norm"),
 ])
 def test_clip_mistakes_are_named(kind, expected):
     fails_with(nb12.check_clip_grad_norm, _clip(kind), expected=expected)
@@ -384,18 +397,21 @@ def _measure(kind="right"):
 
         def pack(t):
             storage = t.untyped_storage()
-            every.append((storage.data_ptr(), storage.nbytes(), t.numel() * t.element_size(), t.element_size()))
-            return t
+            every.append((storage.data_ptr(), storage.nbytes(), t.numel() * t.element_size(), t.element_size(),
+                          any(t is p for p in model.parameters())))
+            return None if kind == "pack_none" else t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             output = model(*inputs)
         del output
-        for ptr, nbytes, own, element in every:
-            if kind == "parameters" or ptr not in parameters:
-                by_storage[ptr] = nbytes // element if kind == "numbers" else nbytes
+        for ptr, nbytes, own, element, is_parameter in every:
+            counted = not is_parameter if kind == "identity" else kind == "parameters" or ptr not in parameters
+            if counted:
+                by_storage[ptr] = nbytes // element * (4 if kind == "four_bytes" else 1) \
+                    if kind in ("numbers", "four_bytes") else nbytes
         if kind == "repeats":
-            return sum(nbytes for ptr, nbytes, _, _ in every if ptr not in parameters)
+            return sum(nbytes for ptr, nbytes, *_ in every if ptr not in parameters)
         if kind == "naive":
-            return sum(own for _, _, own, _ in every)
+            return sum(own for _, _, own, *_ in every)
         if kind == "tensor":
             return torch.tensor(sum(by_storage.values()))
         return 0 if kind == "outside" else sum(by_storage.values())
@@ -414,6 +430,9 @@ def test_saved_activation_bytes_correct_variants_pass(kind):
     ("parameters", "Likely mistake: the model's parameters are counted"),
     ("naive", "Likely mistake: every saved tensor is counted at its own size"),
     ("outside", "Likely mistake: nothing was recorded"),
+    ("four_bytes", "Likely mistake: every number is counted as 4 bytes"),
+    ("identity", "Likely mistake: parameters are told apart by identity"),
+    ("pack_none", "Likely mistake: the pack hook returns None"),
 ])
 def test_saved_activation_bytes_mistakes_are_named(kind, expected):
     fails_with(nb12.check_saved_activation_bytes, _measure(kind), expected=expected)
@@ -428,8 +447,10 @@ def _save(path, model, optimizer, step, generator, *, optimizer_state=True, data
 
 
 def _load(path, model, optimizer, generator, *, optimizer_state=True, data_rng=True, torch_rng=True, train=True,
-          step=True, weights=True):
+          step=True, weights=True, swapped=False):
     saved = torch.load(path)
+    if swapped:
+        saved["generator"], saved["rng"] = saved["rng"], saved["generator"]
     if weights:
         model.load_state_dict(saved["model"])
     if optimizer_state:
@@ -440,6 +461,8 @@ def _load(path, model, optimizer, generator, *, optimizer_state=True, data_rng=T
         torch.set_rng_state(saved["rng"])
     if train:
         model.train()
+    if step in ("+1", "-1"):
+        return saved["step"] + int(step)
     return saved["step"] if step is True else step      # step=0: not restored; step=5: always 5
 
 
@@ -473,6 +496,9 @@ def test_checkpoints_correct_variants_pass():
     (dict(train=False), "Likely mistake: the model is left in eval mode after loading"),
     (dict(torch_rng=False), "Likely mistake: torch's global random generator is not restored"),
     (dict(weights=False), "Likely mistake: the model's weights are not restored"),
+    (dict(step="+1"), "Likely mistake: the step is off by one"),
+    (dict(step="-1"), "Likely mistake: the step is off by one"),
+    (dict(swapped=True), "Likely mistake: the two generators' states are swapped"),
 ])
 def test_checkpoint_mistakes_are_named(mistake, expected):
     fails_with(nb12.check_checkpoints, *_pair(**mistake), expected=expected)

@@ -146,6 +146,7 @@ def produce(run, case: Case, inputs: dict) -> dict:
         model, optimizer, generator = build_run(case.seed)
         train_steps(model, optimizer, generator, data, 0, save_at(case))
         evaluate(model, data)
+        saved = {"batch_rng": generator.get_state(), "rng": torch.get_rng_state()}   # what a checkpoint must hold
         run_learner("save_checkpoint", save_checkpoint, path, model, optimizer, save_at(case), generator)
         if not path.exists():
             raise CheckFailed("save_checkpoint(path, ...) wrote no file at path: save with torch.save(..., path).")
@@ -169,7 +170,8 @@ def produce(run, case: Case, inputs: dict) -> dict:
                               "saved state into the given model, optimizer and generator, as their "
                               "load_state_dict and set_state do.") from err
         return {**resumed, **{f"loaded_{key}": value for key, value in loaded.items()},
-                **{f"later_{key}": value for key, value in later.items()}}
+                **{f"later_{key}": value for key, value in later.items()},
+                **{f"saved_{key}": value for key, value in saved.items()}}
 
 
 def _snapshot(model, optimizer, generator) -> dict:
@@ -220,9 +222,20 @@ def judge(case: Case, outputs: dict) -> None:
     if first_step != stop:
         raise CheckFailed(
             f"load_checkpoint returned step {first_step}, but the checkpoint was saved after steps 0 to "
-            f"{stop - 1}: the resumed run would start at step {stop}. Likely mistake: the step is not "
-            + ("restored, so the schedule restarts (warmup again): save the step and return it."
-               if first_step == 0 else "the one saved: return the step passed to save_checkpoint."))
+            f"{stop - 1}: the resumed run would start at step {stop}. Likely mistake: "
+            + ("the step is not restored, so the schedule restarts (warmup again): save the step and return it."
+               if first_step == 0 else
+               f"the step is off by one: save_checkpoint was given step={stop}, the next step to run, and "
+               "load_checkpoint returns it as it was (no + 1 or - 1)." if abs(first_step - stop) == 1 else
+               "the step is not the one saved: return the step passed to save_checkpoint."))
+    if "saved_rng" in outputs and torch.equal(outputs["loaded_batch_rng"], outputs["saved_rng"]) \
+            and torch.equal(outputs["loaded_rng"], outputs["saved_batch_rng"]):
+        raise CheckFailed(
+            "The resumed run draws other batches and other dropout masks from the first resumed step on: the "
+            "data generator holds the state torch's global generator had when the run saved, and the global "
+            "generator the data generator's. Likely mistake: the two generators' states are swapped: restore "
+            "generator.set_state(what generator.get_state() gave) and torch.set_rng_state(what "
+            "torch.get_rng_state() gave).")
     for i in range(N_STEPS - stop):
         for key, what, meaning in DIVERGED:
             if not torch.equal(outputs[key][i], expected[key][i]):

@@ -103,7 +103,16 @@ def clip_mistakes(grads: list[torch.Tensor], max_norm: float) -> dict[str, tuple
     coef = max_norm / (total + 1e-6)
     clipped = flat * min(coef, 1.0)
     per_parameter = torch.cat([(g * min(1.0, max_norm / (float(g.norm()) + 1e-6))).flatten() for g in grads])
+    l1 = float(flat.abs().sum())
+    summed = sum(float(g.norm()) for g in grads)
     return {
+        "the coefficient is inverted: the gradients are multiplied by norm / max_norm, which lengthens them; "
+        "multiply by max_norm / (norm + 1e-6) when that is below 1": (total, flat / coef if coef < 1 else flat),
+        "the norm is the L1 norm (the sum of absolute values): clip_grad_norm_ uses the L2 norm, "
+        "sqrt(sum of g**2)": (l1, flat * min(max_norm / (l1 + 1e-6), 1.0)),
+        "the total norm is the sum of each parameter's norm: the norm of all gradients together is "
+        "sqrt(sum of each gradient's squared norm), which is smaller":
+            (summed, flat * min(max_norm / (summed + 1e-6), 1.0)),
         "each parameter is clipped by its own norm: clip by the one norm of all gradients together, "
         "sqrt(sum of every gradient's squared norm)": (total, per_parameter),
         "the gradients are scaled up when their norm is below max_norm: apply the coefficient "
@@ -151,7 +160,23 @@ def _localised(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor, nam
                      f"{name} is not a multiple of its gradient before")
     n_wrong = len(notes)
     return (f"{n_wrong} of {len(names)} gradients differ from clip_grad_norm_'s: " + "; ".join(notes[:3])
-            + ". Every gradient is multiplied by the same coefficient, min(1, max_norm / (norm + 1e-6)).")
+            + f".{_one_factor(got, grads, before)} Every gradient is multiplied by the same coefficient, "
+            "min(1, max_norm / (norm + 1e-6)).")
+
+
+def _one_factor(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor) -> str:
+    """When every gradient was scaled by one factor (the direction kept), how that factor relates
+    to clip_grad_norm_'s: its square, its inverse, or neither."""
+    factor, wanted = float(got @ before / (before @ before)), float(grads @ before / (before @ before))
+    if not torch.allclose(got, before * factor, rtol=1e-4, atol=1e-12) or wanted <= 0 or factor <= 0:
+        return ""
+    for relation, value in (("the square of", wanted ** 2), ("the inverse of", 1 / wanted),
+                            ("the square root of", wanted ** 0.5)):
+        if abs(factor - value) <= 1e-3 * value:
+            return (f" Likely mistake: every gradient is scaled by one factor, {factor:.4g}, {relation} "
+                    f"clip_grad_norm_'s {wanted:.4g}: the direction is kept, the coefficient is wrong.")
+    return (f" Every gradient is scaled by one factor, {factor:.4g} (clip_grad_norm_'s is {wanted:.4g}): the "
+            "direction is kept, the coefficient's value is wrong.")
 
 
 exercise = Exercise(NOTEBOOK, "clip_grad_norm", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
