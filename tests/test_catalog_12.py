@@ -777,3 +777,48 @@ def test_clipping_library_kernels_and_copies_are_refused():
     fails_with(nb12.check_clip_grad_norm, _clip("foreach"), expected="aten::_foreach_norm")
     fails_with(nb12.check_clip_grad_norm, clip_grad_norm,
                expected=["torch.nn.utils.clip_grad.", "compiled from a copy of its source"])
+
+
+# --- an untouched exercise is answered at once (issue 44, section 3) -------------------------------
+
+def test_untouched_exercises_are_answered_before_any_reference_is_built(monkeypatch):
+    """The stubs' checks say "not implemented yet" without building a reference (those take seconds):
+    every reference builder of 12's checks raises here, and no check reaches one."""
+    from graders.exercises.training_step import adamw, checkpoint, clipping, loss, memory
+
+    def built(*args, **kwargs):
+        raise AssertionError("a reference was built for an untouched exercise")
+    for module, name in ((loss, "expected_loss"), (loss, "loss_mistakes"), (adamw, "torch_trajectory"),
+                         (adamw, "adamw_mistakes"), (clipping, "expected"), (memory, "measured_state"),
+                         (memory, "saved_records"), (checkpoint, "uninterrupted")):
+        monkeypatch.setattr(module, name, built)
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    class AdamW(torch.optim.Optimizer):     # the notebook's given __init__, step still the stub
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            raise NotImplementedError
+    for check, answer in ((nb12.check_cross_entropy, (stub,)), (nb12.check_adamw, (AdamW,)),
+                          (nb12.check_clip_grad_norm, (stub,)), (nb12.check_training_state_bytes, (stub,)),
+                          (nb12.check_saved_activation_bytes, (stub,)), (nb12.check_checkpoints, (stub, stub))):
+        fails_with(check, *answer, expected="not implemented yet")
+
+
+def test_the_setup_cell_says_what_it_does_before_it_imports():
+    """Its imports take seconds: a line says what is happening first, and another when it is done."""
+    import ast
+    import json
+
+    cells = json.load(open("solutions/12_training_step.ipynb"))["cells"]
+    setup = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == "setup")
+    body = ast.parse("".join(setup["source"])).body
+    first_slow = next(i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))
+                      and node.names[0].name != "time")
+    printed = [i for i, node in enumerate(body) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+               and getattr(node.value.func, "id", "") == "print"]
+    assert printed and printed[0] < first_slow and printed[-1] == len(body) - 1
