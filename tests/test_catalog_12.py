@@ -68,6 +68,20 @@ def test_cross_entropy_mistakes_are_named(kind, expected):
     fails_with(nb12.check_cross_entropy, _loss(kind), expected=expected)
 
 
+def test_cross_entropy_unlisted_mistakes_are_named_from_how_the_losses_relate():
+    def base_two(logits, targets, ignore_index=-100):
+        return _loss()(logits, targets, ignore_index) / torch.log(torch.tensor(2.0))
+
+    def halved(logits, targets, ignore_index=-100):
+        return _loss()(logits, targets, ignore_index) / 2
+
+    def plus_log_vocab(logits, targets, ignore_index=-100):
+        return _loss()(logits, targets, ignore_index) + torch.log(torch.tensor(float(logits.shape[-1])))
+    fails_with(nb12.check_cross_entropy, base_two, expected="a logarithm in base 2")
+    fails_with(nb12.check_cross_entropy, halved, expected="0.5 times F.cross_entropy's on every input")
+    fails_with(nb12.check_cross_entropy, plus_log_vocab, expected="plus 3.912 on every input")
+
+
 def test_a_hard_coded_ignore_index_fails_the_hidden_case():
     def cross_entropy(logits, targets, ignore_index=-100):
         return _loss()(logits, targets)          # ignore_index not passed on: always -100

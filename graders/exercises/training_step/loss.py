@@ -222,9 +222,37 @@ def judge(case: Case, outputs: dict) -> None:
     if not math.isfinite(got):
         raise CheckFailed(f"{head} Likely mistake: something overflows or underflows: look for an exp "
                           f"of a large number, or a log of a number that rounds to 0.{where}")
+    relation = _constant_relation(outputs, expected, [label for label, _, _ in inputs])
+    if relation:
+        raise CheckFailed(f"{head} Likely mistake: {relation}.{where}")
     raise CheckFailed(f"{head}{where}\n  Hint: the loss of a position is logsumexp(logits) - "
                       "logits[target], with logsumexp(x) = m + log(sum(exp(x - m))) and m the row's "
                       "max; the result is the mean over the positions whose target is not ignore_index.")
+
+
+def _constant_relation(outputs: dict, expected: dict, labels: list[str]) -> str | None:
+    """A mistake no list holds, named from how the learner's losses relate to F.cross_entropy's on
+    every float32 input at once: one factor (a logarithm in another base, a normalisation) or one
+    offset."""
+    pairs = [(float(outputs[label]), float(expected[label])) for label in labels if label.endswith("float32")]
+    if len(pairs) < 2 or not all(math.isfinite(got) and want > 0 for got, want in pairs):
+        return None
+    factors = [got / want for got, want in pairs]
+    if max(factors) - min(factors) <= 1e-4 * abs(factors[0]):
+        factor = factors[0]
+        for base, name in ((2, "log2"), (10, "log10")):
+            if abs(factor - 1 / math.log(base)) <= 1e-3:
+                return (f"the loss is {factor:.4g} times F.cross_entropy's on every input, 1 / ln {base}: a "
+                        f"logarithm in base {base} ({name}); the loss uses the natural log (torch.log)")
+        return (f"the loss is {factor:.4g} times F.cross_entropy's on every input: the per-position losses "
+                "are right, and their sum is divided by the wrong count (the number of positions whose "
+                "target is not ignore_index), or scaled")
+    offsets = [got - want for got, want in pairs]
+    rounding = 1e-5 * max(abs(want) for _, want in pairs)      # float32's, on losses up to about 2e4
+    if max(offsets) - min(offsets) <= 1e-4 * max(1.0, abs(offsets[0])) + rounding:
+        return (f"the loss is F.cross_entropy's plus {offsets[0]:.4g} on every input: a constant term, one that "
+                "does not depend on the logits (a log of the vocabulary size, a +1 inside a log?)")
+    return None
 
 
 exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,), supplies=(OpWatch,),
