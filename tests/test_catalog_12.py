@@ -836,3 +836,18 @@ def test_the_setup_cell_says_what_it_does_before_it_imports():
     printed = [i for i, node in enumerate(body) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
                and getattr(node.value.func, "id", "") == "print"]
     assert printed and printed[0] < first_slow and printed[-1] == len(body) - 1
+
+
+def test_switching_the_watch_off_is_refused():
+    from torch.utils import _python_dispatch
+
+    def hidden(logits, targets, ignore_index=-100):
+        with _python_dispatch._disable_current_modes():
+            log_probs = _aten._log_softmax(logits.float(), -1, False)
+        return -(_first_logit(log_probs, targets))[targets != ignore_index].mean()
+
+    def popped(logits, targets, ignore_index=-100):
+        _python_dispatch._pop_mode()
+        return _loss()(logits, targets, ignore_index)
+    fails_with(nb12.check_cross_entropy, hidden, expected=["switched off the check's watch", "_disable_current_modes"])
+    fails_with(nb12.check_cross_entropy, popped, expected=["switched off the check's watch", "_pop_mode"])

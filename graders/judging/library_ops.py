@@ -75,6 +75,7 @@ class OpWatch(TorchDispatchMode):
         super().__init__()
         self.ops: dict[str, None] = {}
         self.codes: dict[int, object] = {}
+        self.switched: list[str] = []       # the switches the learner's code called
         self.outermost = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -84,6 +85,41 @@ class OpWatch(TorchDispatchMode):
             self.codes.setdefault(id(frame.f_code), frame.f_code)   # kept: its id is not reused
             frame = frame.f_back
         return func(*args, **(kwargs or {}))
+
+
+# The ways to take a dispatch mode off torch's stack: while a watch runs, each records a call from
+# the learner's own code (torch's own calls pass), and the check fails. A reference taken before
+# the check goes round them; a mode popped for good is still seen when the watch ends.
+SWITCHES = (("torch.utils._python_dispatch", "_disable_current_modes"),
+            ("torch.utils._python_dispatch", "_pop_mode_temporarily"), ("torch.utils._python_dispatch", "_pop_mode"),
+            ("torch._C", "_pop_torch_dispatch_stack"), ("torch._C", "_unset_dispatch_mode"),
+            ("torch._C", "_set_dispatch_mode"))
+
+
+@contextlib.contextmanager
+def _switches_watched(watch: OpWatch):
+    from graders.judging.origins import COPY, LEARNER, origin
+
+    saved = []
+
+    def recording(original, name):
+        @functools.wraps(original)
+        def switch(*args, **kwargs):
+            if origin(sys._getframe(1).f_code).kind in (LEARNER, COPY):
+                watch.switched.append(name)
+            return original(*args, **kwargs)
+        return switch
+    try:
+        for module, attribute in SWITCHES:
+            owner = sys.modules[module]
+            original = getattr(owner, attribute, None)
+            if original is not None:
+                saved.append((owner, attribute, original))
+                setattr(owner, attribute, recording(original, f"{module}.{attribute}"))
+        yield
+    finally:
+        for owner, attribute, original in reversed(saved):
+            setattr(owner, attribute, original)
 
 
 @contextlib.contextmanager
@@ -96,16 +132,18 @@ def refused(rule: LibraryOps, name: str):
     failure = None
     watch.__enter__()
     try:
-        yield watch
+        with _switches_watched(watch):
+            yield watch
     except CheckFailed as failed:
         failure = failed
     finally:
-        switched_off = watch not in _get_current_dispatch_mode_stack()
+        switched_off = [f"it calls {called}" for called in watch.switched[:1]] or \
+            ([] if watch in _get_current_dispatch_mode_stack() else ["the watch was off torch's stack at the end"])
         with contextlib.suppress(Exception):   # a stack the learner's code left unbalanced
             watch.__exit__(None, None, None)
     if switched_off:
         raise CheckFailed(f"{name}: your code switched off the check's watch of torch's operators while it "
-                          "ran (a dispatch mode popped). Remove that from your code.")
+                          f"ran ({switched_off[0]}). Remove that from your code.")
     refusal = library_routine(rule, name, watch)
     if refusal:
         raise CheckFailed(refusal)
@@ -136,11 +174,17 @@ def _same_file(filename: str, spec: str) -> bool:
     found = importlib.util.find_spec(spec.partition(":")[0])
     return found is not None and found.origin is not None and Path(filename) == Path(found.origin)
 
+
 def _warm() -> None:
     """Enter a watch once, when the checks are loaded: the first dispatch mode of a process makes
     torch import its compiler stack (about a second), which a check's own clock should not pay."""
     with OpWatch():
         torch.zeros(1).add_(1)
+
+
+# What of this module runs inside the learner's code: a check that watches declares it among the
+# parts it supplies, so that provenance does not take it for a course answer the learner ran.
+WATCH_PARTS = (OpWatch, _switches_watched)
 
 
 _warm()

@@ -29,7 +29,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
-from graders.judging.library_ops import LibraryOps, OpWatch, refused
+from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close
 from graders.reference.config import Config
 
@@ -415,6 +415,6 @@ def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[in
 
 
 exercise = Exercise(NOTEBOOK, "AdamW", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
-                    supplies=(OpWatch,))
+                    supplies=WATCH_PARTS)
 check_adamw = exercise.checker(
     "Grade your `AdamW` against torch.optim.AdamW, step by step, on two parameter groups.")

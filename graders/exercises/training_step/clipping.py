@@ -13,7 +13,7 @@ from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.exercises.training_step.readers import shown, real_number, real_tensor
 from graders.judging.learner import Forbidden, run_learner
-from graders.judging.library_ops import LibraryOps, OpWatch, refused
+from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close
 
 FORBIDDEN = Forbidden(
@@ -180,6 +180,6 @@ def _one_factor(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor) ->
 
 
 exercise = Exercise(NOTEBOOK, "clip_grad_norm", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
-                    supplies=(OpWatch,))
+                    supplies=WATCH_PARTS)
 check_clip_grad_norm = exercise.checker(
     "Grade `clip_grad_norm(parameters, max_norm)` against torch.nn.utils.clip_grad_norm_.")

@@ -17,7 +17,7 @@ from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.exercises.training_step.readers import real_tensor
 from graders.judging.learner import Forbidden, run_learner
-from graders.judging.library_ops import LibraryOps, OpWatch, refused
+from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close
 
 NOTEBOOK = "12_training_step"
@@ -255,7 +255,7 @@ def _constant_relation(outputs: dict, expected: dict, labels: list[str]) -> str 
     return None
 
 
-exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,), supplies=(OpWatch,),
+exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,), supplies=WATCH_PARTS,
                     defaults={"text": None, "batch": 3, "seq": 8})
 check_cross_entropy = exercise.checker(
     "Grade `cross_entropy(logits, targets, ignore_index)` against F.cross_entropy, ordinary and huge "
