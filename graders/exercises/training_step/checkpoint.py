@@ -2,8 +2,9 @@
 
 The course's training loop (`train_steps`: torch's AdamW in two groups, a warmup-then-cosine rate
 set at every step, clipping, a model with dropout, batches drawn from a generator) runs in the
-kernel to the case's stopping step (save_at), evaluates (eval mode), and calls the learner's
-`save_checkpoint`. Then, as a new process would, it builds another model, optimizer and generator,
+kernel to the case's stopping step (save_at), evaluates (eval mode), calls the learner's
+`save_checkpoint`, and trains on to the end (so a load that reads the objects save kept in memory,
+not the file, finds them changed). Then, as a new process would, it builds another model, optimizer and generator,
 reseeds torch's global generator, puts the model in eval mode, calls the learner's
 `load_checkpoint` and trains on to N_STEPS. The judge trains the same run without stopping and
 requires the resumed steps to match it bit for bit; where they do not, it names what diverged
