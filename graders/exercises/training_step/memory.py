@@ -61,7 +61,7 @@ def produce(saved_activation_bytes, case: Case, inputs: dict) -> dict:
                 _pack_hooks() as packs:
             found = run_learner("saved_activation_bytes", _with_grad, saved_activation_bytes, model, *args,
                                 forbidden=FORBIDDEN)
-        outputs["pack_returns_none"] = torch.tensor(outputs.get("pack_returns_none", False) or _drops(packs))
+        outputs["pack_returns_none"] = torch.tensor(bool(outputs.get("pack_returns_none", False)) or _drops(packs))
         if whole_number(found) is None:
             raise CheckFailed(f"saved_activation_bytes returned {shown(found)} on {label}; return a number of bytes, "
                               "a Python int.")
