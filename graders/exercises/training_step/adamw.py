@@ -23,12 +23,14 @@ from graders.exercises.small_models import seeded_model
 from graders.exercises.training.practice import role
 from graders.exercises.training.runs import with_grad
 from graders.exercises.training_step.loss import NOTEBOOK
-from graders.exercises.training_step.readers import items_of, real_number, real_tensor
+from graders.exercises.training_step.optimizer_state import (
+    KEYED_BY_PARAMETERS, STATE, keys_mistake, state_by_parameter, state_numbers,
+)
 from graders.exercises.training_step.reference import Slip, VariantAdamW
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
+from graders.judging.learner import Forbidden, run_learner, text_record
 from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close
 from graders.reference.config import Config
@@ -37,8 +39,6 @@ N_STEPS = 10
 SCHEDULE = (0.2, 0.6, 1.0, 1.0, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)          # x the base lr, per step
 GRAD_SCALE = (1e-3, 3e-3, 1e-3, 1e-5, 2e-3, 1e-3, 5e-4, 1e-3, 1e-2, 1e-3)
 SKIPPED = ("pos_embed.W_pos", (0, 4))    # a parameter with no gradient at these steps
-STATE = ("exp_avg", "exp_avg_sq")
-KEYED_BY_PARAMETERS = "parameters"     # what optimizer.state's keys should be
 _ADAMW, _ADAM = importlib.import_module("torch.optim.adamw"), importlib.import_module("torch.optim.adam")
 _FUNCTIONAL = importlib.import_module("torch.optim._functional")
 ADAM_FUNCTIONS = [(_ADAMW, "adamw"), (_ADAM, "adam"), (_FUNCTIONAL, "adam"), (_FUNCTIONAL, "adamw"),
@@ -120,8 +120,8 @@ def trajectory(optimizer, params: list, case: Case, step=None) -> dict:
         record["params"].append(torch.cat([_parameter(name, p, shape) for (name, p), shape in zip(params, shapes)]))
         states, keys = state_by_parameter(optimizer, params)
         for key in STATE:
-            record[key].append(torch.cat([_state(states, p, key) for _, p in params]))
-        record["step"].append(torch.cat([_state(states, p, "step") for _, p in params]))
+            record[key].append(torch.cat([state_numbers(states, p, key) for _, p in params]))
+        record["step"].append(torch.cat([state_numbers(states, p, "step") for _, p in params]))
     stacked = {key: torch.stack(values) for key, values in record.items()}
     return {**stacked, "keys": text_record(keys or KEYED_BY_PARAMETERS)}
 
@@ -142,38 +142,6 @@ def _parameter(name: str, p: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         raise CheckFailed(f"AdamW.step changed {name} from a real tensor of shape {list(shape)} to a "
                           f"{p.dtype} of shape {list(p.shape)}: update each parameter in place, keeping its shape.")
     return p.detach().float().flatten()
-
-
-def state_by_parameter(optimizer, params: list) -> tuple[dict, str]:
-    """The learner's optimizer.state read without looking anything up in it: a key that is not the
-    parameter itself (id(p), an int, hashes like p) would be compared with a tensor, which raises.
-    {id(p): p's state} for the tensor keys, and what the keys are when none is a tensor: "ids"
-    (id(p) of the parameters), another type's name, or what optimizer.state is instead of a dict."""
-    state = getattr(optimizer, "state", None)
-    items = items_of(state)
-    if items is None:
-        return {}, f"optimizer.state is {type(state).__name__}, not a dict"
-    found = {id(key): value for key, value in items if isinstance(key, torch.Tensor)}
-    others = [key for key, _ in items if not isinstance(key, torch.Tensor)]
-    if found or not others:
-        return found, ""
-    ids = {id(p) for _, p in params}
-    if all(type(key) is int and key in ids for key in others):
-        return dict(items), "ids"
-    return {}, f"keys of type {type(others[0]).__name__}"
-
-
-def _state(states: dict, p: torch.Tensor, key: str) -> torch.Tensor:
-    """p's state[key] as float32 numbers (p's size for the moments, one for the step), NaN where it
-    is missing or of another kind."""
-    size = p.numel() if key in STATE else 1
-    entries = items_of(states.get(id(p)))
-    value = next((v for k, v in entries if isinstance(k, str) and k == key), None) if entries else None
-    number = real_number(value)
-    value = torch.tensor(number) if number is not None else real_tensor(value)
-    if value is None or value.numel() not in (1, size):
-        return torch.full((size,), float("nan"))
-    return value.float().flatten().expand(size).clone()   # not a live view
 
 
 def produce(AdamW, case: Case, inputs: dict) -> dict:
@@ -376,17 +344,6 @@ def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], name
         notes.append(f"{right} right: what changes with t (the bias correction, the schedule's rate, skipped "
                      "parameters) is the place to look")
     return "; ".join(notes) + "."
-
-
-def keys_mistake(outputs: dict) -> str:
-    """What is wrong with the keys of the learner's optimizer.state ("" when they are the parameters)."""
-    keys = recorded_text(outputs["keys"]) if "keys" in outputs else KEYED_BY_PARAMETERS
-    if keys == "ids":
-        return ("the state is kept by id(p), not by the parameter: key self.state by the parameter tensor "
-                "itself, self.state[p], as torch.optim.Optimizer does, so that state_dict() and "
-                "load_state_dict() find it (a checkpoint saves nothing of a state keyed by ids)")
-    return ("" if keys == KEYED_BY_PARAMETERS else f"{keys}: optimizer.state must be the dict "
-            "torch.optim.Optimizer makes, keyed by each parameter tensor (self.state[p])")
 
 
 def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[int]) -> None:
