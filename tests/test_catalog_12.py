@@ -82,6 +82,25 @@ def test_cross_entropy_unlisted_mistakes_are_named_from_how_the_losses_relate():
     fails_with(nb12.check_cross_entropy, plus_log_vocab, expected="plus 3.912 on every input")
 
 
+def test_cross_entropy_unlisted_mistakes_are_localised_to_a_position():
+    def target_shifted(logits, targets, ignore_index=-100):      # the next token's logit picked
+        x, keep = logits.float(), targets != ignore_index
+        m = x.amax(-1, keepdim=True)
+        picked = x.gather(-1, ((targets + 1) % x.shape[-1]).where(keep, 0)[..., None])[..., 0]
+        return ((m[..., 0] + (x - m).exp().sum(-1).log() - picked) * keep).sum() / keep.sum()
+
+    def weighted(logits, targets, ignore_index=-100):           # later positions weigh more
+        x, keep = logits.float(), targets != ignore_index
+        m = x.amax(-1, keepdim=True)
+        losses = m[..., 0] + (x - m).exp().sum(-1).log() - x.gather(-1, targets.where(keep, 0)[..., None])[..., 0]
+        weights = 1 + torch.arange(targets.shape[1]) / 10
+        return (losses * keep * weights).sum() / keep.sum()
+    fails_with(nb12.check_cross_entropy, target_shifted,
+               expected=["position 0 of sequence 0 alone", "the first position whose own loss is wrong"])
+    fails_with(nb12.check_cross_entropy, weighted,
+               expected="every real position alone gives F.cross_entropy's loss")
+
+
 def test_a_hard_coded_ignore_index_fails_the_hidden_case():
     def cross_entropy(logits, targets, ignore_index=-100):
         return _loss()(logits, targets)          # ignore_index not passed on: always -100

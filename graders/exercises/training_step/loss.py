@@ -15,7 +15,7 @@ from torch import nn
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.exercises.training_step.readers import real_tensor
+from graders.exercises.training_step.readers import real_number, real_tensor
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close
@@ -116,7 +116,27 @@ def produce(cross_entropy, case: Case, inputs: dict) -> dict:
                 "only; the loss is the mean over every position whose target is not ignore_index.")
         outputs[label] = loss.detach().reshape(()).double()
         outputs[f"{label}_is_float32"] = torch.tensor(loss.dtype == torch.float32)
-    return outputs
+    return {**outputs, **_one_position_at_a_time(cross_entropy, case)}
+
+
+def _one_position_at_a_time(cross_entropy, case: Case) -> dict:
+    """The learner's loss of each real position of the first input alone ([1, 1, d_vocab] logits),
+    NaN at padding: where a wrong loss starts, for the judge. Nothing when the function does not
+    take one position (a mistake the whole inputs already show)."""
+    label, logits, targets = loss_inputs(case)[0]
+    found = torch.full(targets.shape, float("nan"), dtype=torch.float64)
+    try:
+        with refused(LIBRARY_OPS, "cross_entropy"):
+            for b, p in (targets != ignore_index_of(case)).nonzero().tolist():
+                loss = run_learner("cross_entropy", cross_entropy, logits[b:b + 1, p:p + 1],
+                                   targets[b:b + 1, p:p + 1], ignore_index_of(case), forbidden=FORBIDDEN)
+                number = real_number(loss)
+                if number is None:
+                    return {}
+                found[b, p] = number
+    except CheckFailed:
+        return {}
+    return {"one_position": found}
 
 
 def _kind(value) -> str:
@@ -225,9 +245,30 @@ def judge(case: Case, outputs: dict) -> None:
     relation = _constant_relation(outputs, expected, [label for label, _, _ in inputs])
     if relation:
         raise CheckFailed(f"{head} Likely mistake: {relation}.{where}")
-    raise CheckFailed(f"{head}{where}\n  Hint: the loss of a position is logsumexp(logits) - "
+    raise CheckFailed(f"{head}{where}{_first_position(outputs, case)}\n  Hint: the loss of a position is "
+                      "logsumexp(logits) - "
                       "logits[target], with logsumexp(x) = m + log(sum(exp(x - m))) and m the row's "
                       "max; the result is the mean over the positions whose target is not ignore_index.")
+
+
+def _first_position(outputs: dict, case: Case) -> str:
+    """Where the learner's loss of one position alone first differs from F.cross_entropy's, or that
+    none does (then the mistake is in how the positions' losses are combined)."""
+    if "one_position" not in outputs:
+        return ""
+    label, logits, targets = loss_inputs(case)[0]
+    want = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore_index_of(case),
+                           reduction="none").reshape(targets.shape).double()
+    real = targets != ignore_index_of(case)
+    got = outputs["one_position"]
+    for b, p in real.nonzero().tolist():
+        if not _same(got[b, p], want[b, p]):
+            return (f"\n  Where it starts: on {describe_input(label)}, position {p} of sequence {b} alone (target "
+                    f"{int(targets[b, p])}) gives {float(got[b, p]):.6g}, where F.cross_entropy gives "
+                    f"{float(want[b, p]):.6g}: the first position whose own loss is wrong.")
+    return (f"\n  Where it starts: on {describe_input(label)}, every real position alone gives F.cross_entropy's "
+            "loss: the positions' losses are right, and the mistake is in how they are combined (the mask of "
+            "ignore_index, the sum, the count).")
 
 
 def _constant_relation(outputs: dict, expected: dict, labels: list[str]) -> str | None:
