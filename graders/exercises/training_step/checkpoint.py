@@ -4,8 +4,8 @@ The course's training loop (`train_steps`: torch's AdamW in two groups, a warmup
 set at every step, clipping, a model with dropout, batches drawn from a generator) runs in the
 kernel to the case's stopping step (save_at), evaluates (eval mode), calls the learner's
 `save_checkpoint`, and trains on to the end (so a load that reads the objects save kept in memory,
-not the file, finds them changed). Then, as a new process would, it builds another model, optimizer and generator,
-reseeds torch's global generator, puts the model in eval mode, calls the learner's
+not the file, finds them changed). Then, as a new process would, it builds another model,
+optimizer and generator, reseeds torch's global generator, puts the model in eval mode, calls the learner's
 `load_checkpoint` and trains on to N_STEPS. The judge trains the same run without stopping and
 requires the resumed steps to match it bit for bit; where they do not, it names what diverged
 first at the resumed step: the step (schedule), the weights, the optimizer's moments, the batch
@@ -23,11 +23,11 @@ from torch import nn
 
 from graders.exercises.training.runs import one_thread
 from graders.exercises.training_step.loss import NOTEBOOK
+from graders.exercises.training_step.readers import items_of, shown, whole_number
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
-from graders.exercises.training_step.readers import shown, items_of, whole_number
 
 D_VOCAB, D_MODEL, WINDOW, BATCH = 32, 16, 8, 4
 N_STEPS = 12

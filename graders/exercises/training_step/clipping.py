@@ -8,10 +8,10 @@ import torch
 
 from graders.exercises.training_step.adamw import gradient, named_params
 from graders.exercises.training_step.loss import NOTEBOOK
+from graders.exercises.training_step.readers import shown, real_number, real_tensor
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.exercises.training_step.readers import shown, real_number, real_tensor
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close

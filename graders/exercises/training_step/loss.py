@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graders.exercises.training_step.readers import real_number, real_tensor
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.exercises.training_step.readers import real_number, real_tensor
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close

@@ -20,10 +20,10 @@ import functools
 import torch
 
 from graders.exercises.training_step.loss import NOTEBOOK
+from graders.exercises.training_step.readers import described_keys, items_of, shown, whole_number
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.exercises.training_step.readers import described_keys, items_of, shown, whole_number
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.config import Config
 
