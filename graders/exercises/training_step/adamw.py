@@ -23,11 +23,15 @@ from graders.exercises.small_models import seeded_model
 from graders.exercises.training.practice import role
 from graders.exercises.training.runs import with_grad
 from graders.exercises.training_step.loss import NOTEBOOK
+from graders.exercises.training_step.optimizer_state import (
+    KEYED_BY_PARAMETERS, STATE, keys_mistake, state_by_parameter, state_numbers,
+)
 from graders.exercises.training_step.reference import Slip, VariantAdamW
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, run_learner
+from graders.judging.learner import Forbidden, run_learner, text_record
+from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
 from graders.judging.tolerance import close
 from graders.reference.config import Config
 
@@ -35,7 +39,6 @@ N_STEPS = 10
 SCHEDULE = (0.2, 0.6, 1.0, 1.0, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1)          # x the base lr, per step
 GRAD_SCALE = (1e-3, 3e-3, 1e-3, 1e-5, 2e-3, 1e-3, 5e-4, 1e-3, 1e-2, 1e-3)
 SKIPPED = ("pos_embed.W_pos", (0, 4))    # a parameter with no gradient at these steps
-STATE = ("exp_avg", "exp_avg_sq")
 _ADAMW, _ADAM = importlib.import_module("torch.optim.adamw"), importlib.import_module("torch.optim.adam")
 _FUNCTIONAL = importlib.import_module("torch.optim._functional")
 ADAM_FUNCTIONS = [(_ADAMW, "adamw"), (_ADAM, "adam"), (_FUNCTIONAL, "adam"), (_FUNCTIONAL, "adamw"),
@@ -48,6 +51,15 @@ FORBIDDEN = Forbidden("AdamW", targets=ADAM_FUNCTIONS,
                                     "_fused_adam", "_single_tensor_adam", "_multi_tensor_adam"],
                       instead="from the update equations (a subclass of torch.optim.Optimizer)",
                       notebook_wide=False, library_code=("torch.optim.adamw", "torch.optim.adam"))
+# torch's fused and multi-tensor (foreach) kernels are what its own AdamW runs: a learner's step is
+# a loop over the parameters in public tensor operations. Copies of torch's adam.py and adamw.py
+# compiled from their source are torch's code.
+LIBRARY_OPS = LibraryOps(
+    "AdamW", ops=(("_fused_adamw_", "torch's fused AdamW step"), ("_fused_adam_", "torch's fused Adam step"),
+                  ("_fused_adamw", "torch's fused AdamW step"), ("_fused_adam", "torch's fused Adam step"),
+                  ("_foreach_*", "a multi-tensor kernel of the kind torch's optimizers are built from")),
+    sources=("torch.optim.adamw", "torch.optim.adam", "torch.optim._functional"),
+    instead="from the update equations, one parameter at a time (a subclass of torch.optim.Optimizer)")
 
 
 @dataclass(frozen=True)
@@ -92,30 +104,44 @@ def gradient(case: Case, step: int, index: int, p: torch.Tensor) -> torch.Tensor
 
 def trajectory(optimizer, params: list, case: Case, step=None) -> dict:
     """Take N_STEPS steps with `optimizer` (built on groups(params)); after each, record every
-    parameter, and its state under torch's names (NaN where there is none): [step, all numbers]."""
+    parameter, and its state under torch's names (NaN where there is none): [step, all numbers].
+    "keys" says what the state's keys are when they are not the parameters themselves."""
     factors = (1.0, setting(case).no_decay_lr_factor)
     record = {key: [] for key in ("params", *STATE, "step")}
+    keys = ""
     for t in range(N_STEPS):
-        for group, factor in zip(optimizer.param_groups, factors):
+        for group, factor in zip(_groups_of(optimizer), factors):
             group["lr"] = setting(case).lr * SCHEDULE[t] * factor
         for i, (name, p) in enumerate(params):
             skipped = name == SKIPPED[0] and t in SKIPPED[1]
             p.grad = None if skipped else gradient(case, t, i, p)
+        shapes = [p.shape for _, p in params]
         (step or optimizer.step)()
-        record["params"].append(torch.cat([p.detach().flatten() for _, p in params]).float())
+        record["params"].append(torch.cat([_parameter(name, p, shape) for (name, p), shape in zip(params, shapes)]))
+        states, keys = state_by_parameter(optimizer, params)
         for key in STATE:
-            record[key].append(torch.cat([_state(optimizer, p, key).flatten() for _, p in params]))
-        record["step"].append(torch.tensor([float(_state(optimizer, p, "step").flatten()[0]) for _, p in params]))
-    return {key: torch.stack(values) for key, values in record.items()}
+            record[key].append(torch.cat([state_numbers(states, p, key) for _, p in params]))
+        record["step"].append(torch.cat([state_numbers(states, p, "step") for _, p in params]))
+    stacked = {key: torch.stack(values) for key, values in record.items()}
+    return {**stacked, "keys": text_record(keys or KEYED_BY_PARAMETERS)}
 
 
-def _state(optimizer, p: torch.Tensor, key: str) -> torch.Tensor:
-    value = optimizer.state.get(p, {}).get(key) if isinstance(optimizer.state, dict) else None
-    if isinstance(value, (int, float)):
-        value = torch.tensor(float(value))
-    if not isinstance(value, torch.Tensor) or value.numel() not in (1, p.numel()):
-        return torch.full((p.numel() if key in STATE else 1,), float("nan"))
-    return value.detach().float().flatten().expand(p.numel() if key in STATE else 1).clone()   # not a live view
+def _groups_of(optimizer) -> list:
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list) or len(groups) != 2 or not all(isinstance(g, dict) for g in groups):
+        found = f"a list of {len(groups)}" if isinstance(groups, list) else type(groups).__name__
+        raise CheckFailed("AdamW(groups, lr=...) must keep the two parameter groups it is given, as dicts in "
+                          "self.param_groups (pass them on to super().__init__(params, defaults)); its "
+                          f"param_groups is {found}.")
+    return groups
+
+
+def _parameter(name: str, p: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A parameter's numbers after a step, as float32; its shape must be what it was."""
+    if p.shape != shape or p.is_complex():
+        raise CheckFailed(f"AdamW.step changed {name} from a real tensor of shape {list(shape)} to a "
+                          f"{p.dtype} of shape {list(p.shape)}: update each parameter in place, keeping its shape.")
+    return p.detach().float().flatten()
 
 
 def produce(AdamW, case: Case, inputs: dict) -> dict:
@@ -125,14 +151,14 @@ def produce(AdamW, case: Case, inputs: dict) -> dict:
         raise CheckFailed("AdamW: your class subclasses torch.optim.Adam (or AdamW), whose step is the "
                           "answer. Subclass torch.optim.Optimizer and write step() yourself.")
     params = named_params(case)
-    optimizer = run_learner("AdamW", AdamW, groups(params, case), forbidden=FORBIDDEN, **setting(case).kwargs())
-    if not isinstance(optimizer, torch.optim.Optimizer) or len(optimizer.param_groups) != 2:
-        raise CheckFailed("AdamW(groups, lr=...) must keep the two parameter groups it is given "
-                          "(pass them on to super().__init__(params, defaults)).")
+    with refused(LIBRARY_OPS, "AdamW"):
+        optimizer = run_learner("AdamW", AdamW, groups(params, case), forbidden=FORBIDDEN, **setting(case).kwargs())
+    _groups_of(optimizer)
 
     def step():
         try:   # with autograd on, as in a training loop
-            run_learner("AdamW.step", with_grad, optimizer.step, forbidden=FORBIDDEN)
+            with refused(LIBRARY_OPS, "AdamW.step"):
+                run_learner("AdamW.step", with_grad, optimizer.step, forbidden=FORBIDDEN)
         except CheckFailed as failure:
             raise _named_crash(failure) from failure.__cause__
     return trajectory(optimizer, params, case, step)
@@ -182,6 +208,14 @@ MISTAKES = {
                                "keep state['step'] per parameter",
     Slip(lr_at_init=True): "the learning rate is read once, when the optimizer is built: read group['lr'] "
                            "at every step (a schedule changes it between steps)",
+    Slip(decay_after=True): "the weights are decayed after the Adam update, not before it: torch (and "
+                            "Loshchilov & Hutter's algorithm) decays the weights the step starts from, "
+                            "p -= lr * weight_decay * p, then subtracts lr * m_hat / (sqrt(v_hat) + eps)",
+}
+# Mistakes torch's own AdamW makes on request: its keyword arguments, and what they mean.
+TORCH_MISTAKES = {
+    (("amsgrad", True),): "the denominator uses the largest v so far (AMSGrad's max(v_max, v)): AdamW divides "
+                          "by the root of this step's bias-corrected v, which can shrink",
 }
 
 
@@ -189,7 +223,9 @@ MISTAKES = {
 def adamw_mistakes(case: Case) -> dict[str, dict]:
     """The trajectory each listed mistake takes on this case's steps (kept: they are the same for
     every learner)."""
-    return {description: expected_trajectory(case, VariantAdamW, slip=slip) for slip, description in MISTAKES.items()}
+    ours = {description: expected_trajectory(case, VariantAdamW, slip=slip) for slip, description in MISTAKES.items()}
+    return {**ours, **{description: expected_trajectory(case, **dict(kwargs))
+                       for kwargs, description in TORCH_MISTAKES.items()}}
 
 
 def _same_params(actual: dict, expected: dict) -> bool:
@@ -224,7 +260,52 @@ def judge(case: Case, outputs: dict) -> None:
     for description, mistaken in adamw_mistakes(case).items():
         if _same_params(outputs, mistaken):
             raise CheckFailed(f"{head} Likely mistake: {description}.")
-    raise CheckFailed(f"{head}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}")
+    keys = f"\n  Also: {keys_mistake(outputs)}." if keys_mistake(outputs) else ""
+    parts = _update_parts(outputs, expected, first, case)
+    named = f" Likely mistake: {parts}." if parts else ""
+    raise CheckFailed(f"{head}{named}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}{keys}")
+
+
+def _update_parts(outputs: dict, expected: dict, first: int, case: Case) -> str | None:
+    """Name an unlisted mistake from what the first wrong step did: torch's change of the parameters
+    is an Adam update U plus a decay D (-lr * weight_decay * p), and the learner's change, fitted
+    as a * U + b * D, says which part went missing, changed sign or changed size."""
+    params = named_params(case)
+    start = torch.cat([p.detach().flatten() for _, p in params]).double()
+    before = {key: run["params"][first - 1].double() if first else start for key, run in (("ours", expected),
+                                                                                          ("yours", outputs))}
+    rate = setting(case).lr * SCHEDULE[first] * setting(case).weight_decay
+    decay = torch.cat([torch.full((p.numel(),), rate if role(n) == "matrix" else 0.0) for n, p in params]).double()
+    U = expected["params"][first].double() - before["ours"] * (1 - decay)
+    D = -decay * before["yours"]                      # the decay of the learner's own parameters
+    L = outputs["params"][first].double() - before["yours"]
+    if not torch.isfinite(L).all() or U.norm() == 0:
+        return None
+    basis = torch.stack([U, D], 1) if D.norm() > 0 else U[:, None]
+    fit = torch.linalg.lstsq(basis, L[:, None]).solution[:, 0]
+    a, b = float(fit[0]), float(fit[1]) if len(fit) > 1 else 0.0
+    if float((basis @ fit - L).norm()) > 1e-2 * float(L.norm() + U.norm() * 1e-3):
+        return None                                   # not a mix of the two parts: the direction differs
+    step = f"at step {first + 1}"
+    near = lambda x, y: abs(x - y) <= 1e-2 * max(1.0, abs(y))   # noqa: E731
+    if near(a, 0) and near(b, 0):
+        return (f"the parameters do not change {step}: the update never reaches them. `p = p - ...` rebinds "
+                "the name p to a new tensor and leaves the model's parameter as it was; update it in place "
+                "(p.mul_, p.add_, p.addcdiv_, or p.copy_(...))")
+    if near(a, 0):
+        return (f"only the weight decay reaches the parameters {step}; the Adam update lr * m_hat / (sqrt(v_hat) "
+                "+ eps) is computed but not applied in place (rebound to a new tensor?)")
+    if near(a, -1):
+        return f"the Adam update has the wrong sign {step}: subtract lr * m_hat / (sqrt(v_hat) + eps)"
+    if near(a, 1) and D.norm() > 0:
+        return (f"the Adam update is right {step}, but the weight decay is {b:.3g} times torch's "
+                "(lr * weight_decay * p, with the group's weight_decay)" if not near(b, 0) else
+                f"the Adam update is right {step}, but the weights are not decayed: p -= lr * weight_decay * p, "
+                "with each group's own weight_decay")
+    if near(b, 1) or D.norm() == 0:
+        return (f"the Adam update is {a:.4g} times torch's {step} (its direction is right, its size is not): "
+                "look at the learning rate it uses and the bias corrections 1 - beta**t")
+    return None
 
 
 def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], names: list[str],
@@ -267,6 +348,9 @@ def _localised(outputs: dict, expected: dict, first: int, wrong: list[int], name
 
 def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[int]) -> None:
     """The parameters are right: the state must be too, under torch's names (checkpoints save it)."""
+    if keys_mistake(outputs):
+        raise CheckFailed(f"AdamW's updates are right, but its state cannot be read. Likely mistake: "
+                          f"{keys_mistake(outputs)}.")
     for key in STATE:
         if torch.isnan(outputs[key]).all():
             raise CheckFailed(f"AdamW's updates are right, but optimizer.state[p]['{key}'] is missing. Keep "
@@ -287,6 +371,7 @@ def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[in
                           "updates of that parameter (skipped steps do not count).")
 
 
-exercise = Exercise(NOTEBOOK, "AdamW", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None})
+exercise = Exercise(NOTEBOOK, "AdamW", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
+                    supplies=WATCH_PARTS)
 check_adamw = exercise.checker(
     "Grade your `AdamW` against torch.optim.AdamW, step by step, on two parameter groups.")

@@ -2,9 +2,10 @@
 
 The course's training loop (`train_steps`: torch's AdamW in two groups, a warmup-then-cosine rate
 set at every step, clipping, a model with dropout, batches drawn from a generator) runs in the
-kernel to the case's stopping step (save_at), evaluates (eval mode), and calls the learner's
-`save_checkpoint`. Then, as a new process would, it builds another model, optimizer and generator,
-reseeds torch's global generator, puts the model in eval mode, calls the learner's
+kernel to the case's stopping step (save_at), evaluates (eval mode), calls the learner's
+`save_checkpoint`, and trains on to the end (so a load that reads the objects save kept in memory,
+not the file, finds them changed). Then, as a new process would, it builds another model,
+optimizer and generator, reseeds torch's global generator, puts the model in eval mode, calls the learner's
 `load_checkpoint` and trains on to N_STEPS. The judge trains the same run without stopping and
 requires the resumed steps to match it bit for bit; where they do not, it names what diverged
 first at the resumed step: the step (schedule), the weights, the optimizer's moments, the batch
@@ -22,6 +23,7 @@ from torch import nn
 
 from graders.exercises.training.runs import one_thread
 from graders.exercises.training_step.loss import NOTEBOOK
+from graders.exercises.training_step.readers import items_of, shown, whole_number
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
@@ -145,20 +147,55 @@ def produce(run, case: Case, inputs: dict) -> dict:
         model, optimizer, generator = build_run(case.seed)
         train_steps(model, optimizer, generator, data, 0, save_at(case))
         evaluate(model, data)
+        saved = {"batch_rng": generator.get_state(), "rng": torch.get_rng_state()}   # what a checkpoint must hold
         run_learner("save_checkpoint", save_checkpoint, path, model, optimizer, save_at(case), generator)
         if not path.exists():
             raise CheckFailed("save_checkpoint(path, ...) wrote no file at path: save with torch.save(..., path).")
+        # The saving run trains on, as a run does after it saves: a load that reads the objects
+        # save kept in memory, not the file, finds them changed.
+        later = _after_saving(model, optimizer, generator, data, case)
         # A new process: other weights, a fresh optimizer, another generator and global random state.
         torch.manual_seed(case.seed + 12_345)
         model, optimizer, generator = build_run(case.seed + 1)
         model.eval()
         step = run_learner("load_checkpoint", load_checkpoint, path, model, optimizer, generator)
-        if isinstance(step, torch.Tensor) and step.numel() == 1:
-            step = int(step)
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= N_STEPS:
-            raise CheckFailed(f"load_checkpoint returned {step!r}; return the step to resume from (an int, "
+        if whole_number(step) is None or not 0 <= whole_number(step) <= N_STEPS:
+            raise CheckFailed(f"load_checkpoint returned {shown(step)}; return the step to resume from (an int, "
                               f"{save_at(case)} here: the checkpoint was saved after steps 0 to {save_at(case) - 1}).")
-        return train_steps(model, optimizer, generator, data, step, N_STEPS)
+        loaded = _snapshot(model, optimizer, generator)
+        try:
+            resumed = train_steps(model, optimizer, generator, data, whole_number(step), N_STEPS)
+        except Exception as err:   # the course's loop on what the learner's load left
+            raise CheckFailed(f"After load_checkpoint, the training loop cannot go on: {type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}. load_checkpoint must restore the "
+                              "saved state into the given model, optimizer and generator, as their "
+                              "load_state_dict and set_state do.") from err
+        return {**resumed, **{f"loaded_{key}": value for key, value in loaded.items()},
+                **{f"later_{key}": value for key, value in later.items()},
+                **{f"saved_{key}": value for key, value in saved.items()}}
+
+
+def _snapshot(model, optimizer, generator) -> dict:
+    """What the resumed run starts from: weights, first moments, the two generators' states."""
+    states = {id(key): value for key, value in items_of(getattr(optimizer, "state", None)) or ()}
+    moments = []
+    for p in model.parameters():
+        moment = next((v for k, v in items_of(states.get(id(p))) or () if isinstance(k, str) and k == "exp_avg"), None)
+        moments.append(moment if isinstance(moment, torch.Tensor) and moment.shape == p.shape else torch.zeros_like(p))
+    return {"weights": _flat(list(model.parameters())), "exp_avg": _flat(moments).float(),
+            "batch_rng": generator.get_state(), "rng": torch.get_rng_state()}
+
+
+def _after_saving(model, optimizer, generator, data, case: Case) -> dict:
+    """The saving run trained on to the end, back in training mode; where it ends."""
+    try:
+        model.train()
+        train_steps(model, optimizer, generator, data, save_at(case), N_STEPS)
+    except Exception as err:
+        raise CheckFailed(f"After save_checkpoint, the training loop cannot go on: {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}. save_checkpoint must leave the "
+                          "model, optimizer and generator as they were (save copies of their state).") from err
+    return _snapshot(model, optimizer, generator)
 
 
 # What differs at the first resumed step, in the order it is looked for, and what it means.
@@ -186,12 +223,25 @@ def judge(case: Case, outputs: dict) -> None:
     if first_step != stop:
         raise CheckFailed(
             f"load_checkpoint returned step {first_step}, but the checkpoint was saved after steps 0 to "
-            f"{stop - 1}: the resumed run would start at step {stop}. Likely mistake: the step is not "
-            + ("restored, so the schedule restarts (warmup again): save the step and return it."
-               if first_step == 0 else "the one saved: return the step passed to save_checkpoint."))
+            f"{stop - 1}: the resumed run would start at step {stop}. Likely mistake: "
+            + ("the step is not restored, so the schedule restarts (warmup again): save the step and return it."
+               if first_step == 0 else
+               f"the step is off by one: save_checkpoint was given step={stop}, the next step to run, and "
+               "load_checkpoint returns it as it was (no + 1 or - 1)." if abs(first_step - stop) == 1 else
+               "the step is not the one saved: return the step passed to save_checkpoint."))
+    if "saved_rng" in outputs and torch.equal(outputs["loaded_batch_rng"], outputs["saved_rng"]) \
+            and torch.equal(outputs["loaded_rng"], outputs["saved_batch_rng"]):
+        raise CheckFailed(
+            "The resumed run draws other batches and other dropout masks from the first resumed step on: the "
+            "data generator holds the state torch's global generator had when the run saved, and the global "
+            "generator the data generator's. Likely mistake: the two generators' states are swapped: restore "
+            "generator.set_state(what generator.get_state() gave) and torch.set_rng_state(what "
+            "torch.get_rng_state() gave).")
     for i in range(N_STEPS - stop):
         for key, what, meaning in DIVERGED:
             if not torch.equal(outputs[key][i], expected[key][i]):
+                if i == 0:
+                    _judge_in_memory(outputs, key, what)
                 when = "as training resumed" if i == 0 else f"at step {stop + i}, {i} steps after resuming"
                 raise CheckFailed(f"The resumed run differs from the uninterrupted one {when}, first in "
                                   f"{what}. Likely mistake: {meaning}.")
@@ -201,6 +251,19 @@ def judge(case: Case, outputs: dict) -> None:
                 f"uninterrupted run's {float(expected['loss'][i]):.9g}, although weights, moments, batch, mode "
                 "and random state were the same when it started. Save and restore every part of the "
                 "state as it is (no copies in another dtype).")
+
+
+def _judge_in_memory(outputs: dict, key: str, what: str) -> None:
+    """A resumed run that starts from where the saving run went on to, not from where it saved:
+    load read the objects save kept in memory."""
+    snapshot = {"weights": "weights", "exp_avg": "exp_avg", "batch": "batch_rng", "rng": "rng"}.get(key)
+    if snapshot and torch.equal(outputs[f"loaded_{snapshot}"], outputs[f"later_{snapshot}"]):
+        raise CheckFailed(
+            f"The resumed run differs from the uninterrupted one as training resumed, first in {what}: they are "
+            "those of the saving run after it trained on past the checkpoint. Likely mistake: load reads the "
+            "objects that save kept in memory (state_dict() holds the live tensors, not copies), not the file: "
+            "save to the file with torch.save and load everything back from it with torch.load, as a new "
+            "process would have to.")
 
 
 exercise = Exercise(NOTEBOOK, "checkpoints", produce, judge, defaults={"text": None})

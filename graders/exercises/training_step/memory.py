@@ -14,11 +14,13 @@ matrix products' inputs and weights), and a small course GPT-2 on tokens.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 
 from graders.exercises.training_step.loss import NOTEBOOK
+from graders.exercises.training_step.readers import described_keys, items_of, shown, whole_number
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
@@ -55,16 +57,44 @@ def produce(saved_activation_bytes, case: Case, inputs: dict) -> dict:
     outputs = {}
     for i, (label, what, mixed) in enumerate(CASES):
         model, args = measured_run(case, what)
-        with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed), \
+                _pack_hooks() as packs:
             found = run_learner("saved_activation_bytes", _with_grad, saved_activation_bytes, model, *args,
                                 forbidden=FORBIDDEN)
-        if isinstance(found, torch.Tensor) and found.numel() == 1 and not found.is_floating_point():
-            found = int(found)
-        if isinstance(found, bool) or not isinstance(found, int):
-            raise CheckFailed(f"saved_activation_bytes returned {found!r} on {label}; return a number of bytes, "
+        outputs["pack_returns_none"] = torch.tensor(bool(outputs.get("pack_returns_none", False)) or _drops(packs))
+        if whole_number(found) is None:
+            raise CheckFailed(f"saved_activation_bytes returned {shown(found)} on {label}; return a number of bytes, "
                               "a Python int.")
-        outputs[f"bytes_{i}"] = torch.tensor(found, dtype=torch.int64)
+        outputs[f"bytes_{i}"] = torch.tensor(whole_number(found), dtype=torch.int64)
     return outputs
+
+
+@contextlib.contextmanager
+def _pack_hooks():
+    """The pack hooks given to saved_tensors_hooks while the body runs (the class's own __init__ is
+    wrapped, so a name bound before the check still leads here)."""
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    original, packs = hooks.__init__, []
+
+    def __init__(self, pack_hook, unpack_hook):
+        packs.append(pack_hook)
+        original(self, pack_hook, unpack_hook)
+    hooks.__init__ = __init__
+    try:
+        yield packs
+    finally:
+        hooks.__init__ = original
+
+
+def _drops(packs: list) -> bool:
+    """Whether a pack hook of the learner's returns None for a tensor (autograd then keeps nothing)."""
+    for pack in packs:
+        try:
+            if pack(torch.zeros(1)) is None:
+                return True
+        except Exception:   # the learner's hook on a probe it was not written for: no verdict from it
+            continue
+    return False
 
 
 def _with_grad(fn, *args):
@@ -73,24 +103,34 @@ def _with_grad(fn, *args):
         return fn(*args)
 
 
-def saved_records(model: torch.nn.Module, args: tuple, mixed: bool) -> list[dict]:
+def saved_records(model: torch.nn.Module, args: tuple, mixed: bool, keep: bool = True) -> list[dict]:
     """Every tensor autograd saves while `model(*args)` runs: its storage, the storage's bytes, its
-    own bytes and element size, whether it is a parameter."""
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    own bytes and element size, whether it is a parameter's storage, whether it is a parameter
+    object itself. keep=False: pack returns None, so nothing saved is kept (a freed storage's
+    address can then be another's)."""
+    owned = list(model.parameters())
+    parameters = {p.untyped_storage().data_ptr() for p in owned}
     records = []
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> torch.Tensor | None:
         storage = t.untyped_storage()
         records.append({"storage": storage.data_ptr(), "storage_bytes": storage.nbytes(),
                         "bytes": t.numel() * t.element_size(), "element": t.element_size(),
-                        "parameter": storage.data_ptr() in parameters})
-        return t
+                        "parameter": storage.data_ptr() in parameters,
+                        "parameter_object": any(t is p for p in owned)})
+        return t if keep else None
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
         kept = model(*args)   # alive until the records are made: no storage is freed and reused
     del kept
     return records
+
+
+PACK_RETURNS_NONE = (
+    "the pack hook returns None, so autograd keeps nothing and each saved tensor is freed at once: its "
+    "storage's address is then reused by the next, and fewer distinct storages are counted (the backward "
+    "pass would fail, too). Return the tensor from pack, and from unpack what pack returned")
 
 
 def counts_mistakes(records: list[dict]) -> dict[str, int]:
@@ -109,6 +149,13 @@ def counts_mistakes(records: list[dict]) -> dict[str, int]:
             sum(r["storage_bytes"] for r in with_parameters.values()),
         "every saved tensor is counted at its own size, parameters and repeats included: count the "
         "distinct storages that are not parameters": sum(r["bytes"] for r in records),
+        "every number is counted as 4 bytes: under autocast the matrix products save bfloat16 copies, "
+        "2 bytes a number; count storage.nbytes(), which knows the dtype":
+            sum(r["storage_bytes"] // r["element"] * 4 for r in distinct.values()),
+        "parameters are told apart by identity (t is p, or t in a set of parameters): a saved weight "
+        "is often another tensor object, a view or a transpose, on the parameter's storage; compare "
+        "storages, t.untyped_storage().data_ptr() against the parameters'":
+            sum(r["storage_bytes"] for r in {r["storage"]: r for r in records if not r["parameter_object"]}.values()),
     }
 
 
@@ -125,6 +172,8 @@ def judge(case: Case, outputs: dict) -> None:
         named = next((description for description, count in counts.items() if description and count == got), None)
         if named:
             raise CheckFailed(f"{head} Likely mistake: {named}.")
+        if bool(outputs.get("pack_returns_none", False)):
+            raise CheckFailed(f"{head} Likely mistake: {PACK_RETURNS_NONE}.")
         if got == 0:
             raise CheckFailed(f"{head} Likely mistake: nothing was recorded: run model(*inputs) inside "
                               "`with torch.autograd.graph.saved_tensors_hooks(pack, unpack):`, where pack "
@@ -146,17 +195,17 @@ def produce_state(training_state_bytes, case: Case, inputs: dict) -> dict:
     for mixed in (False, True):
         model, _ = measured_run(case, "model")
         found = run_learner("training_state_bytes", training_state_bytes, model, mixed)
-        if not isinstance(found, dict) or set(found) != set(STATE_KEYS):
-            raise CheckFailed(f"training_state_bytes returned {type(found).__name__} "
-                              f"{sorted(found) if isinstance(found, dict) else ''}; return a dict with the keys "
-                              f"{list(STATE_KEYS)}, each a number of bytes (an int).")
+        items = items_of(found)
+        named = {key: value for key, value in items or () if isinstance(key, str)}
+        if items is None or len(items) != len(STATE_KEYS) or set(named) != set(STATE_KEYS):
+            keys = f" with the keys {described_keys(key for key, _ in items)}" if items else ""
+            raise CheckFailed(f"training_state_bytes returned {type(found).__name__}{keys}; return a dict with "
+                              f"the keys {list(STATE_KEYS)}, each a number of bytes (an int).")
         for key in STATE_KEYS:
-            value = found[key]
-            if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise CheckFailed(f"training_state_bytes(...)[{key!r}] is {value!r}; a number of bytes is an int.")
-            outputs[f"{key}_{int(mixed)}"] = torch.tensor(value, dtype=torch.int64)
+            if whole_number(named[key]) is None:
+                raise CheckFailed(f"training_state_bytes(...)[{key!r}] is {shown(named[key])}; a number of bytes "
+                                  "is an int.")
+            outputs[f"{key}_{int(mixed)}"] = torch.tensor(whole_number(named[key]), dtype=torch.int64)
     return outputs
 
 
@@ -234,6 +283,6 @@ def _measured_modules() -> tuple:
 
 
 exercise = Exercise(NOTEBOOK, "saved_activation_bytes", produce, judge, forbidden=(FORBIDDEN,),
-                    defaults={"text": None, "batch": 2, "seq": 8}, supplies=_measured_modules())
+                    defaults={"text": None, "batch": 2, "seq": 8}, supplies=(*_measured_modules(), _pack_hooks))
 check_saved_activation_bytes = exercise.checker(
     "Grade `saved_activation_bytes(model, *inputs)` against a measurement with saved_tensors_hooks.")

@@ -21,6 +21,7 @@ class Slip:
     shared_moments: bool = False      # one pair of moments per parameter shape
     optimizer_step: bool = False      # one step count for the optimizer, not one per parameter
     lr_at_init: bool = False          # the learning rate read once, when the optimizer is built
+    decay_after: bool = False         # the weights decayed after the update, not before
 
 
 class VariantAdamW(torch.optim.Optimizer):
@@ -59,6 +60,8 @@ class VariantAdamW(torch.optim.Optimizer):
                 if slip.eps_uncorrected:
                     m_hat = m_hat * (1 - beta2 ** t) ** 0.5
                     denominator = state["exp_avg_sq"].sqrt() + group["eps"]
-                if not slip.l2_decay:
+                if not slip.l2_decay and not slip.decay_after:
                     p.mul_(1 - (1 if slip.decay_unscaled else lr) * group["weight_decay"])
                 p.addcdiv_(m_hat, denominator, value=-lr)
+                if slip.decay_after:
+                    p.mul_(1 - lr * group["weight_decay"])
