@@ -1,6 +1,9 @@
 """Notebook 11, exercise 4: `train_bpe`, judged merge for merge against the course's trainer on
 hidden corpora, and timed on a training of a stated size. Its mistakes are named by replaying the
-catalogued ones (naive.py), or else by the first merge that differs and the counts behind it."""
+catalogued ones (naive.py), else at the first merge that differs: by what that merge is (a whole
+character, a pair across pre-tokens, a pair merged before) and by which mistake's counts at that
+point (naive.pair_counts) make it the most frequent. The speed check names them the same way.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +14,7 @@ from collections import Counter
 import torch
 
 from graders.exercises.tokenizer import reference as ref
+from graders.exercises.tokenizer import naive
 from graders.exercises.tokenizer.naive import naive_train
 from graders.exercises.tokenizer.pieces import TOKENIZER_CODE, TOKENIZER_LIBRARIES
 from graders.exercises.tokenizer.texts import hidden_corpus
@@ -38,8 +42,18 @@ NAMES = {
                   "pre-token that occurs n times occurs n times",
     "overlapping": "overlapping occurrences are merged twice: in `a a a`, merging (a, a) gives "
                    "`aa a` (left to right, not overlapping), not `aa aa`",
+    "right to left": "the occurrences are merged from the right: in `a a a`, merging (a, a) gives "
+                     "`aa a` (left to right), not `a aa`",
     "first only": "only the first occurrence in a pre-token is merged: merge every occurrence, "
                   "left to right",
+    "characters": "the pre-tokens start as characters, not bytes: a character outside ASCII is one "
+                  "token of several bytes from the start. Start from the UTF-8 bytes, one token each "
+                  "(`[bytes([b]) for b in word.encode(\"utf-8\")]`): the merges join them",
+    "not subtracted": "the counts of the pairs a merge removes are not taken off: after a merge, subtract "
+                      "each changed pre-token's old pairs (times its count) before adding its new ones",
+    "index not updated": "the pair-to-pre-token index is not updated with the pairs a merge makes, so a later "
+                         "merge of such a pair misses the pre-tokens that hold it: add each pre-token to the "
+                         "index of each new pair it holds",
     "tie smallest": "the tie-break takes the smallest pair: among the most frequent pairs, take "
                     "the greatest, max((count, pair))",
     "tie first seen": "the tie-break is ignored (the first most frequent pair found): among the "
@@ -55,10 +69,22 @@ def _merges_record(merges) -> dict:
         if not (isinstance(merge, (tuple, list)) and len(merge) == 2
                 and all(isinstance(p, (bytes, bytearray)) for p in merge)):
             raise CheckFailed(f"train_bpe: each merge must be a pair of bytes objects, like (b' t', b'he'); "
-                              f"got {merge!r}.")
+                              f"got {merge!r}.{_merge_kind(merge)}")
     lefts, left_lengths = pieces_tensors([bytes(m[0]) for m in merges])
     rights, right_lengths = pieces_tensors([bytes(m[1]) for m in merges])
     return {"lefts": lefts, "left_lengths": left_lengths, "rights": rights, "right_lengths": right_lengths}
+
+
+def _merge_kind(merge) -> str:
+    """What a merge of another kind looks like it holds."""
+    if isinstance(merge, (tuple, list)) and len(merge) == 2 and all(isinstance(p, int) for p in merge):
+        return (" Likely mistake: the merges recorded as token ids: record the two tokens themselves, "
+                "the byte strings that were joined.")
+    if isinstance(merge, (bytes, bytearray)):
+        return " Likely mistake: the merged token recorded: record the pair that was joined, (left, right)."
+    if isinstance(merge, (tuple, list)) and len(merge) == 2 and all(isinstance(p, str) for p in merge):
+        return " Likely mistake: the tokens are strings: keep them as bytes, from the text's UTF-8 bytes."
+    return ""
 
 
 def recorded_merges(outputs: dict) -> list[tuple[bytes, bytes]]:
@@ -79,60 +105,91 @@ def produce_train(train_bpe, case: Case, inputs: dict) -> dict:
                                       forbidden=FORBIDDEN))
 
 
-def _counts_after(text: str, merges: list[tuple[bytes, bytes]]) -> Counter:
-    """The weighted pair counts the trainer sees once `merges` are made."""
-    words = Counter(ref.pretokenize(text))
-    counts: Counter = Counter()
-    for word, weight in words.items():
-        symbols = [bytes([b]) for b in word.encode("utf-8")]
-        for merge in merges:
-            symbols = ref.merge_pair(symbols, merge)
-        for pair in zip(symbols, symbols[1:]):
-            counts[pair] += weight
-    return counts
-
-
 def _common(a: list, b: list) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def _place(step: int) -> str:
+    """Merge `step` (from 0) as the messages name it, from 1."""
+    if step == 0:
+        return "the first merge differs"
+    return f"merge {step + 1} differs (the {'first is' if step == 1 else f'{step} before it are'} right)"
+
+
 def judge_merges(text: str, n_merges: int, learned: list, where: str, replay: bool = True) -> None:
     """Fail, naming the mistake, unless `learned` are the reference's merges on `text`. With
-    `replay`, the catalogued mistakes are replayed (the naive trainer: small corpora only)."""
+    `replay`, the catalogued mistakes are replayed first (the naive trainer: small corpora only);
+    then the first merge that differs is explained from the counts at that point."""
     expected = ref.train_bpe(text, n_merges)
     if learned == expected:
         return
     step = _common(learned, expected)
-    replayed = {mistake: naive_train(text, n_merges, mistake) for mistake in NAMES} if replay else {}
-    best = max(replayed, key=lambda m: _common(learned, replayed[m]), default=None)
-    if best is not None and _common(learned, replayed[best]) > step:
-        raise CheckFailed(f"train_bpe on {where}: merge {step} is {learned[step]!r}, expected "
-                          f"{expected[step]!r}. Likely mistake: {NAMES[best]}.")
+    head = f"train_bpe on {where}"
     if step == len(expected):
-        raise CheckFailed(f"train_bpe on {where}: {len(learned)} merges, expected {len(expected)} "
-                          f"(the first {step} are right). Return n_merges merges, fewer only when no pair is left.")
+        raise CheckFailed(f"{head}: {len(learned)} merges, expected {len(expected)} (the first {step} are "
+                          f"right): no pair is left after merge {step}. Return n_merges merges, fewer only "
+                          "when no pair is left.")
+    counts = naive.pair_counts(text, learned[:step])
     if step == len(learned):
-        raise CheckFailed(f"train_bpe on {where}: only {len(learned)} merges, expected {len(expected)} "
-                          f"(those are right): pairs were left to merge.")
-    raise CheckFailed(f"train_bpe on {where}: merge {step} differs (the {step} before it are right). "
-                      + _diagnosis(text, learned[:step], learned[step], expected[step]))
-
-
-def _diagnosis(text: str, before: list, theirs: tuple, ours: tuple) -> str:
-    counts = _counts_after(text, before)
+        wanted = counts[expected[step]]
+        why = ("Likely mistake: training stops when the most frequent pair occurs once: a pair that occurs "
+               "once is merged too, until n_merges merges are made or no pair is left." if wanted == 1 else
+               "Return n_merges merges, fewer only when no pair is left.")
+        raise CheckFailed(f"{head}: only {len(learned)} merges, expected {len(expected)} (those are right); the "
+                          f"next, {expected[step]!r}, occurs {_times(wanted)} at that point. {why}")
+    replayed = {mistake: naive_train(text, n_merges, mistake) for mistake in naive.MISTAKES} if replay else {}
+    best = max(replayed, key=lambda m: _common(learned, replayed[m]), default=None)
+    theirs, ours = learned[step], expected[step]
     mine, right = counts.get(theirs, 0), counts[ours]
-    head = f"Yours is {theirs!r}, the reference's {ours!r}, which occurs {right} times at that point"
+    shown = (f"{head}: {_place(step)}: yours is {theirs!r}, which occurs {_times(mine)} at that point, the "
+             f"reference's {ours!r}, which occurs {_times(right)}.")
+    if best is not None and _common(learned, replayed[best]) > step:
+        raise CheckFailed(f"{shown} Likely mistake: {NAMES[best]}.")
+    raise CheckFailed(f"{shown} {_diagnosis(text, learned[:step], theirs, ours, counts)}")
+
+
+def _spans_pre_tokens(pair: tuple[bytes, bytes]) -> bool:
+    """Whether the pair's bytes cannot lie inside one pre-token (a part of a pre-token is one)."""
+    return len(ref.pretokenize((pair[0] + pair[1]).decode("utf-8", errors="ignore"))) > 1
+
+
+def _whole_character(token: bytes, before: list) -> bool:
+    """A character of several bytes that no merge made: a trainer that started from characters."""
+    try:
+        character = token.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return len(character) == 1 and len(token) > 1 and token not in {a + b for a, b in before}
+
+
+def _diagnosis(text: str, before: list, theirs: tuple, ours: tuple, counts: Counter) -> str:
+    """The likely mistake behind the first merge that differs, from what it is and from the counts
+    each mistake would see at that point (after the same merges)."""
+    mine, right = counts.get(theirs, 0), counts[ours]
+    if any(_whole_character(side, before) for side in theirs):
+        return f"Likely mistake: {NAMES['characters']}."
+    if _spans_pre_tokens(theirs):
+        return f"Likely mistake: {NAMES['across pre-tokens']}."
+    if theirs in before:
+        return (f"Yours was merged before, at merge {before.index(theirs) + 1}, and kept a count. Likely "
+                f"mistake: {NAMES['index not updated']} (or the merged pair's count is not dropped).")
     if mine == right:
         order = "smaller" if theirs < ours else "greater"
-        return (f"{head}, as often as yours. Likely mistake: the tie-break: yours took a {order} pair; "
-                f"among the most frequent pairs, take the greatest, max((count, pair)).")
+        return (f"Likely mistake: the tie-break: yours took a {order} pair; among the most frequent pairs, "
+                f"take the greatest, max((count, pair)).")
+    for mistake in naive.COUNTING:
+        seen = naive.pair_counts(text, before, mistake)
+        if seen.get(theirs, 0) == max(seen.values(), default=0) > seen.get(ours, 0):
+            return f"Likely mistake: {NAMES[mistake]}."
     if mine == 0:
-        return (f"{head}; yours is not a pair of adjacent tokens inside any pre-token at that point. "
-                f"Likely mistake: the pairs are not counted on the current tokens of each pre-token "
-                f"(every earlier merge must have been applied to every pre-token).")
-    return (f"{head}; yours occurs {mine} times. Likely mistake: the pairs are miscounted: count each "
-            f"adjacent pair of each pre-token's current tokens, times the number of times that "
-            f"pre-token occurs, and take the most frequent.")
+        return ("Yours is not a pair of adjacent tokens inside any pre-token at that point. Likely mistake: "
+                "an earlier merge was not applied to every pre-token that holds its pair.")
+    return ("Likely mistake: the pairs are miscounted: count each adjacent pair of each pre-token's current "
+            "tokens, times the number of times that pre-token occurs, and take the most frequent.")
 
 
 def _where(case: Case) -> str:
