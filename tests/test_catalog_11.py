@@ -462,13 +462,12 @@ def get_pairs(word):
     return {(a, b) for a, b in zip(word, word[1:])}
 
 
-@lru_cache(maxsize=None)
-def bpe_like_gpt2(token):
-    """GPT-2's encoder.py: merge the lowest-ranked pair everywhere, until none is left (cached)."""
+def bpe(token, ranks):
+    """GPT-2's encoder.py: merge the lowest-ranked pair everywhere, until none is left."""
     word = tuple(token)
     while len(word) > 1:
-        bigram = min(get_pairs(word), key=lambda pair: bpe_ranks.get(pair, float("inf")))
-        if bigram not in bpe_ranks:
+        bigram = min(get_pairs(word), key=lambda pair: ranks.get(pair, float("inf")))
+        if bigram not in ranks:
             break
         first, second = bigram
         new_word, i = [], 0
@@ -487,41 +486,63 @@ def bpe_like_gpt2(token):
                 new_word.append(word[i])
                 i += 1
         word = tuple(new_word)
-    return word
+    return list(word)
 
 
-def encode(text, allow_special=False):
-    parts = re.split(f"({re.escape(SPECIAL)})", text) if allow_special else [text]
-    ids = []
-    for part in parts:
-        if part == SPECIAL and allow_special:
-            ids.append(encoder[SPECIAL])
-            continue
-        for chunk in pretokenize(part):
-            ids += [encoder[t] for t in bpe_like_gpt2("".join(byte_encoder[b] for b in chunk.encode("utf-8")))]
-    return ids
+def bpe_by_index(word, ranks):
+    """Another style: the lowest-ranked pair by position, merged once per step."""
+    symbols = list(word)
+    while len(symbols) > 1:
+        rank, i = min((ranks.get((symbols[i], symbols[i + 1]), 10 ** 9), i) for i in range(len(symbols) - 1))
+        if rank == 10 ** 9:
+            break
+        symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+    return symbols
 
 
-def encode_by_index(text, allow_special=False):
-    """Another style: the lowest-ranked pair by position, merged once per step, no cache."""
-    pieces = text.split(SPECIAL) if allow_special else [text]
-    ids = []
-    for n, piece in enumerate(pieces):
-        if n:
-            ids.append(50256)
-        for chunk in pretokenize(piece):
-            symbols = [byte_encoder[b] for b in chunk.encode("utf-8")]
-            while len(symbols) > 1:
-                ranked = [(bpe_ranks.get((symbols[i], symbols[i + 1]), 10 ** 9), i) for i in range(len(symbols) - 1)]
-                rank, i = min(ranked)
-                if rank == 10 ** 9:
-                    break
-                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
-            ids += [encoder[s] for s in symbols]
-    return ids
+def bpe_heap(word, ranks):
+    """Another: a heap of (rank, pair) over the adjacent pairs, rebuilt after each merge."""
+    symbols = list(word)
+    while True:
+        heap = [(ranks[p], p) for p in zip(symbols, symbols[1:]) if p in ranks]
+        if not heap:
+            return symbols
+        heapq.heapify(heap)
+        _, (a, b) = heap[0]
+        out, i = [], 0
+        while i < len(symbols):
+            if symbols[i:i + 2] == [a, b]:
+                out.append(a + b)
+                i += 2
+            else:
+                out.append(symbols[i])
+                i += 1
+        symbols = out
 
 
-def _encoder(split=None, special="cut", table=True):
+_CACHES = {}
+
+
+def bpe_recursive(word, ranks):
+    """Another: recursion on the lowest-ranked pair, with one cache per ranks table."""
+    cache = _CACHES.setdefault(id(ranks), (ranks, {}))[1]
+    if word not in cache:
+        symbols = tuple(word)
+        pairs = [p for p in zip(symbols, symbols[1:]) if p in ranks]
+        if not pairs:
+            cache[word] = list(symbols)
+        else:
+            best = min(pairs, key=ranks.get)
+            i = next(i for i in range(len(symbols) - 1) if symbols[i:i + 2] == best)
+            cache[word] = bpe_recursive(symbols[:i] + (best[0] + best[1],) + symbols[i + 2:], ranks)
+    return cache[word]
+
+
+def _encoder(split=bpe, special="cut", table=True, key=None, code_points=False):
+    """(encode, bpe): an encoder around `split`, GPT-2's ranks and the learner's globals; or with
+    one mistake."""
+    cache = {}
+
     def encode(text, allow_special=False):
         pieces = text.split(SPECIAL) if allow_special and special == "cut" else [text]
         if special == "always":
@@ -529,15 +550,23 @@ def _encoder(split=None, special="cut", table=True):
         ids = []
         for n, piece in enumerate(pieces):
             if n:
-                ids.append(50256)
+                ids.append(encoder[SPECIAL])
             for chunk in pretokenize(piece):
-                word = "".join(byte_encoder[b] for b in chunk.encode("utf-8")) if table else chunk
-                ids += [encoder[t] for t in (split or bpe_like_gpt2)(word)]
+                if code_points:
+                    word = "".join(byte_encoder[ord(c)] for c in chunk)
+                else:
+                    word = "".join(byte_encoder[b] for b in chunk.encode("utf-8")) if table else chunk
+                if key is None:
+                    ids += [encoder[t] for t in split(word, bpe_ranks)]
+                    continue
+                if key(chunk) not in cache:
+                    cache[key(chunk)] = [encoder[t] for t in split(word, bpe_ranks)]
+                ids += cache[key(chunk)]
         return ids
-    return encode
+    return encode, split
 
 
-def greedy(word):
+def greedy(word, ranks):
     tokens, i = [], 0
     while i < len(word):
         j = len(word)
@@ -548,21 +577,20 @@ def greedy(word):
     return tokens
 
 
-def one_pass(word):
-    symbols = list(word)
-    out = [symbols[0]]
-    for s in symbols[1:]:
-        if (out[-1], s) in bpe_ranks:
+def one_pass(word, ranks):
+    out = [word[0]]
+    for s in word[1:]:
+        if (out[-1], s) in ranks:
             out[-1] += s
         else:
             out.append(s)
     return out
 
 
-def most_frequent(word):
+def most_frequent(word, ranks):
     symbols = list(word)
     while True:
-        pairs = Counter(p for p in zip(symbols, symbols[1:]) if p in bpe_ranks)
+        pairs = Counter(p for p in zip(symbols, symbols[1:]) if p in ranks)
         if not pairs:
             return symbols
         best = pairs.most_common(1)[0][0]
@@ -570,30 +598,68 @@ def most_frequent(word):
         symbols[i:i + 2] = [best[0] + best[1]]
 
 
+def highest_first(word, ranks):
+    symbols = list(word)
+    while True:
+        pairs = [p for p in zip(symbols, symbols[1:]) if p in ranks]
+        if not pairs:
+            return symbols
+        best = max(pairs, key=ranks.get)
+        i = next(i for i in range(len(symbols) - 1) if (symbols[i], symbols[i + 1]) == best)
+        symbols[i:i + 2] = [best[0] + best[1]]
+
+
+_WORD_CACHE = {}
+
+
+def bpe_cached_by_word(word, ranks):
+    """The bug that passed (issue 44): a cache keyed on the word alone."""
+    if word not in _WORD_CACHE:
+        _WORD_CACHE[word] = bpe(word, ranks)
+    return _WORD_CACHE[word]
+
+
+def bpe_global_ranks(word, ranks):
+    return bpe(word, bpe_ranks)
+
+
 def encode_whole_text(text, allow_special=False):
-    return [encoder[t] for t in bpe_like_gpt2("".join(byte_encoder[b] for b in text.encode()))]
+    return [encoder[t] for t in bpe("".join(byte_encoder[b] for b in text.encode()), bpe_ranks)]
 
 
-def test_encoding_correct_styles_pass():
-    for learner in (encode, encode_by_index):
-        for seed in (0, 1, 2, 3, 5):
-            nb11.check_encode(learner, seed=seed)
+@pytest.mark.parametrize("split", [bpe, bpe_by_index, bpe_heap, bpe_recursive])
+def test_encoding_correct_styles_pass(split):
+    for seed in (0, 1, 2, 3, 5, 6):
+        nb11.check_encode(*_encoder(split), seed=seed)
+    nb11.check_encode(*_encoder(split, key=lambda chunk: chunk), seed=4)   # a cache keyed on the pre-token
 
 
 @pytest.mark.parametrize("learner, seed, expected", [
     (_encoder(greedy), 0, "Likely mistake: greedy longest match"),
     (_encoder(most_frequent), 2, "Likely mistake: the most frequent pair merged in place of the lowest-ranked one"),
-    (_encoder(one_pass), 0, "Likely mistake: the merges applied in one left-to-right pass"),
+    (_encoder(one_pass), 0, "Likely mistake: the merges stop early (one left-to-right pass"),
+    (_encoder(one_pass), 3, "Likely mistake: the merges stop early (one left-to-right pass"),
+    (_encoder(highest_first), 0, "Likely mistake: the highest rank merged first"),
     (_encoder(special="never"), 0, "Likely mistake: the special token is split into pieces"),
     (_encoder(special="always"), 0, "Likely mistake: the special token is honoured when it is not allowed"),
     (_encoder(table=False), 0, "Likely mistake: the byte table skipped"),
-    # Nobody listed this one: BPE over the whole text, without pre-tokens. Located at its first token.
-    (encode_whole_text, 6, "token 18 is 628, expected 198, in the pre-token \"\\n\\nShe said she'd row\": "
+    (_encoder(code_points=True), 0, "encode raised KeyError(128578). Likely mistake: code points, not bytes"),
+    (_encoder(code_points=True), 5, "Likely mistake: code points, not bytes"),
+    (_encoder(key=str.strip), 1, "Likely mistake: a cache whose key is not the pre-token itself"),
+    # The bug that passed (issue 44): only bpe with other ranks than GPT-2's shows it.
+    (_encoder(bpe_cached_by_word), 0, "Yours is its cut by GPT-2's ranks. Likely mistake: bpe ignores its `ranks` "
+                                      "argument: a cache keyed on the word alone"),
+    (_encoder(bpe_global_ranks), 3, "Likely mistake: bpe ignores its `ranks` argument"),
+    # Nobody listed these: BPE over the whole text, without pre-tokens; a cache keyed on the
+    # lowercased pre-token. Located at their first token, and named from what they show.
+    ((encode_whole_text, bpe), 6, "token 18 is 628, expected 198, in the pre-token '\\n' (at character 70): "
      "yours [b'\\n\\n'], tiktoken's [b'\\n']. A token of yours runs past the end of this pre-token. "
      "Likely mistake: merges across"),
+    (_encoder(key=str.lower), 4, "Likely mistake: a cache whose key is not the pre-token itself"),
 ])
 def test_encoding_mistakes_are_named(learner, seed, expected):
-    fails_with(nb11.check_encode, learner, expected=expected, seed=seed)
+    _WORD_CACHE.clear()
+    fails_with(nb11.check_encode, *learner, expected=expected, seed=seed)
 
 
 def test_tiktoken_is_not_an_answer():
@@ -604,7 +670,7 @@ def test_tiktoken_is_not_an_answer():
     def encode_with_tiktoken(text, allow_special=False):
         return enc.encode(text, allowed_special="all" if allow_special else set())
 
-    fails_with(nb11.check_encode, encode_with_tiktoken,
+    fails_with(nb11.check_encode, encode_with_tiktoken, bpe,
                expected="your encode runs Encoding.encode from tiktoken, a library version of GPT-2's tokenizer")
     def decode_with_it(ids):
         return enc.decode(ids)
@@ -613,7 +679,7 @@ def test_tiktoken_is_not_an_answer():
         return enc._core_bpe.encode_ordinary(text)
 
     fails_with(nb11.check_decode, decode_with_it, expected="runs Encoding.decode from tiktoken")
-    fails_with(nb11.check_encode, encode_with_its_core, expected="your code uses `._core_bpe`")
+    fails_with(nb11.check_encode, encode_with_its_core, bpe, expected="your code uses `._core_bpe`")
     fails_with(nb11.check_pretokenize, lambda text: regex.findall(enc._pat_str, text),
                expected="your code uses `._pat_str`")
 
@@ -627,7 +693,7 @@ def test_tiktokens_compiled_encoder_under_a_computed_name_is_refused():
     def encode(text, allow_special=False):
         return list(core.encode_ordinary(text))
 
-    fails_with(nb11.check_encode, encode, expected="your encode calls CoreBPE.encode_ordinary, compiled code")
+    fails_with(nb11.check_encode, encode, bpe, expected="your encode calls CoreBPE.encode_ordinary, compiled code")
 
 
 # --- 6. Decoding
@@ -654,8 +720,24 @@ def test_decoding_correct_styles_pass():
      "Likely mistake: decoding strictly"),
     (lambda ids: "".join(decode([i]) for i in ids), "Likely mistake: each token is decoded on its own"),
     (lambda ids: "".join(decoder[i] for i in ids), "Likely mistake: the byte table is not undone"),
-    # Nobody listed this one: the special token dropped. Located at its character.
-    (lambda ids: decode([i for i in ids if i != 50256]), "at character 43, expected ' café 🙂 日本<|endoftex'"),
+    (lambda ids: " ".join(decode([i]) for i in ids), "Likely mistake: the tokens joined with ' ' between them"),
+    (lambda ids: bytes(b for i in ids for b in decoder[i].encode("latin-1", errors="replace")).decode(errors="replace"),
+     "Only the bytes the table moved (the space, the newline, control bytes) come out wrong. Likely mistake: the "
+     "tokens' characters read as Latin-1"),
+    (lambda ids: b"".join(decoder[i].encode("latin-1") for i in ids).decode(), "decode raised UnicodeEncodeError on "
+     "[39, 2634, 18798, 11, 266, 30570, 335, 0] .... Likely mistake: the tokens' characters read as Latin-1"),
+    (lambda ids: "".join(decoder[i] for i in ids).encode("utf-8").decode(), "Likely mistake: the byte table is not "
+     "undone"),
+    # Nobody listed these: the special token dropped (located at its character); the tokens joined
+    # with a newline, and the table not undone (named from what the text shows); the bytes decoded
+    # as Latin-1.
+    (lambda ids: decode([i for i in ids if i != 50256]), "at character 43, expected ' café 🙂 日本<|endoftex'. Yours "
+     "leaves part of the text out"),
+    (lambda ids: "\n".join(decoder[i] for i in ids), "Yours has '\\n' between the tokens. Likely mistake: the "
+     "tokens joined with '\\n' between them: a token holds its own spaces; join them with nothing between, and the "
+     "byte table is not undone"),
+    (lambda ids: bytes(byte_decoder[c] for i in ids for c in decoder[i]).decode("latin-1"),
+     "Likely mistake: the bytes decoded as Latin-1"),
 ])
 def test_decoding_mistakes_are_named(learner, expected):
     fails_with(nb11.check_decode, learner, expected=expected)
@@ -672,5 +754,5 @@ def test_a_mistake_in_the_pre_tokenizer_or_the_table_costs_only_their_checks(mon
     monkeypatch.setitem(module, "byte_decoder", {chr(b): b for b in range(256)})
     fails_with(nb11.check_pretokenize, pretokenize, expected="Likely mistake")
     nb11.check_train_bpe(train_recount, seed=1)
-    nb11.check_encode(encode_by_index, seed=2)
+    nb11.check_encode(*_encoder(bpe_by_index), seed=2)
     nb11.check_decode(decode, seed=2)
