@@ -2,6 +2,8 @@
 with its name, a mistake nobody listed is located (the pre-token, the token, the merge step), and
 the course's trainer agrees with an independent naive one."""
 import heapq
+import importlib
+import inspect
 import json
 import re
 from collections import Counter, defaultdict
@@ -671,17 +673,17 @@ def test_tiktoken_is_not_an_answer():
         return enc.encode(text, allowed_special="all" if allow_special else set())
 
     fails_with(nb11.check_encode, encode_with_tiktoken, bpe,
-               expected="your encode runs Encoding.encode from tiktoken, a library version of GPT-2's tokenizer")
+               expected="your encode uses tiktoken's Encoding, a library's version of GPT-2's tokenizer")
     def decode_with_it(ids):
         return enc.decode(ids)
 
     def encode_with_its_core(text, allow_special=False):
         return enc._core_bpe.encode_ordinary(text)
 
-    fails_with(nb11.check_decode, decode_with_it, expected="runs Encoding.decode from tiktoken")
-    fails_with(nb11.check_encode, encode_with_its_core, bpe, expected="your code uses `._core_bpe`")
+    fails_with(nb11.check_decode, decode_with_it, expected="your decode uses tiktoken's Encoding")
+    fails_with(nb11.check_encode, encode_with_its_core, bpe, expected="your encode uses tiktoken's Encoding")
     fails_with(nb11.check_pretokenize, lambda text: regex.findall(enc._pat_str, text),
-               expected="your code uses `._pat_str`")
+               expected="your pretokenize uses tiktoken's Encoding")
 
 
 def test_tiktokens_compiled_encoder_under_a_computed_name_is_refused():
@@ -694,6 +696,106 @@ def test_tiktokens_compiled_encoder_under_a_computed_name_is_refused():
         return list(core.encode_ordinary(text))
 
     fails_with(nb11.check_encode, encode, bpe, expected="your encode calls CoreBPE.encode_ordinary, compiled code")
+
+
+# --- Library answers, however reached (issue 43 §3)
+
+def _library(name):
+    """A module imported under a computed name, as a learner hiding it from the word scan would."""
+    return importlib.import_module(name.replace("+", ""))
+
+
+def _pieces_with(split_bytes):
+    """An encoder around a library's BPE of one pre-token's bytes."""
+    def encode(text, allow_special=False):
+        ids = []
+        for n, piece in enumerate(text.split(SPECIAL) if allow_special else [text]):
+            if n:
+                ids.append(50256)
+            for chunk in regex.findall(PATTERN, piece):
+                ids += split_bytes(chunk.encode("utf-8"))
+        return ids
+    return encode
+
+
+def _educational_run():
+    educational = _library("tiktoken._edu+cational")
+    ranks = getattr(_library("graders.reference.tok+enizer"), "gpt2_enc" + "oding")()._mergeable_ranks
+    return _pieces_with(lambda data: educational.bpe_encode(ranks, data, visualise=None))
+
+
+def _educational_copied():
+    """tiktoken's _educational.py, its source exec'd under another name (a pasted copy compiles the same)."""
+    namespace = {}
+    exec(compile(inspect.getsource(_library("tiktoken._edu+cational")), "<pasted>", "exec"), namespace)
+    ranks = getattr(_library("graders.reference.tok+enizer"), "gpt2_enc" + "oding")()._mergeable_ranks
+    return _pieces_with(lambda data: namespace["bpe_encode"](ranks, data, visualise=None))
+
+
+def _hf_model():
+    models = _library("tok+enizers.models")
+    model = models.BPE.from_file(*[str(path) for path in bpe_files()])
+    return _pieces_with(lambda data: [t.id for t in model.tokenize("".join(byte_encoder[b] for b in data))])
+
+
+def _hf_tokenizer():
+    tok = _library("graders.reference.tok+enizer").hf_tokenizer().backend_tokenizer
+    return lambda ids: tok.decode(ids)
+
+
+def _gpt3_table_object():
+    entry = _library("gpt3_+tokenizer._entry")
+    return lambda: {int(k): v for k, v in entry._byte_encoder.items()}
+
+
+def _gpt3_table_copied():
+    namespace = {}
+    exec(inspect.getsource(_library("gpt3_+tokenizer._functions")), namespace)
+    return lambda: {int(k): v for k, v in namespace["_bytes_to_unicode"]().items()}
+
+
+def _pattern_taken(compiled):
+    pattern = getattr(getattr(_library("graders.reference.tok+enizer"), "gpt2_enc" + "oding")(), "_pat" + "_str")
+    if compiled:   # regex keeps compiled patterns by their string: a learner who typed it would get theirs
+        regex.purge()
+        found = regex.compile(pattern)
+        return lambda text: found.findall(text)
+    return lambda text: regex.findall(pattern, text)
+
+
+@pytest.mark.parametrize("check, make, expected", [
+    ("encode", _educational_run, "your encode uses the module tiktoken._educational"),
+    ("encode", _educational_copied, "your encode uses train_simple_encoding (_educational.py of tiktoken)"),
+    ("encode", _hf_model, "your encode uses tokenizers's BPE, a library's version of GPT-2's tokenizer"),
+    ("decode", _hf_tokenizer, "your decode uses tokenizers's Tokenizer"),
+    ("bytes_to_unicode", _gpt3_table_object, "your bytes_to_unicode uses the module gpt3_tokenizer._entry"),
+    ("bytes_to_unicode", _gpt3_table_copied, "uses _bytes_to_unicode (_functions.py of gpt3_tokenizer)"),
+    ("pretokenize", lambda: _pattern_taken(False), "your pretokenize uses tiktoken's pattern (gpt2._pat_str)"),
+    ("pretokenize", lambda: _pattern_taken(True), "your pretokenize uses tiktoken's pattern (gpt2._pat_str)"),
+])
+def test_library_answers_are_refused_however_reached(check, make, expected):
+    learner = make()
+    if check == "encode":
+        fails_with(nb11.check_encode, learner, bpe, expected=expected)
+    else:
+        fails_with(getattr(nb11, f"check_{check}"), learner, expected=expected)
+
+
+def test_hf_tokenizers_compiled_methods_are_tripwired_when_taken_at_call_time():
+    """A tokenizer built inside the answer: nothing to see before it runs; its compiled encode is
+    tripwired while the learner's code runs."""
+    def encode(text, allow_special=False):
+        library = _library("tok+enizers")
+        built = library.Tokenizer(library.models.BPE.from_file(*[str(path) for path in bpe_files()]))
+        return built.encode(text).ids
+
+    fails_with(nb11.check_encode, encode, bpe, expected="your code calls `Tokenizer.encode`")
+
+
+def test_a_pattern_typed_by_the_learner_passes():
+    pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    nb11.check_pretokenize(lambda text: regex.findall(pattern, text))
+    nb11.check_pretokenize(lambda text: regex.compile(pattern).findall(text), seed=4)
 
 
 # --- 6. Decoding

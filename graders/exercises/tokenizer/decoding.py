@@ -8,12 +8,12 @@ import difflib
 
 from graders.exercises.tokenizer import reference as ref
 from graders.exercises.tokenizer.encoding import CourseTable
-from graders.exercises.tokenizer.pieces import TIKTOKEN, _text, _where
+from graders.exercises.tokenizer.pieces import TIKTOKEN, _text, _where, run_answer
 from graders.exercises.tokenizer.wire import ids_tensor, tensor_text, text_tensor
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner, with_course_functions
+from graders.judging.learner import with_course_functions
 from graders.reference.tokenizer import END_OF_TEXT, gpt2_encoding
 
 NOTEBOOK = "11_tokenizer"
@@ -56,7 +56,7 @@ def produce_decode(decode, case: Case, inputs: dict) -> dict:
     ids, out = inputs["ids"].tolist(), {}
     for i, run in enumerate([ids, *([token] for token in inputs["partial"].tolist())]):
         try:
-            text = run_learner("decode", decode, run, forbidden=TIKTOKEN)
+            text = run_answer("decode", decode, run)
         except CheckFailed as failure:
             named = _crash_named(failure)
             if named:

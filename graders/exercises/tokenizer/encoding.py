@@ -14,6 +14,7 @@ from functools import lru_cache
 import torch
 
 from graders.exercises.tokenizer import reference as ref
+from graders.exercises.tokenizer.libraries import refuse_library_parts
 from graders.exercises.tokenizer.pieces import TIKTOKEN, _text, _where
 from graders.exercises.tokenizer.wire import (
     as_list, ids_tensor, pieces_tensors, tensor_text, tensors_pieces, text_tensor,
@@ -89,6 +90,7 @@ def produce_encode(learner, case: Case, inputs: dict) -> dict:
     encode, bpe = learner
     text, out = tensor_text(inputs["text"]), {}
     with course_functions(encode, ENCODE_PARTS):
+        refuse_library_parts("encode", learner, "GPT-2's tokenizer")
         for name, allow in (("ordinary", False), ("special", True)):
             ids = _run("encode", encode, text, allow_special=allow)
             out[name] = ids_tensor(as_list("encode", ids, int, "a list of ints (token ids)"))

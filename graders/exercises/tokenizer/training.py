@@ -16,7 +16,8 @@ import torch
 from graders.exercises.tokenizer import reference as ref
 from graders.exercises.tokenizer import naive
 from graders.exercises.tokenizer.naive import naive_train
-from graders.exercises.tokenizer.pieces import TOKENIZER_CODE, TOKENIZER_LIBRARIES
+from graders.exercises.tokenizer.libraries import refuse_library_parts
+from graders.exercises.tokenizer.pieces import REFUSED_WORDS, TOKENIZER_CODE, TOKENIZER_TARGETS
 from graders.exercises.tokenizer.texts import hidden_corpus
 from graders.exercises.tokenizer.wire import pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
@@ -32,8 +33,8 @@ VISIBLE_CORPUS = ("the cat sat on the mat, then the cat ate the rat; the rat's h
                   "thirty-three thousand thoughts thereafter, and the theatre thronged.\n") * 3
 SPEED_CHARACTERS, SPEED_MERGES = 200_000, 500   # the first 200,000 characters of tiny Shakespeare
 CEILING_FACTOR, CEILING_FLOOR = 10, 3.0         # times the reference's time, and at least this (s)
-FORBIDDEN = Forbidden("BPE training", source_words=["tokenizers", "sentencepiece", "minbpe", *TOKENIZER_LIBRARIES],
-                      library_code=TOKENIZER_CODE, instead="with dictionaries and counts")
+FORBIDDEN = Forbidden("BPE training", source_words=REFUSED_WORDS, library_code=TOKENIZER_CODE,
+                      targets=TOKENIZER_TARGETS, instead="with dictionaries and counts")
 # What each replayed mistake is called (naive.MISTAKES), the catalog the judge names.
 NAMES = {
     "across pre-tokens": "pairs are counted across pre-token boundaries (over the whole text): "
@@ -101,6 +102,7 @@ def inputs_train(case: Case) -> dict:
 
 
 def produce_train(train_bpe, case: Case, inputs: dict) -> dict:
+    refuse_library_parts("train_bpe", train_bpe, "BPE training")
     return _merges_record(run_learner("train_bpe", train_bpe, tensor_text(inputs["corpus"]), N_MERGES,
                                       forbidden=FORBIDDEN))
 
@@ -254,6 +256,7 @@ def produce_speed(train_bpe, case: Case, inputs: dict) -> dict:
         raise _TooSlow()
 
     ceiling, text = float(inputs["ceiling"]), tensor_text(inputs["corpus"])
+    refuse_library_parts("train_bpe", train_bpe, "BPE training")
     start = time.perf_counter()
     try:
         with _time_limit(ceiling, stop):
