@@ -858,3 +858,12 @@ def test_a_mistake_in_the_pre_tokenizer_or_the_table_costs_only_their_checks(mon
     nb11.check_train_bpe(train_recount, seed=1)
     nb11.check_encode(*_encoder(bpe_by_index), seed=2)
     nb11.check_decode(decode, seed=2)
+
+
+def test_the_speed_check_names_a_fast_trainers_mistake_as_the_main_check_does(monkeypatch):
+    """Issue 44 §3: the two checks named one bug two ways (the main check replays the catalogued
+    mistakes; the speed check, too large to replay, explains the first wrong merge)."""
+    monkeypatch.setattr(training, "SPEED_CHARACTERS", 30_000)
+    words = "Likely mistake: the pair-to-pre-token index is not updated"
+    fails_with(nb11.check_train_bpe, _fast(update_index=False), expected=words, seed=1)
+    fails_with(nb11.check_train_bpe_speed, _fast(update_index=False), expected=words)
