@@ -92,6 +92,19 @@ def pair_counts(text: str, merges: list[tuple[bytes, bytes]], mistake: str | Non
     return Counter({pair: n for pair, n in found.items() if pair not in merges})
 
 
+def holder(text: str, merges: list[tuple[bytes, bytes]], pair: tuple[bytes, bytes]) -> tuple[str, int, list]:
+    """The most frequent pre-token that holds `pair` once `merges` are made: (it, its count, its tokens)."""
+    counts, words = _words(text, None)
+    for word, weight in counts.most_common():
+        symbols = words[word]
+        for merge in merges:
+            if merge[0] + merge[1] in word.encode("utf-8"):
+                symbols = merge_pair(symbols, merge)
+        if pair in zip(symbols, symbols[1:]):
+            return word, weight, symbols
+    return "", 0, []
+
+
 def naive_train(text: str, n_merges: int, mistake: str | None = None) -> list[tuple[bytes, bytes]]:
     counts, words = _words(text, mistake)
     merge = MERGES.get(mistake, merge_pair)

@@ -147,8 +147,10 @@ def judge_merges(text: str, n_merges: int, learned: list, where: str, replay: bo
     best = max(replayed, key=lambda m: _common(learned, replayed[m]), default=None)
     theirs, ours = learned[step], expected[step]
     mine, right = counts.get(theirs, 0), counts[ours]
+    word, weight, tokens = naive.holder(text, learned[:step], ours)
     shown = (f"{head}: {_place(step)}: yours is {theirs!r}, which occurs {_times(mine)} at that point, the "
-             f"reference's {ours!r}, which occurs {_times(right)}.")
+             f"reference's {ours!r}, which occurs {_times(right)} (most often in {word!r}: {_times(weight)}, as "
+             f"{tokens}).")
     if best is not None and _common(learned, replayed[best]) > step:
         raise CheckFailed(f"{shown} Likely mistake: {NAMES[best]}.")
     raise CheckFailed(f"{shown} {_diagnosis(text, learned[:step], theirs, ours, counts)}")
