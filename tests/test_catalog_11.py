@@ -870,3 +870,57 @@ def test_the_speed_check_names_a_fast_trainers_mistake_as_the_main_check_does(mo
     words = "Likely mistake: the pair-to-pre-token index is not updated"
     fails_with(nb11.check_train_bpe, _fast(update_index=False), expected=words, seed=1)
     fails_with(nb11.check_train_bpe_speed, _fast(update_index=False), expected=words)
+
+
+def _counted_once_per_pre_token(text, n_merges):
+    words = Counter(pretokenize(text))
+    split = {w: [bytes([b]) for b in w.encode("utf-8")] for w in words}
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for w, symbols in split.items():
+            for pair in set(zip(symbols, symbols[1:])):
+                pairs[pair] += words[w]
+        if not pairs:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))
+        merges.append(best)
+        split = {w: _merge(s, best) for w, s in split.items()}
+    return merges
+
+
+def _merge(symbols, pair):
+    out, i = [], 0
+    while i < len(symbols):
+        if symbols[i:i + 2] == list(pair):
+            out.append(pair[0] + pair[1])
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
+# Nobody listed these. Each is named from what its output shows.
+@pytest.mark.parametrize("trainer, seed, expected", [
+    (lambda text, n: train_recount(text, n)[:-1], 0, "Likely mistake: one merge too few"),
+    (lambda text, n: train_recount(text, n + 1), 0, "Likely mistake: the loop makes more merges than n_merges"),
+    (lambda text, n: [(b, a) for a, b in train_recount(text, n)], 0, "Likely mistake: the pair recorded the other "
+                                                                      "way round"),
+    (_counted_once_per_pre_token, 2, "Likely mistake: a pair is counted once per pre-token"),
+])
+def test_unlisted_training_mistakes_are_named(trainer, seed, expected):
+    fails_with(nb11.check_train_bpe, trainer, expected=expected, seed=seed)
+
+
+def test_unlisted_encoding_and_decoding_mistakes_are_named():
+    def bpe_raising(word, ranks):
+        symbols = list(word)
+        while len(symbols) > 1:
+            i = min(range(len(symbols) - 1), key=lambda i: ranks[(symbols[i], symbols[i + 1])])
+            symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+        return symbols
+
+    fails_with(nb11.check_encode, *_encoder(bpe_raising), expected="Likely mistake: a pair with no rank looked up")
+    fails_with(nb11.check_decode, lambda ids: bytes(byte_decoder[c] for i in ids for c in decoder[i]).decode(
+        errors="ignore"), expected="Likely mistake: errors=\"ignore\" drops a character cut across tokens")

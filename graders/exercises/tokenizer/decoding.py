@@ -108,6 +108,9 @@ def _diagnosis(run: list[int], theirs: str, expected: str, at: int) -> str:
             and table[ord(expected[at])] != expected[at] and theirs[at] == table[ord(expected[at])]:
         return (f"Yours has {theirs[at]!r} where the text has {expected[at]!r}, byte {ord(expected[at])}: the byte "
                 f"table's stand-in for it. {undone}")
+    if theirs == b"".join(pieces).decode("utf-8", errors="ignore"):
+        return ("Likely mistake: errors=\"ignore\" drops a character cut across tokens; errors=\"replace\" shows "
+                "it as '\ufffd', as tiktoken does.")
     if theirs == b"".join(pieces).decode("latin-1"):
         return ("Likely mistake: the bytes decoded as Latin-1, a character for each byte: decode them as "
                 "UTF-8, with errors=\"replace\".")

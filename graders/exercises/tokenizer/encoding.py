@@ -63,10 +63,14 @@ def inputs_encode(case: Case) -> dict:
 # --- In the kernel: the learner's code run ------------------------------------------------------
 
 def _named_crash(failure: CheckFailed) -> str | None:
-    """The mistake a KeyError of the learner's encode shows: a key that is no byte's character
-    (the byte table skipped), or a code point above 255 (characters, not bytes)."""
+    """The mistake a KeyError of the learner's encode shows: a pair (a rank looked up that is not
+    there), a key that is no byte's character (the byte table skipped), or a code point above 255
+    (characters, not bytes)."""
     cause = failure.__cause__
     key = cause.args[0] if isinstance(cause, KeyError) and cause.args else None
+    if isinstance(key, tuple) and len(key) == 2:
+        return ("a pair with no rank looked up with ranks[pair]: most adjacent pairs are not merges; make them "
+                "lose to every ranked pair instead of raising, and stop when no pair has a rank")
     if isinstance(key, int) and key > 255:
         return ("code points, not bytes: a character's code point is no byte value; map each byte of "
                 "chunk.encode(\"utf-8\") through byte_encoder")

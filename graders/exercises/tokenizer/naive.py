@@ -15,8 +15,8 @@ MISTAKES = ("across pre-tokens", "unweighted", "overlapping", "right to left", "
 # among them two of a fast trainer's: the pairs a merge removes keep their counts; the index from
 # each pair to the pre-tokens that hold it is never updated, so a merge changes only the pre-tokens
 # that held its pair from the start.
-COUNTING = ("unweighted", "overlapping", "right to left", "first only", "characters", "not subtracted",
-            "index not updated")
+COUNTING = ("unweighted", "once per pre-token", "overlapping", "right to left", "first only", "characters",
+            "not subtracted", "index not updated")
 
 
 def _merge_overlapping(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
@@ -67,7 +67,8 @@ def _words(text: str, mistake: str | None) -> tuple[Counter, dict]:
 def _count(counts: Counter, words: dict, mistake: str | None) -> Counter:
     pairs: Counter = Counter()
     for word, symbols in words.items():
-        for pair in zip(symbols, symbols[1:]):
+        found = zip(symbols, symbols[1:])
+        for pair in set(found) if mistake == "once per pre-token" else found:
             pairs[pair] += 1 if mistake == "unweighted" else counts[word]
     return pairs
 

@@ -52,6 +52,8 @@ NAMES = {
                   "(`[bytes([b]) for b in word.encode(\"utf-8\")]`): the merges join them",
     "not subtracted": "the counts of the pairs a merge removes are not taken off: after a merge, subtract "
                       "each changed pre-token's old pairs (times its count) before adding its new ones",
+    "once per pre-token": "a pair is counted once per pre-token even where it occurs more often in it "
+                          "(`banana` holds (a, n) twice): count every occurrence",
     "index not updated": "the pair-to-pre-token index is not updated with the pairs a merge makes, so a later "
                          "merge of such a pair misses the pre-tokens that hold it: add each pre-token to the "
                          "index of each new pair it holds",
@@ -132,15 +134,20 @@ def judge_merges(text: str, n_merges: int, learned: list, where: str, replay: bo
     step = _common(learned, expected)
     head = f"train_bpe on {where}"
     if step == len(expected):
+        why = (f"no pair is left after merge {step}" if len(expected) < n_merges else
+               f"n_merges is {n_merges}. Likely mistake: the loop makes more merges than n_merges (its bound)")
         raise CheckFailed(f"{head}: {len(learned)} merges, expected {len(expected)} (the first {step} are "
-                          f"right): no pair is left after merge {step}. Return n_merges merges, fewer only "
-                          "when no pair is left.")
+                          f"right): {why}. Return n_merges merges, fewer only when no pair is left.")
     counts = naive.pair_counts(text, learned[:step])
     if step == len(learned):
         wanted = counts[expected[step]]
-        why = ("Likely mistake: training stops when the most frequent pair occurs once: a pair that occurs "
-               "once is merged too, until n_merges merges are made or no pair is left." if wanted == 1 else
-               "Return n_merges merges, fewer only when no pair is left.")
+        if wanted == 1:
+            why = ("Likely mistake: training stops when the most frequent pair occurs once: a pair that occurs "
+                   "once is merged too, until n_merges merges are made or no pair is left.")
+        elif len(learned) == n_merges - 1:
+            why = "Likely mistake: one merge too few: the loop's bound is off by one."
+        else:
+            why = "Return n_merges merges, fewer only when no pair is left."
         raise CheckFailed(f"{head}: only {len(learned)} merges, expected {len(expected)} (those are right); the "
                           f"next, {expected[step]!r}, occurs {_times(wanted)} at that point. {why}")
     replayed = {mistake: naive_train(text, n_merges, mistake) for mistake in naive.MISTAKES} if replay else {}
@@ -178,6 +185,8 @@ def _diagnosis(text: str, before: list, theirs: tuple, ours: tuple, counts: Coun
         return f"Likely mistake: {NAMES['characters']}."
     if _spans_pre_tokens(theirs):
         return f"Likely mistake: {NAMES['across pre-tokens']}."
+    if theirs == ours[::-1]:
+        return "Likely mistake: the pair recorded the other way round: record (left, right), in the text's order."
     if theirs in before:
         return (f"Yours was merged before, at merge {before.index(theirs) + 1}, and kept a count. Likely "
                 f"mistake: {NAMES['index not updated']} (or the merged pair's count is not dropped).")
