@@ -300,8 +300,8 @@ def _judge_other_ranks(case: Case, outputs: dict, bpe) -> None:
         start += count
         if mine == right:
             continue
-        head = (f"bpe({word!r}, ranks) with other ranks than GPT-2's (the first {OTHER_MERGES} merges learned "
-                f"from {_where(case)}, ranked in that order): {mine}, expected {right}.")
+        head = (f"bpe({word!r}, ranks) with other ranks than GPT-2's (the {len(ranks)} merges the course's "
+                f"trainer learns from {_where(case)}, in that order): {mine}, expected {right}.")
         if mine == bpe(word, _files()[1]):
             raise CheckFailed(f"{head} Yours is its cut by GPT-2's ranks. Likely mistake: bpe ignores its `ranks` "
                               "argument: a cache keyed on the word alone (key it on the word and the ranks, or keep "
