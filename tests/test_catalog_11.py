@@ -924,3 +924,18 @@ def test_unlisted_encoding_and_decoding_mistakes_are_named():
     fails_with(nb11.check_encode, *_encoder(bpe_raising), expected="Likely mistake: a pair with no rank looked up")
     fails_with(nb11.check_decode, lambda ids: bytes(byte_decoder[c] for i in ids for c in decoder[i]).decode(
         errors="ignore"), expected="Likely mistake: errors=\"ignore\" drops a character cut across tokens")
+
+
+def test_a_library_behind_a_cache_or_an_object_is_refused():
+    """What an answer reaches through functools.lru_cache or an object of the notebook's own class."""
+    encoding = getattr(_library("graders.reference.tok+enizer"), "gpt2_enc" + "oding")()
+
+    @lru_cache(maxsize=None)
+    def cached(chunk):
+        return tuple(encoding.encode_ordinary(chunk))
+
+    fails_with(nb11.check_encode, _pieces_with(lambda data: list(cached(data.decode()))), bpe,
+               expected="your encode uses tiktoken's Encoding")
+    holder = type("Holder", (), {"__module__": "__main__"})()
+    holder.encoding = encoding
+    fails_with(nb11.check_decode, lambda ids: holder.encoding.decode(ids), expected="your decode uses tiktoken's")

@@ -122,8 +122,12 @@ def library_part(answer) -> str | None:
             stack += list(item.values())
         elif isinstance(getattr(item, "pattern", None), str) and hasattr(item, "findall"):   # a compiled regex
             stack.append(item.pattern)
-        elif inspect.isclass(item) and item.__module__ == "__main__":
+        elif hasattr(item, "__wrapped__"):   # functools.lru_cache, a decorator's wrapper
+            stack.append(item.__wrapped__)
+        elif inspect.isclass(item) and item.__module__ == "__main__":   # a class of the notebook's
             stack += list(vars(item).values())
+        elif type(item).__module__ == "__main__":   # an object of such a class
+            stack += [type(item), *list(getattr(item, "__dict__", {}).values())[:1000]]
     return None
 
 
