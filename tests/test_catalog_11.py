@@ -889,6 +889,29 @@ def _counted_once_per_pre_token(text, n_merges):
     return merges
 
 
+def _counting_trainer(chunks, key):
+    """A plain trainer over `chunks(text)`, choosing with `key(pair, count)`."""
+    def train_bpe(text, n_merges):
+        words = Counter(chunks(text))
+        split = {w: [bytes([b]) for b in w.encode("utf-8")] for w in words}
+        merges = []
+        for _ in range(n_merges):
+            pairs = Counter()
+            for w, symbols in split.items():
+                for pair in zip(symbols, symbols[1:]):
+                    pairs[pair] += words[w]
+            if not pairs:
+                break
+            merges.append(max(pairs, key=lambda p: key(p, pairs[p])))
+            split = {w: _merge(s, merges[-1]) for w, s in split.items()}
+        return merges
+    return train_bpe
+
+
+_split_trainer = _counting_trainer(str.split, lambda pair, count: (count, pair))        # pre-tokens from str.split
+_greatest_pair_trainer = _counting_trainer(pretokenize, lambda pair, count: (pair, count))  # the pair compared first
+
+
 def _merge(symbols, pair):
     out, i = [], 0
     while i < len(symbols):
@@ -908,6 +931,8 @@ def _merge(symbols, pair):
     (lambda text, n: [(b, a) for a, b in train_recount(text, n)], 0, "Likely mistake: the pair recorded the other "
                                                                       "way round"),
     (_counted_once_per_pre_token, 2, "Likely mistake: a pair is counted once per pre-token"),
+    (_split_trainer, 1, "Likely mistake: the text is cut at whitespace (str.split), not by pretokenize"),
+    (_greatest_pair_trainer, 1, "Yours is the greatest pair there is, not the most frequent"),
 ])
 def test_unlisted_training_mistakes_are_named(trainer, seed, expected):
     fails_with(nb11.check_train_bpe, trainer, expected=expected, seed=seed)

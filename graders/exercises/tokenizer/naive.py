@@ -6,6 +6,7 @@ merge, to name what a learner's merges show. Sealed in the grading kernels
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 from graders.exercises.tokenizer.reference import merge_pair, pretokenize
 
@@ -15,8 +16,8 @@ MISTAKES = ("across pre-tokens", "unweighted", "overlapping", "right to left", "
 # among them two of a fast trainer's: the pairs a merge removes keep their counts; the index from
 # each pair to the pre-tokens that hold it is never updated, so a merge changes only the pre-tokens
 # that held its pair from the start.
-COUNTING = ("unweighted", "once per pre-token", "overlapping", "right to left", "first only", "characters",
-            "not subtracted", "index not updated")
+COUNTING = ("unweighted", "split at whitespace", "once per pre-token", "overlapping", "right to left",
+            "first only", "characters", "not subtracted", "index not updated")
 
 
 def _merge_overlapping(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
@@ -56,9 +57,15 @@ def _merge_right_to_left(symbols: list[bytes], pair: tuple[bytes, bytes]) -> lis
 MERGES = {"overlapping": _merge_overlapping, "first only": _merge_first, "right to left": _merge_right_to_left}
 
 
+@lru_cache(maxsize=8)
+def _chunk_counts(text: str, cut: str | None) -> Counter:
+    """The distinct pre-tokens and their counts (kept: the judge counts a text's pairs many times)."""
+    return Counter({"across pre-tokens": [text], "split at whitespace": text.split()}.get(cut) or pretokenize(text))
+
+
 def _words(text: str, mistake: str | None) -> tuple[Counter, dict]:
     """The distinct pre-tokens with their counts, and each one's first tokens."""
-    counts = Counter([text] if mistake == "across pre-tokens" else pretokenize(text))
+    counts = _chunk_counts(text, mistake if mistake in ("across pre-tokens", "split at whitespace") else None)
     if mistake == "characters":
         return counts, {word: [c.encode("utf-8") for c in word] for word in counts}
     return counts, {word: [bytes([b]) for b in word.encode("utf-8")] for word in counts}
