@@ -964,3 +964,11 @@ def test_a_library_behind_a_cache_or_an_object_is_refused():
     holder = type("Holder", (), {"__module__": "__main__"})()
     holder.encoding = encoding
     fails_with(nb11.check_decode, lambda ids: holder.encoding.decode(ids), expected="your decode uses tiktoken's")
+
+
+def test_tiktokens_own_pattern_file_is_refused():
+    """tiktoken_ext/openai_public.py holds tiktoken's r50k pattern (a word scan for `tiktoken` does
+    not see `tiktoken_ext`)."""
+    pattern = _library("tiktoken_+ext.openai_public").r50k_pat_str
+    fails_with(nb11.check_pretokenize, lambda text: regex.findall(pattern, text),
+               expected="your pretokenize uses tiktoken_ext.openai_public.r50k_pat_str")

