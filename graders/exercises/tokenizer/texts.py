@@ -25,18 +25,21 @@ def hidden_text(seed: int) -> str:
     return texts[seed % len(texts)]
 
 
-def hidden_corpus(seed: int, n_words: int = 900) -> str:
+def hidden_corpus(seed: int) -> str:
     """A training corpus from `seed`: words drawn unevenly from a small vocabulary with letter runs
-    (`aaa`), repeated letters and contractions, so that each training mistake changes the merges."""
+    (`aaa`), repeated letters, contractions and a frequent word outside ASCII (whose characters
+    take two or three bytes), so that each training mistake changes the merges. Seed 4's corpus
+    is short (24 words): its last merges are of pairs that occur once."""
     rng = random.Random(seed)
     letters = "aabeeilnorstu"
     stems = ["aaa", "baaa", "aaab", "llama", "ssss", "tattoo", "banana", "the", "an", "and", "to", "a",
              "cocoon", "mississippi", "noon", "eerie", "tee", "Ooo", "zzzz", "us", "sea", "seas"]
     stems += ["".join(rng.choice(letters) for _ in range(rng.randint(2, 6))) for _ in range(30)]
     rng.shuffle(stems)
+    stems.insert(1, rng.choice(["café", "né", "été", "ñaña", "日本", "über"]))   # the second most frequent
     weights = [1 / (rank + 1) ** 1.1 for rank in range(len(stems))]
     words = []
-    for _ in range(n_words):
+    for _ in range(24 if seed == 4 else 900):
         word = rng.choices(stems, weights)[0]
         if rng.random() < 0.05:
             word += rng.choice(["'s", "'ll", "'re", ",", ".", "!"])
