@@ -48,7 +48,10 @@ NOTEBOOK = Notebook(
         'exercises/family/positions.py:sinusoidal',
         'exercises/family/tasks.py:reference_mask_tokens',
         'exercises/family/tasks.py:reference_mlm_loss',
+        'exercises/family/encoder.py:CourseEmbeddings',
+        'exercises/family/encoder.py:CourseEncoderBlock',
     ),
     renamed=(('sinusoidal', 'sinusoidal_encoding'), ('reference_mask_tokens', 'mask_tokens'),
-             ('reference_mlm_loss', 'mlm_loss')),
+             ('reference_mlm_loss', 'mlm_loss'), ('CourseEmbeddings', 'BertEmbeddings'),
+             ('CourseEncoderBlock', 'EncoderBlock')),
 )
