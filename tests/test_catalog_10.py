@@ -95,6 +95,53 @@ def test_rms_norm_with_eps_written_in_fails_a_config_with_another():
                         "rms_norm_eps is 1e-05")
 
 
+class NormBy(nn.Module):
+    """An RMSNorm whose forward is `normalise(x, w, eps)`: the mistakes no catalog lists."""
+    normalise = None
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
+
+    def forward(self, x):
+        return type(self).normalise(x.float(), self.w, self.cfg.rms_norm_eps).to(x.dtype)
+
+
+def _norm_by(normalise):
+    return type("RMSNorm", (NormBy,), {"normalise": staticmethod(normalise)})
+
+
+def _rms(x, eps):
+    return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+@pytest.mark.parametrize("normalise, expected", [
+    # issue 44's held-out mistakes
+    (lambda x, w, eps: x / (x.abs().mean(-1, keepdim=True) + eps) * w,
+     "Likely mistake: each row's direction is right but its length is not: x is divided by the mean absolute "
+     "value, mean(|x|)"),
+    (lambda x, w, eps: x * w / _rms(x * w, eps),
+     "Likely mistake: your output does not change when the weight w is doubled: w is applied before normalising"),
+    # invented here, in no catalog
+    (lambda x, w, eps: x / x.abs().amax(-1, keepdim=True) * w,
+     "Likely mistake: each row's direction is right but its length is not: x is divided by the largest absolute "
+     "value, max(|x|)"),
+    (lambda x, w, eps: x / _rms(x, eps) * w * w, "Likely mistake: doubling the weight w multiplies your output by 4, "
+                                                 "where it doubles x / rms(x) * w: w is applied twice"),
+    (lambda x, w, eps: x / _rms(x, eps) * w * math.sqrt(x.shape[-1]),
+     "Likely mistake: every row points the right way but is 16 = sqrt(d_model) times as long, the same factor "
+     "everywhere"),
+    (lambda x, w, eps: x / (_rms(x, eps) + x.abs().mean(-1, keepdim=True)) * w,
+     "Likely mistake: each row's direction is right but its length is not (off by a factor from"),
+    (lambda x, w, eps: x / x.pow(4).mean(-1, keepdim=True).pow(0.25) * w,
+     "x is divided by the fourth root of mean(x**4)"),
+])
+def test_rms_norm_mistakes_nobody_listed_are_named_by_properties(normalise, expected):
+    """Named from how the output scales with the weight, and from each row's direction and length
+    (the length says what x was divided by)."""
+    fails_with(nb10.check_rms_norm, _norm_by(normalise), expected=expected)
+
+
 # --- RoPE --------------------------------------------------------------------------------------
 
 def _table(exponent=2, base=None, interleaved=False, float64=False, swapped=False, degrees=False, first=0):
@@ -165,6 +212,25 @@ def _sin_doubled(positions, d_head, theta):
     return cos, 2 * sin
 
 
+def _frequencies_counted_down(positions, d_head, theta):     # invented here, in no catalog
+    i = torch.arange(d_head // 2 - 1, -1, -1, dtype=torch.float32)
+    angles = positions.float()[:, None] * theta ** (-2 * i / d_head)
+    return torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+
+def _positions_reversed(positions, d_head, theta):     # invented here, in no catalog
+    return _table()(positions.flip(0), d_head, theta)
+
+
+@pytest.mark.parametrize("table, expected", [
+    (_frequencies_counted_down, "Likely mistake: your cos table is the right one, its d_head axis with each "
+                                "half reversed: the frequencies run from the slowest to the fastest"),
+    (_positions_reversed, "Likely mistake: your cos table is the right one, its position axis reversed"),
+])
+def test_a_table_with_an_axis_reordered_is_named(table, expected):
+    fails_with(nb10.check_rope, table, _apply(), expected=expected)
+
+
 @pytest.mark.parametrize("table, expected", [
     (_frequencies_counted_from_1, "The angle per position differs in 22 of 32 columns, first in column 0: 0.5623 "
                                   "rad where f = theta ** (-2i / d_head) with i = j mod 16 is 1."),
@@ -175,6 +241,40 @@ def test_a_table_no_listed_mistake_explains_is_read_as_angles(table, expected):
     """A table outside the catalog: the check says where it departs, read as angles (position
     0's, each column's per position) or as no angle at all."""
     fails_with(nb10.check_rope, table, _apply(), expected=expected)
+
+
+def _rotate_by(rotate_half):
+    def apply_rope(x, cos, sin):
+        return x * cos + rotate_half(x) * sin
+    return apply_rope
+
+
+def _halves(x):
+    return x.chunk(2, dim=-1)
+
+
+def _result_halves_exchanged(x, cos, sin):
+    y = _apply()(x, cos, sin)
+    return torch.cat(_halves(y)[::-1], -1)
+
+
+@pytest.mark.parametrize("apply, expected", [
+    # issue 44's held-out mistake: rotate_half's halves in the wrong order
+    (_rotate_by(lambda x: torch.cat([_halves(x)[0], -_halves(x)[1]], -1)),
+     "Likely mistake: your rotate_half(x) is cat([x1, -x2]) (its two halves in the wrong order), where it is "
+     "cat([-x2, x1]) (x1, x2: the halves of x). It mixes no two dimensions"),
+    # invented here, in no catalog
+    (_rotate_by(lambda x: torch.cat(_halves(x)[::-1], -1)),
+     "Likely mistake: your rotate_half(x) is cat([x2, x1]), where it is cat([-x2, x1]) (x1, x2: the halves of x). "
+     "That is not a rotation: it changes the vectors' lengths."),
+    (_rotate_by(lambda x: torch.roll(x, x.shape[-1] // 4, -1)),
+     "Likely mistake: your rotate_half(x) is the vector with x[(i + 24) mod 32] at each dimension i"),
+    (_result_halves_exchanged, "Likely mistake: your apply_rope computes cat([x2, x1]) * cos + cat([x1, -x2]) * sin"),
+])
+def test_apply_rope_mistakes_nobody_listed_are_read_from_its_matrix(apply, expected):
+    """apply_rope is linear in x: its matrix at each position, fitted as x' * cos + r(x) * sin,
+    says what it does."""
+    fails_with(nb10.check_rope, _table(), apply, expected=expected)
 
 
 # --- SwiGLU ------------------------------------------------------------------------------------
@@ -210,6 +310,47 @@ def test_swiglu_correct_variants_pass(cls):
 ])
 def test_swiglu_mistakes_are_named(kind, expected):
     fails_with(nb10.check_swiglu, _mlp(kind), expected=expected)
+
+
+class SwiGLUBy(nn.Module):
+    """A SwiGLU whose forward is `mlp(x, W_gate, W_up, W_down)`, declared with its own shapes."""
+    mlp, down_shape = None, "d_mlp d_model"
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_gate = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_mlp))
+        self.W_up = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_mlp))
+        self.W_down = nn.Parameter(torch.zeros(*(getattr(cfg, size) for size in self.down_shape.split())))
+
+    def forward(self, x):
+        return type(self).mlp(x, self.W_gate, self.W_up, self.W_down)
+
+
+def _swiglu_by(mlp, down_shape="d_mlp d_model"):
+    return type("SwiGLU", (SwiGLUBy,), {"mlp": staticmethod(mlp), "down_shape": down_shape})
+
+
+def _hidden(x, gate, up):
+    return F.silu(x @ gate) * (x @ up)
+
+
+@pytest.mark.parametrize("cls, expected", [
+    # issue 44's held-out mistake: W_down used transposed, or declared as nn.Linear stores it
+    (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down.T),
+     "Likely mistake: W_down is used transposed: it is [688, 256]"),
+    (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down.T, "d_model d_mlp"),
+     "Likely mistake: W_down is declared transposed, [256, 688] as nn.Linear stores a weight ([out, in])"),
+    # invented here, in no catalog
+    (_swiglu_by(lambda x, gate, up, down: x + _hidden(x, gate, up) @ down),
+     "Likely mistake: your output is the MLP plus its input x (the difference from the reference is x itself): "
+     "the residual is added inside"),
+    (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down / math.sqrt(down.shape[0])),
+     "Likely mistake: your output is the reference's times 1/26.23 = 1/sqrt(d_mlp), the same factor everywhere"),
+    (_swiglu_by(lambda x, gate, up, down: -(_hidden(x, gate, up) @ down)),
+     "Likely mistake: your output is the reference's with its sign flipped"),
+])
+def test_swiglu_mistakes_nobody_listed_are_named_by_properties(cls, expected):
+    fails_with(nb10.check_swiglu, cls, expected=expected)
 
 
 # --- Grouped-query attention -------------------------------------------------------------------
@@ -322,6 +463,25 @@ def test_attention_mistakes_are_named(cls, expected):
     fails_with(nb10.check_gq_attention, cls, expected=expected)
 
 
+class HeadsAveraged(ExpandAttention):
+    def project(self, z):     # invented here: the heads' outputs averaged, not summed
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O) / z.shape[1]
+
+
+class ResidualInside(ExpandAttention):
+    def forward(self, x, cos, sin, past=None):     # invented here: the residual added inside attention
+        out, cache = super().forward(x, cos, sin, past)
+        return x + out, cache
+
+
+@pytest.mark.parametrize("cls, expected", [
+    (HeadsAveraged, "Likely mistake: your output is the reference's times 1/8 = 1/n_heads, the same factor"),
+    (ResidualInside, "Likely mistake: your output is attention plus its input x"),
+])
+def test_attention_mistakes_nobody_listed_are_named_by_properties(cls, expected):
+    fails_with(nb10.check_gq_attention, cls, expected=expected)
+
+
 # --- The decoder layer, the model, generation ----------------------------------------------------
 
 def _layer(kind):
@@ -358,6 +518,13 @@ def _layer(kind):
                 m = x + self.mlp(self.ln2(x))
                 out, cache = self.attn(self.ln1(m), cos, sin, past)
                 return m + out, cache
+            if kind in ("attn_twice", "mlp_twice"):   # issue 44's held-out mistake; the MLP's invented here
+                for _ in range(2 if kind == "attn_twice" else 1):
+                    out, cache = self.attn(self.ln1(x), cos, sin, past)
+                    x = x + out
+                for _ in range(2 if kind == "mlp_twice" else 1):
+                    x = x + self.mlp(self.ln2(x))
+                return x, cache
             out, cache = self.attn(self.ln1(x), cos, sin, past)
             return out + self.mlp(self.ln2(out)), cache
     return DecoderLayer
@@ -377,6 +544,11 @@ def test_decoder_layer_passes_and_its_mistakes_are_named():
                expected="Likely mistake: the residual is not added around the MLP")
     fails_with(nb10.check_decoder_layer, _layer("half_mlp"),
                expected="Likely mistake: the layer's output is 1·(x + attn_out) + 0.5·mlp_out")
+    fails_with(nb10.check_decoder_layer, _layer("attn_twice"),
+               expected="Likely mistake: attention is applied twice (self.attn called 2x): the second time on "
+                        "ln1(x + attn_out), the step x = x + attn(ln1(x)) written twice")
+    fails_with(nb10.check_decoder_layer, _layer("mlp_twice"),
+               expected="Likely mistake: the MLP is applied twice (self.mlp called 2x)")
     fails_with(nb10.check_decoder_layer, _layer("attn_on_mlp_input"),
                expected="ln1's output (Llama's input_layernorm), the first activation in forward order")
     # The cache it returns (issue 38): the old `past`, or other tensors than the attention's cache.
