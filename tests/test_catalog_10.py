@@ -88,6 +88,26 @@ def test_rms_norm_mistakes_are_named(cls, expected):
     fails_with(nb10.check_rms_norm, cls, expected=expected)
 
 
+def test_an_untouched_rms_norm_is_answered_before_the_weights_are_made(monkeypatch):
+    """Issue 44: the check of an unwritten exercise answers at once; making the seeded weights (a
+    second or more on a kernel's first check) waits until the stub has run."""
+    from graders.exercises.modern import norm_mlp
+
+    class RMSNorm(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
+
+        def forward(self, x):
+            raise NotImplementedError()
+
+    def no_weights(*args):
+        raise AssertionError("the seeded weights were made for an unwritten RMSNorm")
+
+    monkeypatch.setattr(norm_mlp, "weights", no_weights)
+    fails_with(nb10.check_rms_norm, RMSNorm, expected="RMSNorm: not implemented yet")
+
+
 def test_rms_norm_with_eps_written_in_fails_a_config_with_another():
     nb10.check_rms_norm(_norm(eps=1e-6))
     fails_with(nb10.check_rms_norm, _norm(eps=1e-6), rms_norm_eps=1e-5,
