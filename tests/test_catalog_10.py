@@ -373,6 +373,23 @@ def test_swiglu_mistakes_nobody_listed_are_named_by_properties(cls, expected):
     fails_with(nb10.check_swiglu, cls, expected=expected)
 
 
+def _noisy(y):
+    """y plus seeded noise of 1% of its spread: wrong, with none of the properties the readers name."""
+    return y + 0.01 * y.std() * torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("check, learner", [
+    (nb10.check_rms_norm, _norm_by(lambda x, w, eps: _noisy(x / _rms(x, eps) * w))),
+    (nb10.check_swiglu, _swiglu_by(lambda x, gate, up, down: _noisy(_hidden(x, gate, up) @ down))),
+])
+def test_an_output_without_those_properties_is_not_given_a_name(check, learner):
+    """The readers name only what the output shows: a wrong output with none of their properties
+    fails with where it differs and the hint, and no likely mistake."""
+    with pytest.raises(CheckFailed) as failure:
+        check(learner)
+    assert "Likely mistake" not in str(failure.value) and "Hint:" in str(failure.value), str(failure.value)
+
+
 # --- Grouped-query attention -------------------------------------------------------------------
 
 def _attention(**flags):
