@@ -290,6 +290,9 @@ def _result_halves_exchanged(x, cos, sin):
     (_rotate_by(lambda x: torch.roll(x, x.shape[-1] // 4, -1)),
      "Likely mistake: your rotate_half(x) is the vector with x[(i + 24) mod 32] at each dimension i"),
     (_result_halves_exchanged, "Likely mistake: your apply_rope computes cat([x2, x1]) * cos + cat([x1, -x2]) * sin"),
+    (_rotate_by(lambda x: torch.cat([-_halves(x)[1], _halves(x)[0]], -1).flip(-1)),
+     "Likely mistake: your rotate_half(x) is the vector x[15], x[14], x[13], x[12], x[11], x[10], ..., where it is "
+     "cat([-x2, x1])"),
 ])
 def test_apply_rope_mistakes_nobody_listed_are_read_from_its_matrix(apply, expected):
     """apply_rope is linear in x: its matrix at each position, fitted as x' * cos + r(x) * sin,
@@ -511,7 +514,22 @@ class ResidualInside(ExpandAttention):
         return x + out, cache
 
 
+class PositionsShifted(ExpandAttention):
+    def project(self, z):     # invented here: each position gets the output of the one before it
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O).roll(1, dims=1)
+
+
+class HalfAndInput(ExpandAttention):
+    def forward(self, x, cos, sin, past=None):     # invented here: half the output, a tenth of x added
+        out, cache = super().forward(x, cos, sin, past)
+        return 0.5 * out + 0.1 * x, cache
+
+
 @pytest.mark.parametrize("cls, expected", [
+    (PositionsShifted, "Likely mistake: your output is the reference's, its position axis rolled (entry i holds the "
+                       "reference's entry i - 1, mod 12)"),
+    (HalfAndInput, "Likely mistake: your output is 0.5·attention + 0.1·x: the difference from the reference grows "
+                   "with the input x"),
     (HeadsAveraged, "Likely mistake: your output is the reference's times 1/8 = 1/n_heads, the same factor"),
     (ResidualInside, "Likely mistake: your output is attention plus its input x"),
 ])

@@ -160,7 +160,8 @@ def _order_words(order: list[int]) -> str:
         return "with each half reversed"
     shift = order[0]
     if order == [(i + shift) % n for i in range(n)]:
-        return f"rolled (entry i holds the reference's entry i + {shift}, mod {n})"
+        moved = f"i + {shift}" if shift <= n // 2 else f"i - {n - shift}"
+        return f"rolled (entry i holds the reference's entry {moved}, mod {n})"
     if n % 2 == 0 and order == [i ^ 1 for i in range(n)]:
         return "with neighbours exchanged (entry 2k and 2k + 1)"
     shown = ", ".join(map(str, order[:8])) + (" ..." if n > 8 else "")
