@@ -88,11 +88,78 @@ def test_rms_norm_mistakes_are_named(cls, expected):
     fails_with(nb10.check_rms_norm, cls, expected=expected)
 
 
+def test_an_untouched_rms_norm_is_answered_before_the_weights_are_made(monkeypatch):
+    """Issue 44: the check of an unwritten exercise answers at once; making the seeded weights (a
+    second or more on a kernel's first check) waits until the stub has run."""
+    from graders.exercises.modern import norm_mlp
+
+    class RMSNorm(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
+
+        def forward(self, x):
+            raise NotImplementedError()
+
+    def no_weights(*args):
+        raise AssertionError("the seeded weights were made for an unwritten RMSNorm")
+
+    monkeypatch.setattr(norm_mlp, "weights", no_weights)
+    fails_with(nb10.check_rms_norm, RMSNorm, expected="RMSNorm: not implemented yet")
+
+
 def test_rms_norm_with_eps_written_in_fails_a_config_with_another():
     nb10.check_rms_norm(_norm(eps=1e-6))
     fails_with(nb10.check_rms_norm, _norm(eps=1e-6), rms_norm_eps=1e-5,
                expected="Likely mistake: eps is not read from the config: 1e-06 is used where this config's "
                         "rms_norm_eps is 1e-05")
+
+
+class NormBy(nn.Module):
+    """An RMSNorm whose forward is `normalise(x, w, eps)`: the mistakes no catalog lists."""
+    normalise = None
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
+
+    def forward(self, x):
+        return type(self).normalise(x.float(), self.w, self.cfg.rms_norm_eps).to(x.dtype)
+
+
+def _norm_by(normalise):
+    return type("RMSNorm", (NormBy,), {"normalise": staticmethod(normalise)})
+
+
+def _rms(x, eps):
+    return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+@pytest.mark.parametrize("normalise, expected", [
+    # issue 44's held-out mistakes
+    (lambda x, w, eps: x / (x.abs().mean(-1, keepdim=True) + eps) * w,
+     "Likely mistake: each row's direction is right but its length is not: x is divided by the mean absolute "
+     "value, mean(|x|)"),
+    (lambda x, w, eps: x * w / _rms(x * w, eps),
+     "Likely mistake: your output does not change when the weight w is doubled: w is applied before normalising"),
+    # invented here, in no catalog
+    (lambda x, w, eps: x / x.abs().amax(-1, keepdim=True) * w,
+     "Likely mistake: each row's direction is right but its length is not: x is divided by the largest absolute "
+     "value, max(|x|)"),
+    (lambda x, w, eps: x / _rms(x, eps) * w * w, "Likely mistake: doubling the weight w multiplies your output by 4, "
+                                                 "where it doubles x / rms(x) * w: w is applied twice"),
+    (lambda x, w, eps: x / _rms(x, eps) * w * math.sqrt(x.shape[-1]),
+     "Likely mistake: every row points the right way but is 16 = sqrt(d_model) times as long, the same factor "
+     "everywhere"),
+    (lambda x, w, eps: x / (_rms(x, eps) + x.abs().mean(-1, keepdim=True)) * w,
+     "Likely mistake: each row's direction is right but its length is not (off by a factor from"),
+    (lambda x, w, eps: x / x.pow(4).mean(-1, keepdim=True).pow(0.25) * w,
+     "x is divided by the fourth root of mean(x**4)"),
+])
+def test_rms_norm_mistakes_nobody_listed_are_named_by_properties(normalise, expected):
+    """Named from how the output scales with the weight, and from each row's direction and length
+    (the length says what x was divided by)."""
+    fails_with(nb10.check_rms_norm, _norm_by(normalise), expected=expected)
 
 
 # --- RoPE --------------------------------------------------------------------------------------
@@ -165,6 +232,25 @@ def _sin_doubled(positions, d_head, theta):
     return cos, 2 * sin
 
 
+def _frequencies_counted_down(positions, d_head, theta):     # invented here, in no catalog
+    i = torch.arange(d_head // 2 - 1, -1, -1, dtype=torch.float32)
+    angles = positions.float()[:, None] * theta ** (-2 * i / d_head)
+    return torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+
+def _positions_reversed(positions, d_head, theta):     # invented here, in no catalog
+    return _table()(positions.flip(0), d_head, theta)
+
+
+@pytest.mark.parametrize("table, expected", [
+    (_frequencies_counted_down, "Likely mistake: your cos table is the right one, its d_head axis with each "
+                                "half reversed: the frequencies run from the slowest to the fastest"),
+    (_positions_reversed, "Likely mistake: your cos table is the right one, its position axis reversed"),
+])
+def test_a_table_with_an_axis_reordered_is_named(table, expected):
+    fails_with(nb10.check_rope, table, _apply(), expected=expected)
+
+
 @pytest.mark.parametrize("table, expected", [
     (_frequencies_counted_from_1, "The angle per position differs in 22 of 32 columns, first in column 0: 0.5623 "
                                   "rad where f = theta ** (-2i / d_head) with i = j mod 16 is 1."),
@@ -175,6 +261,43 @@ def test_a_table_no_listed_mistake_explains_is_read_as_angles(table, expected):
     """A table outside the catalog: the check says where it departs, read as angles (position
     0's, each column's per position) or as no angle at all."""
     fails_with(nb10.check_rope, table, _apply(), expected=expected)
+
+
+def _rotate_by(rotate_half):
+    def apply_rope(x, cos, sin):
+        return x * cos + rotate_half(x) * sin
+    return apply_rope
+
+
+def _halves(x):
+    return x.chunk(2, dim=-1)
+
+
+def _result_halves_exchanged(x, cos, sin):
+    y = _apply()(x, cos, sin)
+    return torch.cat(_halves(y)[::-1], -1)
+
+
+@pytest.mark.parametrize("apply, expected", [
+    # issue 44's held-out mistake: rotate_half's halves in the wrong order
+    (_rotate_by(lambda x: torch.cat([_halves(x)[0], -_halves(x)[1]], -1)),
+     "Likely mistake: your rotate_half(x) is cat([x1, -x2]) (its two halves in the wrong order), where it is "
+     "cat([-x2, x1]) (x1, x2: the halves of x). It mixes no two dimensions"),
+    # invented here, in no catalog
+    (_rotate_by(lambda x: torch.cat(_halves(x)[::-1], -1)),
+     "Likely mistake: your rotate_half(x) is cat([x2, x1]), where it is cat([-x2, x1]) (x1, x2: the halves of x). "
+     "That is not a rotation: it changes the vectors' lengths."),
+    (_rotate_by(lambda x: torch.roll(x, x.shape[-1] // 4, -1)),
+     "Likely mistake: your rotate_half(x) is the vector with x[(i + 24) mod 32] at each dimension i"),
+    (_result_halves_exchanged, "Likely mistake: your apply_rope computes cat([x2, x1]) * cos + cat([x1, -x2]) * sin"),
+    (_rotate_by(lambda x: torch.cat([-_halves(x)[1], _halves(x)[0]], -1).flip(-1)),
+     "Likely mistake: your rotate_half(x) is the vector x[15], x[14], x[13], x[12], x[11], x[10], ..., where it is "
+     "cat([-x2, x1])"),
+])
+def test_apply_rope_mistakes_nobody_listed_are_read_from_its_matrix(apply, expected):
+    """apply_rope is linear in x: its matrix at each position, fitted as x' * cos + r(x) * sin,
+    says what it does."""
+    fails_with(nb10.check_rope, _table(), apply, expected=expected)
 
 
 # --- SwiGLU ------------------------------------------------------------------------------------
@@ -210,6 +333,64 @@ def test_swiglu_correct_variants_pass(cls):
 ])
 def test_swiglu_mistakes_are_named(kind, expected):
     fails_with(nb10.check_swiglu, _mlp(kind), expected=expected)
+
+
+class SwiGLUBy(nn.Module):
+    """A SwiGLU whose forward is `mlp(x, W_gate, W_up, W_down)`, declared with its own shapes."""
+    mlp, down_shape = None, "d_mlp d_model"
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_gate = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_mlp))
+        self.W_up = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_mlp))
+        self.W_down = nn.Parameter(torch.zeros(*(getattr(cfg, size) for size in self.down_shape.split())))
+
+    def forward(self, x):
+        return type(self).mlp(x, self.W_gate, self.W_up, self.W_down)
+
+
+def _swiglu_by(mlp, down_shape="d_mlp d_model"):
+    return type("SwiGLU", (SwiGLUBy,), {"mlp": staticmethod(mlp), "down_shape": down_shape})
+
+
+def _hidden(x, gate, up):
+    return F.silu(x @ gate) * (x @ up)
+
+
+@pytest.mark.parametrize("cls, expected", [
+    # issue 44's held-out mistake: W_down used transposed, or declared as nn.Linear stores it
+    (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down.T),
+     "Likely mistake: W_down is used transposed: it is [688, 256]"),
+    (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down.T, "d_model d_mlp"),
+     "Likely mistake: W_down is declared transposed, [256, 688] as nn.Linear stores a weight ([out, in])"),
+    # invented here, in no catalog
+    (_swiglu_by(lambda x, gate, up, down: x + _hidden(x, gate, up) @ down),
+     "Likely mistake: your output is the MLP plus its input x (the difference from the reference is x itself): "
+     "the residual is added inside"),
+    (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down / math.sqrt(down.shape[0])),
+     "Likely mistake: your output is the reference's times 1/26.23 = 1/sqrt(d_mlp), the same factor everywhere"),
+    (_swiglu_by(lambda x, gate, up, down: -(_hidden(x, gate, up) @ down)),
+     "Likely mistake: your output is the reference's with its sign flipped"),
+])
+def test_swiglu_mistakes_nobody_listed_are_named_by_properties(cls, expected):
+    fails_with(nb10.check_swiglu, cls, expected=expected)
+
+
+def _noisy(y):
+    """y plus seeded noise of 1% of its spread: wrong, with none of the properties the readers name."""
+    return y + 0.01 * y.std() * torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("check, learner", [
+    (nb10.check_rms_norm, _norm_by(lambda x, w, eps: _noisy(x / _rms(x, eps) * w))),
+    (nb10.check_swiglu, _swiglu_by(lambda x, gate, up, down: _noisy(_hidden(x, gate, up) @ down))),
+])
+def test_an_output_without_those_properties_is_not_given_a_name(check, learner):
+    """The readers name only what the output shows: a wrong output with none of their properties
+    fails with where it differs and the hint, and no likely mistake."""
+    with pytest.raises(CheckFailed) as failure:
+        check(learner)
+    assert "Likely mistake" not in str(failure.value) and "Hint:" in str(failure.value), str(failure.value)
 
 
 # --- Grouped-query attention -------------------------------------------------------------------
@@ -322,6 +503,40 @@ def test_attention_mistakes_are_named(cls, expected):
     fails_with(nb10.check_gq_attention, cls, expected=expected)
 
 
+class HeadsAveraged(ExpandAttention):
+    def project(self, z):     # invented here: the heads' outputs averaged, not summed
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O) / z.shape[1]
+
+
+class ResidualInside(ExpandAttention):
+    def forward(self, x, cos, sin, past=None):     # invented here: the residual added inside attention
+        out, cache = super().forward(x, cos, sin, past)
+        return x + out, cache
+
+
+class PositionsShifted(ExpandAttention):
+    def project(self, z):     # invented here: each position gets the output of the one before it
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O).roll(1, dims=1)
+
+
+class HalfAndInput(ExpandAttention):
+    def forward(self, x, cos, sin, past=None):     # invented here: half the output, a tenth of x added
+        out, cache = super().forward(x, cos, sin, past)
+        return 0.5 * out + 0.1 * x, cache
+
+
+@pytest.mark.parametrize("cls, expected", [
+    (PositionsShifted, "Likely mistake: your output is the reference's, its position axis rolled (entry i holds the "
+                       "reference's entry i - 1, mod 12)"),
+    (HalfAndInput, "Likely mistake: your output is 0.5·attention + 0.1·x: the difference from the reference grows "
+                   "with the input x"),
+    (HeadsAveraged, "Likely mistake: your output is the reference's times 1/8 = 1/n_heads, the same factor"),
+    (ResidualInside, "Likely mistake: your output is attention plus its input x"),
+])
+def test_attention_mistakes_nobody_listed_are_named_by_properties(cls, expected):
+    fails_with(nb10.check_gq_attention, cls, expected=expected)
+
+
 # --- The decoder layer, the model, generation ----------------------------------------------------
 
 def _layer(kind):
@@ -358,6 +573,13 @@ def _layer(kind):
                 m = x + self.mlp(self.ln2(x))
                 out, cache = self.attn(self.ln1(m), cos, sin, past)
                 return m + out, cache
+            if kind in ("attn_twice", "mlp_twice"):   # issue 44's held-out mistake; the MLP's invented here
+                for _ in range(2 if kind == "attn_twice" else 1):
+                    out, cache = self.attn(self.ln1(x), cos, sin, past)
+                    x = x + out
+                for _ in range(2 if kind == "mlp_twice" else 1):
+                    x = x + self.mlp(self.ln2(x))
+                return x, cache
             out, cache = self.attn(self.ln1(x), cos, sin, past)
             return out + self.mlp(self.ln2(out)), cache
     return DecoderLayer
@@ -377,6 +599,11 @@ def test_decoder_layer_passes_and_its_mistakes_are_named():
                expected="Likely mistake: the residual is not added around the MLP")
     fails_with(nb10.check_decoder_layer, _layer("half_mlp"),
                expected="Likely mistake: the layer's output is 1·(x + attn_out) + 0.5·mlp_out")
+    fails_with(nb10.check_decoder_layer, _layer("attn_twice"),
+               expected="Likely mistake: attention is applied twice (self.attn called 2x): the second time on "
+                        "ln1(x + attn_out), the step x = x + attn(ln1(x)) written twice")
+    fails_with(nb10.check_decoder_layer, _layer("mlp_twice"),
+               expected="Likely mistake: the MLP is applied twice (self.mlp called 2x)")
     fails_with(nb10.check_decoder_layer, _layer("attn_on_mlp_input"),
                expected="ln1's output (Llama's input_layernorm), the first activation in forward order")
     # The cache it returns (issue 38): the old `past`, or other tensors than the attention's cache.
@@ -634,3 +861,25 @@ def test_a_mistake_in_rope_costs_only_the_rope_check():
     with pytest.raises(CheckFailed):
         nb10.check_rope(learner["rope_cos_sin"], learner["apply_rope"])
     assert learner["apply_rope"](torch.ones(1), torch.ones(1), torch.zeros(1)).item() == 1.0   # names restored
+
+
+def test_the_demonstrations_stated_time_is_a_benchmarks_line():
+    """Issue 44: a time the notebook states comes from a benchmark that prints it, with the
+    conditions it was measured under; the demonstration says what it does from its first line."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cells = json.loads((root / "solutions" / "10_modern_decoder.ipynb").read_text())["cells"]
+    sources = ["".join(cell["source"]) for cell in cells]
+    demo = next(i for i, source in enumerate(sources) if "def train_and_validate" in source)
+    stated = re.search(r"`(benchmarks/[\w.]+)` runs\s+it as the notebook does: (\d+) s on one thread of (.+?)\s+"
+                       r"\(load average ([\d.]+)\)", sources[demo - 1], re.S)
+    assert stated, sources[demo - 1]
+    benchmark = (root / stated.group(1)).read_text()
+    assert "10's demonstration: {total:.0f} s" in benchmark and "load average {load:.1f}" in benchmark
+    assert "seconds" not in sources[demo - 1].replace(stated.group(0), "")   # no other time stated
+    first_code = sources[demo].split("if ready(ModernDecoder):", 1)[1].lstrip().splitlines()
+    assert first_code[0].startswith("print("), first_code[0]   # before the text is encoded
+

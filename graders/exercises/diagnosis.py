@@ -2,7 +2,8 @@
 
 - `diagnosis_first(judge)`: a judge whose messages carry their "Likely mistake: ..." line on the
   first line (the line a learner reads), whatever check raised it.
-- `compare`: `graders.judging.compare.compare`, with that rule applied.
+- `compare`: `graders.judging.compare.compare`, with that rule applied; when no listed mistake
+  matches, a `reading` of the output's properties (graders.exercises.properties) may name one.
 - `crash(...)`: a crash inside learner code at a given input, reported with that input and the
   likely cause, before the library's own words.
 - `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
@@ -50,15 +51,35 @@ def diagnosis_first(judge: Callable) -> Callable:
 
 
 def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
-            mistakes: Mistakes = None, hint: str = "", depth: int = 1) -> None:
-    """The course comparison; a recognised mistake is named on the message's first line."""
+            mistakes: Mistakes = None, hint: str = "", depth: int = 1,
+            reading: Callable[[torch.Tensor], str | None] | None = None) -> None:
+    """The course comparison; a recognised mistake is named on the message's first line. When no
+    listed mistake matches, `reading(actual)` (graders.exercises.properties) may name one from
+    the output's properties; it is asked only about a finite output of the right shape."""
     try:
         _compare(what, actual, expected, dims, mistakes=mistakes, hint=hint, depth=depth)
     except CheckFailed as failure:
-        lifted = lift_diagnosis(str(failure))
+        message = str(failure)
+        if reading is not None and LIKELY not in message and _readable(actual, expected):
+            found = reading(actual.detach())
+            if found:
+                message = _with_likely(message, found)
+        lifted = lift_diagnosis(message)
         if lifted == str(failure):
             raise
         raise CheckFailed(lifted) from failure.__cause__
+
+
+def _readable(actual, expected: torch.Tensor) -> bool:
+    return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape and actual.is_floating_point()
+            and bool(torch.isfinite(actual).all()))
+
+
+def _with_likely(message: str, likely: str) -> str:
+    """`message` with a "Likely mistake: ..." line before its hint (at its end without one)."""
+    lines = message.split("\n")
+    at = next((i for i, line in enumerate(lines) if line.strip().startswith("Hint:")), len(lines))
+    return "\n".join(lines[:at] + [f"  {LIKELY} {likely}"] + lines[at:])
 
 
 def is_crash(failure: CheckFailed) -> bool:

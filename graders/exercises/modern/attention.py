@@ -18,6 +18,7 @@ from torch import nn
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, mismatched_sizes
 from graders.exercises.modern import reference as ref
 from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
+from graders.exercises.properties import read_output
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
@@ -158,7 +159,10 @@ def judge(case: Case, outputs: dict) -> None:
         _judge_first_query_alone(f"{what} on {case.seq} positions at once", outputs.get(f"{tag}.full"))
         compare(f"{what} on {case.seq} positions at once", outputs.get(f"{tag}.full"), expected[:, :case.seq],
                 DIMS, mistakes=lambda: attention_mistakes(x[:, :case.seq], w, cos[:case.seq], sin[:case.seq], cfg),
-                hint="scores = q @ k.T / sqrt(d_head) with each query head reading its group's KV head.")
+                hint="scores = q @ k.T / sqrt(d_head) with each query head reading its group's KV head.",
+                reading=lambda actual: read_output(actual, expected[:, :case.seq], x[:, :case.seq], "attention",
+                                                   DIMS, {"n_heads": cfg.n_heads, "d_head": cfg.d_head,
+                                                          "d_model": cfg.d_model}))
         compare(f"{what} through your cache, in chunks {splits(case.seq)} (the same positions at once are "
                 "right: the difference comes with the cache)", outputs.get(f"{tag}.cached"),
                 expected, DIMS, mistakes=lambda: attention_mistakes(x, w, cos, sin, cfg, case.seq),

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from graders.exercises.properties import as_combination, combination_words
 from graders.exercises.submodules import module_or_none, watch
 from graders.judging.tolerance import close
 
@@ -44,7 +45,11 @@ def layer_trace(layer: nn.Module, x: torch.Tensor, cos, sin, forward: Callable |
     trace["out"] = out[0] if isinstance(out, tuple) else out
     for name in PARTS:
         trace[f"calls.{name}"] = torch.tensor(rec.count(name))
-    return trace
+        module = named[name]
+        if module is not None and sum(m is module for m in named.values()) == 1:   # not shared with another name
+            for k, (given, returned) in enumerate(rec.calls.get(id(module), [])[1:4], start=1):
+                trace.update({f"{name}.in.{k}": given, f"{name}.out.{k}": returned})
+    return {key: value for key, value in trace.items() if value is not None}
 
 
 def llama_trace(hf_layer: nn.Module, x: torch.Tensor, cos, sin, mask) -> dict:
@@ -95,19 +100,14 @@ def mistake_traces(course: nn.Module, x: torch.Tensor, cos, sin) -> dict[str, di
                 for description, forward in wiring_mistakes(cos, sin).items()}
 
 
-def _fit(actual: torch.Tensor, terms: dict[str, torch.Tensor]):
-    """The coefficients that make `actual` a sum of `terms` times numbers, and that sum, when one
-    reproduces it within the tolerance; None otherwise."""
-    basis = torch.stack([t.flatten().double() for t in terms.values()], 1)
-    coefficients = torch.linalg.lstsq(basis, actual.flatten().double()[:, None]).solution[:, 0]
-    fitted = (basis @ coefficients).reshape(actual.shape).to(actual.dtype)
-    return (coefficients, fitted) if close(actual, fitted) else None
-
-
 def combination_traces(outputs: dict, expected: dict, x: torch.Tensor) -> dict[str, dict]:
-    """Residual additions nobody listed (a branch scaled, a residual dropped or doubled): the
-    stream after each addition written as a combination of what was added, when it is one."""
+    """Residual additions nobody listed (a branch scaled, a residual dropped or doubled, a sublayer
+    applied twice): the stream after each addition written as a combination of what was added,
+    and of what any further call of attn or mlp returned, when it is one."""
     found = {}
+    more = {f"{name}'s {ORDINALS[k]} call's output": outputs[f"{name}.out.{k}"] for name in ("attn", "mlp")
+            for k in ORDINALS if isinstance(outputs.get(f"{name}.out.{k}"), torch.Tensor)
+            and outputs[f"{name}.out.{k}"].shape == x.shape}
     for key, what, terms, right in (
             ("resid_mid", "the stream ln2 reads", {"x": x, "attn_out": expected["attn.out"]}, "x + attn_out"),
             ("out", "the layer's output", {"(x + attn_out)": expected["resid_mid"], "mlp_out": expected["mlp.out"]},
@@ -115,8 +115,32 @@ def combination_traces(outputs: dict, expected: dict, x: torch.Tensor) -> dict[s
         actual = outputs.get(key)
         if not (isinstance(actual, torch.Tensor) and actual.shape == x.shape and actual.is_floating_point()):
             continue
-        fit = _fit(actual, terms)
-        if fit is not None and not torch.allclose(fit[0], torch.ones_like(fit[0]), atol=1e-3):
-            formula = " + ".join(f"{c:.3g}·{name}" for c, name in zip(fit[0].tolist(), terms) if abs(c) > 1e-3)
-            found[f"{what} is {formula or '0'}, not {right}"] = {key: fit[1]}
+        # A further call that returned what a term is (attn called again on the same input for its
+        # cache) adds nothing to the fit, and would split that term's coefficient in two.
+        further = {name: t for name, t in more.items() if not any(close(t, term) for term in terms.values())}
+        fit = as_combination(actual, {**terms, **further})
+        if fit is None or all(abs(c - (name in terms)) < 1e-3 for name, c in fit.items()):
+            continue
+        repeated = [name for name, c in fit.items() if name in further and abs(c) > 1e-3]
+        line = f"{what} is {combination_words(fit)}, not {right}"
+        if repeated:
+            line = f"{_repeated_words(repeated[0], outputs, expected)}: {line}"
+        found[line] = {key: sum(c * {**terms, **further}[name].double() for name, c in fit.items())}
     return found
+
+
+ORDINALS = {1: "second", 2: "third", 3: "fourth"}
+
+
+def _repeated_words(term: str, outputs: dict, expected: dict) -> str:
+    """"attention is applied twice ...", with what the second call read when that is the stream
+    after the first call's residual (the step repeated as it stands)."""
+    name = term.split("'")[0]
+    sublayer, norm, stream = (("attention", "ln1", "resid_mid") if name == "attn" else ("the MLP", "ln2", "out"))
+    calls = int(outputs.get(f"calls.{name}", 0))
+    said = f"{sublayer} is applied {'twice' if calls == 2 else f'{calls} times'} (self.{name} called {calls}x)"
+    second_input = outputs.get(f"{norm}.in.1")
+    if (name == "attn" and isinstance(second_input, torch.Tensor) and second_input.shape == expected[stream].shape
+            and close(second_input, expected[stream])):
+        said += ": the second time on ln1(x + attn_out), the step x = x + attn(ln1(x)) written twice"
+    return said + "; the layer applies it once"

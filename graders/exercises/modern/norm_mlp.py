@@ -1,5 +1,8 @@
 """Notebook 10, exercises 1 and 3: `RMSNorm` and the `SwiGLU` MLP, judged against transformers'
-LlamaRMSNorm and LlamaMLP loaded with the same seeded weights."""
+LlamaRMSNorm and LlamaMLP loaded with the same seeded weights. A mistake no catalog lists is
+named from the output's properties (graders.exercises.properties): RMSNorm's from how it scales
+with the weight and from each row's direction and length; the MLP's as the reference plus its
+input, times a factor or reordered; a matrix used or declared transposed from its sizes."""
 from __future__ import annotations
 
 import copy
@@ -9,18 +12,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.diagnosis import LIKELY, compare, crash, diagnosis_first, is_crash
 from graders.exercises.modern import reference as ref
+from graders.exercises.properties import (is_constant, named_factor, power_mean_divisor, read_output, row_lengths,
+                                          scaling_degree, transposed_declaration, transposed_operand)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_loaded, run_learner
+from graders.judging.learner import Forbidden, build_loaded, build_module, run_learner
 from graders.judging.tolerance import close_in_half
 from graders.reference.weights import component
 
 NOTEBOOK = "10_modern_decoder"
 DIMS = ("batch", "position", "d_model")
 DEFAULTS = {"text": None, "batch": 2, "seq": 12}
+SIZES = {"d_model": ref.ModernConfig().d_model, "d_mlp": ref.ModernConfig().d_mlp}
 NORM_FORBIDDEN = Forbidden("RMSNorm", targets=[(F, "rms_norm"), (torch, "rms_norm"), (nn.RMSNorm, "forward")],
                            source_words=["F.rms_norm", "torch.rms_norm", "nn.RMSNorm"])
 MLP_FORBIDDEN = Forbidden("the SwiGLU MLP", targets=[(nn.Linear, "forward"), (F, "linear")],
@@ -73,12 +79,32 @@ def _half_input(case: Case) -> torch.Tensor:
 
 def produce_rms_norm(RMSNorm, case: Case, inputs: dict) -> dict:
     cfg = case.config(ref.ModernConfig())
+    inputs = _norm_inputs(case)
+    _unwritten_first("RMSNorm", RMSNorm, cfg, inputs[0])
     norm = build_loaded("RMSNorm", RMSNorm, cfg, component(weights(case.seed), "blocks.1.ln1"))
-    outputs = {f"out_{i}": run_learner("RMSNorm", norm, x, forbidden=NORM_FORBIDDEN)
-               for i, x in enumerate(_norm_inputs(case))}
+    outputs = {f"out_{i}": run_learner("RMSNorm", norm, x, forbidden=NORM_FORBIDDEN) for i, x in enumerate(inputs)}
+    # How the output scales with the weight (read_rms_norm): the first stream, the weight doubled.
+    doubled = {name: 2 * w for name, w in component(weights(case.seed), "blocks.1.ln1").items()}
+    try:
+        outputs["out_w_doubled"] = run_learner("RMSNorm", build_loaded("RMSNorm", RMSNorm, cfg, doubled), inputs[0],
+                                               forbidden=NORM_FORBIDDEN)
+    except CheckFailed as failure:   # a module that runs on the real weights only is judged without it
+        if not is_crash(failure):
+            raise
     outputs["half_out"] = run_learner("RMSNorm (a float16 model)", norm.half(), _half_input(case),
                                       forbidden=NORM_FORBIDDEN)
     return outputs
+
+
+def _unwritten_first(what: str, cls, cfg: ref.ModernConfig, x: torch.Tensor) -> None:
+    """An untouched exercise is answered at once: its stub runs, as built, before the seeded
+    weights are made (a second or more on a kernel's first check). Any other failure is left to
+    the check proper, which names it with the weights loaded."""
+    try:
+        run_learner(what, build_module(what, cls, cfg), x, forbidden=NORM_FORBIDDEN)
+    except CheckFailed as failure:
+        if getattr(failure, "unwritten", False):
+            raise
 
 
 def rms_norm_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
@@ -110,6 +136,37 @@ def rms_norm_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
     return found
 
 
+def read_rms_norm(actual: torch.Tensor, outputs: dict, x: torch.Tensor, expected: torch.Tensor,
+                  eps: float) -> str | None:
+    """A mistake nobody listed, named from the output's properties: how it scales with the
+    weight (once, as x / rms(x) * w does), then whether each row keeps its direction and, if so,
+    what its length says x was divided by."""
+    doubled = outputs.get("out_w_doubled")
+    degree = scaling_degree(actual, doubled, 2.0) if isinstance(doubled, torch.Tensor) else None
+    if degree is not None and abs(degree) < 1e-3:
+        return ("your output does not change when the weight w is doubled: w is applied before normalising, "
+                "and the normalisation undoes it. Normalise x first, then multiply by w")
+    if degree is not None and abs(degree - 1) > 1e-3:
+        return (f"doubling the weight w multiplies your output by {2 ** degree:.3g}, where it doubles "
+                f"x / rms(x) * w" + (": w is applied twice" if abs(degree - 2) < 1e-3 else
+                                      ": w multiplies the normalised x once"))
+    lengths = row_lengths(actual, expected)
+    if lengths is not None:
+        if is_constant(lengths):
+            return (f"every row points the right way but is {named_factor(lengths.mean().item(), SIZES)} times "
+                    "as long, the same factor everywhere: RMSNorm's output is x / sqrt(mean(x**2) + eps) * w, "
+                    "with no other factor")
+        divisor = (x.double().pow(2).mean(-1) + eps).sqrt().flatten() / lengths
+        what = power_mean_divisor(divisor, x, SIZES)
+        if what:
+            return (f"each row's direction is right but its length is not: x is divided by {what}; RMSNorm "
+                    "divides by the root mean square, sqrt(mean(x**2) + eps)")
+        return (f"each row's direction is right but its length is not (off by a factor from "
+                f"{lengths.min().item():.3g} to {lengths.max().item():.3g}, changing from row to row): what x is "
+                "divided by is not sqrt(mean(x**2) + eps)")
+    return None
+
+
 def _hf_norm(case: Case, eps: float) -> nn.Module:
     norm = copy.deepcopy(hf_model(case.seed).model.layers[1].input_layernorm)
     norm.variance_epsilon = eps
@@ -125,7 +182,8 @@ def judge_rms_norm(case: Case, outputs: dict) -> None:
             expected = hf_norm(x)
         compare(f"RMSNorm on {what} {list(x.shape)}", outputs.get(f"out_{i}"), expected, DIMS,
                 mistakes=lambda: rms_norm_mistakes(x, w, eps),
-                hint="x / sqrt(mean(x**2 over d_model) + eps) * w, in float32.")
+                hint="x / sqrt(mean(x**2 over d_model) + eps) * w, in float32.",
+                reading=None if i else lambda actual: read_rms_norm(actual, outputs, x, expected, eps))
     _judge_half(outputs.get("half_out"), hf_norm, _half_input(case))
 
 
@@ -162,8 +220,22 @@ def _mlp_input(case: Case) -> torch.Tensor:
 
 
 def produce_swiglu(SwiGLU, case: Case, inputs: dict) -> dict:
-    mlp = build_loaded("SwiGLU", SwiGLU, ref.ModernConfig(), component(weights(case.seed), f"blocks.{case.block}.mlp"))
-    return {"out": run_learner("SwiGLU", mlp, _mlp_input(case), forbidden=MLP_FORBIDDEN)}
+    part = component(weights(case.seed), f"blocks.{case.block}.mlp")
+    try:
+        mlp = build_loaded("SwiGLU", SwiGLU, ref.ModernConfig(), part)
+    except CheckFailed as failure:
+        declared = transposed_declaration(str(failure))
+        if declared is None:
+            raise
+        raise CheckFailed(f"{str(failure).splitlines()[0]} {LIKELY} {declared}.\n"
+                          + "\n".join(str(failure).splitlines()[1:])) from None
+    try:
+        return {"out": run_learner("SwiGLU", mlp, _mlp_input(case), forbidden=MLP_FORBIDDEN)}
+    except CheckFailed as failure:
+        used = transposed_operand(str(failure), {name: tuple(w.shape) for name, w in part.items()})
+        if used is None or not is_crash(failure):
+            raise
+        raise crash("SwiGLU", failure, "an input " + str(list(_mlp_input(case).shape)), used) from failure.__cause__
 
 
 # Activations a gate might be given, by name: the one the output matches is named.
@@ -211,7 +283,8 @@ def judge_swiglu(case: Case, outputs: dict) -> None:
         expected = hf_model(case.seed).model.layers[case.block].mlp(x)
     compare(f"SwiGLU on an input {list(x.shape)}", outputs.get("out"), expected, DIMS,
             mistakes=lambda: swiglu_mistakes(x, component(weights(case.seed), f"blocks.{case.block}.mlp")),
-            hint="(silu(x @ W_gate) * (x @ W_up)) @ W_down, no biases.")
+            hint="(silu(x @ W_gate) * (x @ W_up)) @ W_down, no biases.",
+            reading=lambda actual: read_output(actual, expected, x, "the MLP", DIMS, SIZES))
 
 
 swiglu_exercise = Exercise(NOTEBOOK, "SwiGLU", produce_swiglu, diagnosis_first(judge_swiglu),

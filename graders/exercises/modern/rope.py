@@ -4,7 +4,8 @@ apply_rotary_pos_emb, for Llama 2's base (10,000) and Llama 3's (500,000).
 
 First the frequency table; then a property of the learner's two functions together: shifting
 every position by the same offset leaves the scores q·k unchanged (they depend on m - n only);
-then the rotation itself.
+then the rotation itself. A rotation no listed mistake explains is read from apply_rope's matrix
+at each position (it is linear in x), fitted as x' * cos + r(x) * sin (`read_rotation`).
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from dataclasses import replace
 
 import torch
 
-from graders.exercises.diagnosis import LIKELY, compare, diagnosis_first
+from graders.exercises.diagnosis import LIKELY, compare, diagnosis_first, is_crash
 from graders.exercises.modern import reference as ref
 from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK
+from graders.exercises.properties import axis_reordered, signed_map
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
@@ -58,6 +60,11 @@ def produce(learner, case: Case, inputs: dict) -> dict:
         outputs[f"cos_{theta:g}"], outputs[f"sin_{theta:g}"] = cos, sin
     cos, sin = rotation_table(case)
     outputs["q_rotated"] = run_learner("RoPE (apply_rope)", apply_rope, q, cos, sin, forbidden=FORBIDDEN)
+    try:   # what read_rotation reads; a style it does not run in is judged without it
+        outputs["map"] = run_learner("RoPE (apply_rope)", apply_rope, *_map_inputs(), forbidden=FORBIDDEN)
+    except CheckFailed as failure:
+        if not is_crash(failure):
+            raise
     for name, start in (("scores", 0), ("scores_shifted", offset(case))):
         cos, sin = _pair(run_learner("RoPE (rope_cos_sin)", rope_cos_sin, positions + start, D_HEAD, THETAS[0],
                                      forbidden=FORBIDDEN))
@@ -168,6 +175,50 @@ def _wrapped(angles: torch.Tensor) -> torch.Tensor:
     return torch.remainder(angles + math.pi, 2 * math.pi) - math.pi
 
 
+MAP_POSITIONS = 8
+
+
+def _map_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the matrix apply_rope applies is read from: x [d_head, 1, MAP_POSITIONS, d_head] whose
+    batch item j is the unit vector e_j at every position, and a table of random angles (each
+    twice, the halves layout), so that every position has its own cos and sin."""
+    angles = torch.rand(MAP_POSITIONS, D_HEAD // 2, generator=torch.Generator().manual_seed(77)) * 2 * math.pi
+    angles = torch.cat([angles, angles], -1)
+    x = torch.eye(D_HEAD)[:, None, None, :].expand(D_HEAD, 1, MAP_POSITIONS, D_HEAD).contiguous()
+    return x, angles.cos(), angles.sin()
+
+
+def read_rotation(basis_out) -> str | None:
+    """What the learner's apply_rope does, read from its matrix at each position (output i =
+    sum_j M_m[i, j] x[j]): written as x' * cos + r(x) * sin with x' and r fixed rearrangements of
+    x, fitted over positions, and whether M_m is a rotation at all."""
+    _, cos, sin = _map_inputs()
+    if not (isinstance(basis_out, torch.Tensor) and basis_out.shape == (D_HEAD, 1, MAP_POSITIONS, D_HEAD)):
+        return None
+    maps = basis_out[:, 0].double().permute(1, 2, 0)                   # [position m, output i, input j]
+    a, b = torch.empty(D_HEAD, D_HEAD, dtype=torch.float64), torch.empty(D_HEAD, D_HEAD, dtype=torch.float64)
+    for i in range(D_HEAD):
+        design = torch.stack([cos[:, i], sin[:, i]], 1).double()        # [position, 2]
+        a[i], b[i] = torch.linalg.lstsq(design, maps[:, i, :]).solution
+    fitted = cos.double()[:, :, None] * a + sin.double()[:, :, None] * b
+    if (fitted - maps).abs().max() > 1e-4:
+        return None
+    kept, turned = signed_map(a), signed_map(b)
+    if kept is None or turned is None:
+        return None
+    lengths = (maps @ maps.transpose(1, 2) - torch.eye(D_HEAD, dtype=torch.float64)).abs().max() > 1e-4
+    mixes = (maps.abs() > 1e-6).sum(-1).max() == 1
+    effect = (" It mixes no two dimensions: each is only scaled (by cos ± sin), so nothing turns." if mixes else
+              " That is not a rotation: it changes the vectors' lengths." if lengths else "")
+    right = ref.rotate_half(torch.eye(D_HEAD, dtype=torch.float64)).T          # rotate_half as a matrix
+    if kept != "cat([x1, x2])":
+        return (f"your apply_rope computes {kept} * cos + {turned} * sin (x1, x2: the halves of x), where it is "
+                f"x * cos + rotate_half(x) * sin with rotate_half(x) = cat([-x2, x1]).{effect}")
+    order = (" (its two halves in the wrong order)" if torch.equal(b.round().roll(D_HEAD // 2, 0), right) else "")
+    return (f"your rotate_half(x) is {turned}{order}, where it is cat([-x2, x1]) (x1, x2: the halves of "
+            f"x).{effect}")
+
+
 def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
     half = D_HEAD // 2
     return {
@@ -193,8 +244,16 @@ def judge(case: Case, outputs: dict) -> None:
                         mistakes=lambda i=i: {why: pair[i] for why, pair in table_mistakes(positions, theta).items()},
                         hint="angle[m, j] = m * theta ** (-2i / d_head) with i = j mod (d_head / 2).")
             except CheckFailed as failed:
+                actual, named = outputs.get(f"{name}_{theta:g}"), LIKELY in str(failed)
+                reordered = None if named or not isinstance(actual, torch.Tensor) else axis_reordered(
+                    actual, expected[i], TABLE_DIMS)
                 localised = table_localised(outputs.get(f"cos_{theta:g}"), outputs.get(f"sin_{theta:g}"),
-                                            positions, theta, named=LIKELY in str(failed))
+                                            positions, theta, named=named or reordered is not None)
+                if reordered:
+                    localised.insert(0, f"  {LIKELY} your {name} table is the right one, {reordered}"
+                                        + (": the frequencies run from the slowest to the fastest"
+                                           if "d_head axis" in reordered and "reversed" in reordered
+                                           else ""))
                 raise CheckFailed("\n".join([str(failed), *localised])) from None
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -202,7 +261,8 @@ def judge(case: Case, outputs: dict) -> None:
     cos, sin = rotation_table(case)
     expected, _ = apply_rotary_pos_emb(q, k, cos[None], sin[None])
     compare(f"apply_rope(q {list(q.shape)}, cos and sin of seeded angles)", outputs.get("q_rotated"), expected, X_DIMS,
-            mistakes=lambda: rotation_mistakes(q, cos, sin), hint="x * cos + rotate_half(x) * sin.")
+            mistakes=lambda: rotation_mistakes(q, cos, sin), hint="x * cos + rotate_half(x) * sin.",
+            reading=lambda actual: read_rotation(outputs.get("map")))
     compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
             "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
             hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
