@@ -59,10 +59,9 @@ def inputs(case: Case) -> dict[str, torch.Tensor]:
     return {name: value.contiguous() for name, value in _weights(case.seed).items()}
 
 
-def tied_model(cfg, unembed_class, seed: int, what: str = "TiedUnembed", weights: dict | None = None) -> nn.Module:
-    """A course DemoTransformer whose unembedding is `unembed_class(model.embed)`, with seeded
-    weights (`weights`, else made here) written in place (so that whatever shares W_E's memory
-    sees them)."""
+def tied_model(cfg, unembed_class, seed: int, weights: dict, what: str = "TiedUnembed") -> nn.Module:
+    """A course DemoTransformer whose unembedding is `unembed_class(model.embed)`, with the seeded
+    `weights` written in place (so that whatever shares W_E's memory sees them)."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = components.DemoTransformer(cfg)
@@ -73,7 +72,7 @@ def tied_model(cfg, unembed_class, seed: int, what: str = "TiedUnembed", weights
                           f"[{cfg.d_vocab}] (got {type(bias).__name__}"
                           f"{'' if bias is None else ' of shape ' + str(list(bias.shape))}).")
     with torch.no_grad():
-        for name, value in (_weights(seed) if weights is None else weights).items():
+        for name, value in weights.items():
             target = bias if name == "unembed.b_U" else model.get_parameter(name)
             target.copy_(value)
     return model
@@ -97,7 +96,7 @@ def _step(model, tokens, targets) -> torch.Tensor:
 
 def produce(TiedUnembed, case: Case, inputs: dict) -> dict:
     cfg = block_config()
-    model = tied_model(cfg, TiedUnembed, case.seed, weights=inputs)
+    model = tied_model(cfg, TiedUnembed, case.seed, inputs)
     tokens, targets = _data(case, cfg)
     W_E = model.embed.W_E
     entries = [t for n, t in model.state_dict().items()
@@ -136,8 +135,8 @@ def judge(case: Case, outputs: dict) -> None:
                "drop, each gets only part of the gradient, and Adam would keep two sets of statistics "
                "for one matrix. Reuse the parameter object itself: `self.W_E = embed.W_E`."
                if extra == d_vocab * d_model else ""))
-    reference = tied_model(cfg, TiedUnembed, case.seed)
-    detached = tied_model(cfg, _Detached, case.seed)
+    reference = tied_model(cfg, TiedUnembed, case.seed, _weights(case.seed))
+    detached = tied_model(cfg, _Detached, case.seed, _weights(case.seed))
     with torch.no_grad():
         logits = reference(tokens)
         x = reference.ln_final(_resid(reference, tokens))

@@ -53,6 +53,7 @@ def _crash_named(failure: CheckFailed) -> str | None:
 
 
 def produce_decode(decode, case: Case, inputs: dict) -> dict:
+    DECODE_PARTS["byte_decoder"].fill()
     ids, out = inputs["ids"].tolist(), {}
     for i, run in enumerate([ids, *([token] for token in inputs["partial"].tolist())]):
         try:
@@ -145,7 +146,7 @@ def judge_decode(case: Case, outputs: dict) -> None:
                           f"{expected[max(0, at - 10):at + 10]!r}. {_diagnosis(run, theirs, expected, at)}")
 
 
-DECODE_PARTS = {"byte_decoder": CourseTable({c: b for b, c in ref.bytes_to_unicode().items()}),
+DECODE_PARTS = {"byte_decoder": CourseTable(lambda: {c: b for b, c in ref.bytes_to_unicode().items()}),
                 "bytes_to_unicode": ref.bytes_to_unicode}
 decode_exercise = Exercise(NOTEBOOK, "decode", with_course_functions(produce_decode, DECODE_PARTS), judge_decode,
                            inputs=inputs_decode, forbidden=(TIKTOKEN,), defaults={"text": None},
