@@ -164,15 +164,21 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     return result, notebook
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
 def graders_snapshot() -> dict[Path, bytes]:
     """The bytes of every file of the graders package, compiled files included (a planted .pyc
     stamped like its source would be loaded by the next grading run). Every module is compiled
     first, so that this process's own later imports write nothing new."""
     import compileall
 
-    package = Path(__file__).resolve().parents[1]
-    compileall.compile_dir(package, quiet=2)
-    return {p: p.read_bytes() for p in sorted(package.rglob("*")) if p.is_file()}
+    compileall.compile_dir(_PACKAGE, quiet=2)
+    return _package_files()
+
+
+def _package_files() -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(_PACKAGE.rglob("*")) if p.is_file()}
 
 
 def changed_graders(snapshot: dict[Path, bytes]) -> list[str]:
@@ -182,7 +188,6 @@ def changed_graders(snapshot: dict[Path, bytes]) -> list[str]:
     before learner code ran, and rewriting files could undo an instructor's own edit. The
     change is reported so that the instructor can see it and restore the files.
     """
-    package = Path(__file__).resolve().parents[1]
-    now = {p: p.read_bytes() for p in sorted(package.rglob("*")) if p.is_file()}
-    return sorted({str(p.relative_to(package)) for p in snapshot.keys() | now.keys()
+    now = _package_files()
+    return sorted({str(p.relative_to(_PACKAGE)) for p in snapshot.keys() | now.keys()
                    if snapshot.get(p) != now.get(p)})

@@ -28,7 +28,7 @@ from graders.judging.provenance import allowed_code, given_parts
 SEALED_ERROR = "CourseCodeSealed"
 
 
-def exercises_of(notebook: str) -> list:
+def _exercises_of(notebook: str) -> list:
     from graders.exercises import grader_module
     from graders.judging.exercise import _REGISTRY
 
@@ -67,7 +67,7 @@ def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, se
         for entry in declaration.implementations:
             file, _, symbol = entry.partition(":")
             add(PACKAGE / file, symbol)
-        for exercise in exercises_of(name):
+        for exercise in _exercises_of(name):
             for fn in (exercise.judge, exercise.inputs):
                 found = _function_name(fn)
                 if found:
