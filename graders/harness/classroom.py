@@ -40,10 +40,11 @@ EVENTS = "gpt2-grading"   # Dask event topic: a worker names the notebook it sta
 
 # --- One task: runs on a Dask worker --------------------------------------------------------
 
-def grade_task(submission: Submission, limits) -> dict:
-    """Grade one handed-in notebook: {"entry": its results.json entry (without the submission
-    key), "notebook": the annotated notebook (JSON), "feedback": its feedback page}. Never
-    raises: an unreadable notebook, or the grader's own failure, is reported as such."""
+def grade_task(submission: Submission, limits, kernels_at_once: int = 1) -> dict:
+    """Grade one handed-in notebook (its kernels up to `kernels_at_once` at a time): {"entry":
+    its results.json entry (without the submission key), "notebook": the annotated notebook
+    (JSON), "feedback": its feedback page}. Never raises: an unreadable notebook, or the
+    grader's own failure, is reported as such."""
     import nbformat
 
     from graders.harness import grading
@@ -64,7 +65,7 @@ def grade_task(submission: Submission, limits) -> dict:
         try:
             with scratch_dir() as workdir:
                 result, executed = grading.grade_notebook(submission.student, name, submission.path,
-                                                          workdir, limits)
+                                                          workdir, limits, kernels_at_once=kernels_at_once)
             cells, flags, answered = result.to_json()["cells"], result.flags, answers(executed)
             # `nbgrader generate_feedback` makes the learner's page from the autograded notebook:
             # copy notes stay in the report and the gradebook's comment (as graders.harness.autograde)
@@ -192,11 +193,13 @@ def _grade_on_cluster(todo: list[Submission], limits, workers: int, scheduler: s
     cluster = None if scheduler else LocalCluster(
         n_workers=workers, threads_per_worker=1, processes=True, memory_limit=0, dashboard_address=":0")
     client = Client(scheduler or cluster)
+    # The workers keep the cores busy; a lone local worker may run a notebook's kernels two at a time.
+    kernels_at_once = 2 if cluster and workers == 1 else 1
     progress = Progress(len(todo))
     try:
         client.subscribe_topic(EVENTS, progress.announced)
-        futures = {client.submit(grade_task, s, limits, pure=False, key=f"grade-{s.student}-{s.notebook}"): s
-                   for s in todo}
+        futures = {client.submit(grade_task, s, limits, kernels_at_once, pure=False,
+                                 key=f"grade-{s.student}-{s.notebook}"): s for s in todo}
         for future in as_completed(futures):
             submission = futures[future]
             try:

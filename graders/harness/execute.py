@@ -29,6 +29,7 @@ OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches 
 
 
 def _kernel_dir(root: Path, session: Session) -> Path:
+    """The folder of kernelspecs holding this session's kernel."""
     spec = root / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
@@ -36,7 +37,7 @@ def _kernel_dir(root: Path, session: Session) -> Path:
                  "-f", "{connection_file}"],
         # Interrupted by a message: a signal would reach bubblewrap, not the kernel inside it.
         "display_name": "GPT-2 course sandbox", "language": "python", "interrupt_mode": "message"}))
-    return root
+    return root / "kernels"
 
 
 def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
@@ -58,8 +59,9 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     session = Session(records, inputs_dir, demonstrations and records is None, tuple(given))
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
         # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
-        # rewrite would start the next kernel as root.
-        os.environ["JUPYTER_PATH"] = str(_kernel_dir(Path(private), session))
+        # rewrite would start the next kernel as root. Found by this kernel's manager only (not
+        # through JUPYTER_PATH): other kernels of the same grading may be starting meanwhile.
+        specs = _kernel_dir(Path(private), session)
         env, config = sandbox_env(workdir), {}
         if confined_to is not None:
             from graders.harness.sandbox_kernel import PLAN_ENV
@@ -73,11 +75,11 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
-            return _run_kernels(notebook, records, workdir, limits, env, config, tests, stop)
+            return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop)
         # Unix sockets in this private folder rather than TCP on localhost: no other user can
         # connect, and the kernel has no plain-text TCP to warn about.
         config = {"KernelManager": {"transport": "ipc", "ip": str(Path(private) / "kernel")}}
-        return _run_kernels(notebook, records, workdir, limits, env, config, tests, stop)
+        return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop)
 
 
 def _test_cell_prelude(grade_id: str) -> str:
@@ -85,7 +87,10 @@ def _test_cell_prelude(grade_id: str) -> str:
     return f"from graders.judging.session import enter_cell as _enter_cell; _enter_cell({grade_id!r})\n"
 
 
-def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, tests=None, stop=False) -> dict[int, str]:
+def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, specs: Path, tests=None,
+                 stop=False) -> dict[int, str]:
+    from jupyter_client import AsyncKernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
@@ -108,8 +113,11 @@ def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, te
             cells.append(cell)
         batch = nbformat.v4.new_notebook(cells=cells, metadata=notebook.metadata)
         current = {"index": None}
+        manager = AsyncKernelManager(kernel_name=KERNEL_NAME, config=Config(config),
+                                     kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
         client = NotebookClient(
-            batch, timeout=limits.ordinary, timeout_func=limits.of, kernel_name=KERNEL_NAME, allow_errors=True,
+            batch, km=manager, timeout=limits.ordinary, timeout_func=limits.of, kernel_name=KERNEL_NAME,
+            allow_errors=True,
             interrupt_on_timeout=True, startup_timeout=120,
             # Every cell has run and its outputs and records are in: a kernel asked to shut
             # down took 1-2.5 s to exit (torch's teardown), at 2.5 s being sent SIGTERM.

@@ -6,8 +6,8 @@
    This imports every exercise module the judge needs before any learner code runs.
 3. Prepare: each listed check's inputs, computed here from the reference and written where the
    kernel can read them. Expected outputs never leave this process.
-4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel, or in several one
-   after the other when a check runs course code that another check's answer is
+4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel, or in several side by
+   side when a check runs course code that another check's answer is
    (graders.harness.kernel_plan); test cells record what the learner's code produced
    (graders.judging.records).
 5. Judge: each recorded output, found by its check id, with `graders.judging.verdict.decide`
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -108,8 +109,13 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: dict[str
 
 
 def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
-                   limits: TimeLimits = TimeLimits(), flags: list[str] | None = None) -> tuple[NotebookResult, object]:
-    """Grade one student's notebook; returns the result and the executed, restored notebook."""
+                   limits: TimeLimits = TimeLimits(), flags: list[str] | None = None,
+                   kernels_at_once: int = 2) -> tuple[NotebookResult, object]:
+    """Grade one student's notebook; returns the result and the executed, restored notebook.
+
+    A notebook graded in several kernels runs up to `kernels_at_once` of them at the same time
+    (each is one process in a sandbox of its own, with folders of its own); a class pipeline
+    that already keeps every core busy passes 1."""
     source = source_notebook(name)
     result = NotebookResult(student, name, flags=list(flags or []))
     if path is None:
@@ -124,7 +130,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         result.flags.append(f"the notebook could not be read ({type(err).__name__}); graded as empty")
     notebook, restore_flags = restore(submission, source)
     released = released_notebook(name)
-    result.flags += restore_flags + copy_flags(notebook, released)
+    result.flags += restore_flags
     inputs = workdir / "inputs"
     wanted = notebook_checks(name)
     prepare_inputs(wanted, inputs)
@@ -133,35 +139,55 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         warnings.warn(unconfined_notice(unavailable), RuntimeWarning, stacklevel=2)
     files = None if unavailable else kernel_files(inputs)
     before = graders_snapshot()
-    recorded, problems = {}, {}
-    for number, group in enumerate(kernel_groups(name)):
+    groups = kernel_groups(name)
+    # The kernels write outputs into their own copies; the first into `notebook`, which is returned.
+    copies = [notebook] + [copy.deepcopy(notebook) for _ in groups[1:]]
+    views = [None if unavailable else kernel_package(name, group) for group in groups]   # made here, not in threads
+
+    def run_kernel(number: int) -> dict[int, str]:
         # Each kernel has folders of its own: none sees, nor can prepare, another's.
         home, records = workdir / f"kernel-{number}", workdir / f"records-{number}"
         for folder in (home, records):
             folder.mkdir(parents=True)
-        later = number > 0   # runs the notebook only as far as its last test cell
-        run_notebook = copy.deepcopy(notebook) if later else notebook
-        found = run(run_notebook, records, home, limits, files, inputs, given=given_part_names(name),
-                    view=None if unavailable else kernel_package(name, group), tests=set(group), stop=later)
-        graded_here = {i for i, c in enumerate(notebook.cells)
-                       if is_test_cell(c) and nbgrader_meta(c)["grade_id"] in group}
-        problems.update({i: p for i, p in found.items() if not later or i in graded_here})
-        recorded.update({check: r for check, r in load_records(records).items() if check.split("/")[0] in group})
-        for i in graded_here if later else ():   # a test cell shows what it printed in its own kernel
-            notebook.cells[i]["outputs"] = run_notebook.cells[i].get("outputs", [])
+        return run(copies[number], records, home, limits, files, inputs, given=given_part_names(name),
+                   view=views[number],
+                   tests=set(groups[number]), stop=number > 0)   # later kernels stop at their last test cell
+
+    sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
+
+    def judged(number: int, problems: dict[int, str]) -> dict[int, CellResult]:
+        """The results of the test cells kernel `number` grades, from its records only (judged
+        here as soon as it ends, while the others may still run)."""
+        ran, records = copies[number], load_records(workdir / f"records-{number}")
+        results = {}
+        for index, cell in enumerate(ran.cells):
+            if is_test_cell(cell) and (grade_id := nbgrader_meta(cell)["grade_id"]) in groups[number]:
+                mine = {check: r for check, r in records.items() if check.split("/")[0] == grade_id}
+                results[index] = judge_cell(sources[grade_id], wanted[grade_id], mine, problems.get(index),
+                                            cell_error(cell), learner_code(ran, released, grade_id))
+        return results
+
+    results: dict[int, CellResult] = {}
+    with ThreadPoolExecutor(max_workers=1) as aside, ThreadPoolExecutor(max_workers=max(1, kernels_at_once)) as pool:
+        copied = aside.submit(copy_flags, copy.deepcopy(notebook), released)   # while the kernels run
+        kernels = {pool.submit(run_kernel, number): number for number in range(len(groups))}
+        for done in as_completed(kernels):
+            results.update(judged(kernels[done], done.result()))
+        result.flags += copied.result()
+    for number in range(1, len(groups)):   # a test cell shows what it printed in its own kernel
+        for index in results.keys() & _test_indices(copies[number], groups[number]):
+            notebook.cells[index]["outputs"] = copies[number].cells[index].get("outputs", [])
     tampered = changed_graders(before)
     if tampered:
         result.flags.append(f"grader files changed while this notebook ran: {tampered}. Its tests "
                             "were judged by the grader as loaded before it ran; check those files "
                             "(e.g. `git status graders/`) before grading more.")
-    sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
-    for index, cell in enumerate(notebook.cells):
-        if is_test_cell(cell):
-            grade_id = nbgrader_meta(cell)["grade_id"]
-            result.cells.append(judge_cell(sources[grade_id], wanted[grade_id], recorded,
-                                           problems.get(index), cell_error(cell),
-                                           learner_code(notebook, released, grade_id)))
+    result.cells = [results[index] for index in sorted(results)]
     return result, notebook
+
+
+def _test_indices(notebook, group: tuple[str, ...]) -> set[int]:
+    return {i for i, c in enumerate(notebook.cells) if is_test_cell(c) and nbgrader_meta(c)["grade_id"] in group}
 
 
 _PACKAGE = Path(__file__).resolve().parents[1]

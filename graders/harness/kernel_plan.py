@@ -4,7 +4,7 @@ A check whose `produce` runs course code in the kernel (a composite's supplied p
 model it hands over) makes that code real in its kernel (graders.harness.kernel_view.kept_real).
 The test cells are put, in notebook order, each into the first kernel where no cell's answer is
 real; most notebooks need one kernel, a notebook with composites one or two more. The kernels run
-one after the other, each with folders of its own, and only the records of the cells a kernel
+side by side, each in a sandbox and with folders of its own, and only the records of the cells a kernel
 grades count from it (graders.harness.grading). A check that makes its own answer real cannot be
 graded without it and is listed by `self_answering`, which a test keeps empty.
 
