@@ -5,8 +5,10 @@ nor in what it has loaded; and a kernel writes nothing that outlives it."""
 import importlib
 import inspect
 import json
+import marshal
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from code_search import file_codes, fingerprints, walk_files
@@ -51,16 +53,29 @@ def _kernels():
                     if implementations(answers_of(notebook, group))]
 
 
+def received(notebook, grade_id) -> list:
+    """The code a kernel receives as test cell `grade_id` starts (graders.judging.deliveries)."""
+    data = kernel_view.delivery(notebook, grade_id)
+    return [code for _, code, _ in marshal.loads(data)] if data else []
+
+
 @pytest.mark.parametrize("notebook, group", list(_kernels()))
 def test_no_kernel_holds_the_answer_of_a_check_it_grades(notebook, group):
+    """Not in the graders package the kernel sees, nor in what it has received by the time a
+    test cell runs (its own delivery and those of the cells before it)."""
     wanted = implementations(answers_of(notebook, group))
-    view = kernel_view.kernel_package(notebook, group)
+    view = kernel_view.kernel_package(notebook)
     assert list(view.rglob("*.pyc")), "the view is compiled: a kernel compiles nothing"
     found = set()
     for path in walk_files(str(view), set(wanted)):
         for code in file_codes(path):
             found |= {wanted[f] for f in fingerprints(code) if f in wanted}
     assert found == set()
+    so_far = []
+    for grade_id in group:
+        so_far += received(notebook, grade_id)
+        answers = implementations(kernel_plan.answers(notebook)[grade_id])
+        assert {answers[f] for code in so_far for f in fingerprints(code) if f in answers} == set(), grade_id
 
 
 def test_no_check_needs_its_own_answer_in_its_kernel():
@@ -68,15 +83,18 @@ def test_no_check_needs_its_own_answer_in_its_kernel():
             if kernel_plan.self_answering(nb)} == {}
 
 
-def test_a_composite_is_graded_apart_from_the_parts_it_runs():
-    """10's DecoderLayer check runs the course's RMSNorm, attention and SwiGLU: its kernel is not
-    the one that grades them, and each of those kernels sees that part sealed."""
-    groups = kernel_plan.kernel_groups("10_modern_decoder")
-    layer = next(g for g in groups if "decoder_layer_test" in g)
-    assert not {"rms_norm_test", "gqa_test", "swiglu_test"} & set(layer)
-    assert {"RMSNorm", "GQAttention", "SwiGLU"} <= kernel_plan.real_answers("10_modern_decoder", layer)
-    first = next(g for g in groups if "rms_norm_test" in g)
-    assert "RMSNorm" not in kernel_plan.real_answers("10_modern_decoder", first)
+def test_a_composite_receives_its_parts_after_they_are_graded():
+    """10's DecoderLayer check runs the course's RMSNorm, attention and SwiGLU: the kernel receives
+    them as that cell starts, after the parts' own cells (and the search finds them there: the
+    test above can fail)."""
+    (group,) = kernel_plan.kernel_groups("10_modern_decoder")
+    layer = group.index("decoder_layer_test")
+    assert {"rms_norm_test", "gqa_test", "swiglu_test"} <= set(group[:layer])
+    parts = implementations({"RMSNorm", "GQAttention", "SwiGLU"})
+    found = {parts[f] for code in received("10_modern_decoder", "decoder_layer_test") for f in fingerprints(code)
+             if f in parts}
+    assert {"RMSNorm", "GQAttention", "SwiGLU"} <= found
+    assert received("10_modern_decoder", "rms_norm_test") == []
 
 
 def test_the_search_finds_a_relabelled_copy(tmp_path):
@@ -194,3 +212,39 @@ def test_a_part_real_for_a_composite_is_sealed_where_the_part_is_graded(tmp_path
         .replace("c.LayerNorm.forward(self, residual)", "c.RMSNorm.forward(self, x)").replace("residual", "x")
     cells, _, _ = grade(tmp_path, "10_modern_decoder", with_forward("10_modern_decoder", "rms_norm_answer", forward))
     assert cells["rms_norm_test"].points == 0
+
+
+FORGER = '''# forge
+import importlib, os
+from graders.judging import session
+assert os.path.exists(f"{session.current().deliveries}/decoder_layer_test.delivery")   # the parts received
+provenance = importlib.import_module("graders.judging.provenance")
+provenance.Watch.refusal = lambda *args, **kwargs: None
+provenance.Watch.library_answer = lambda *args, **kwargs: None
+ref = importlib.import_module("graders.exercises.modern.reference")
+records = str(session.current().records)
+for name in os.listdir(records):   # RMSNorm's records, so that the forged ones are the first of their check
+    if name.endswith(".json") and '"rms_norm_test/' in open(f"{records}/{name}").read():
+        for made in (name, name[:-5] + ".safetensors"):
+            if os.path.exists(f"{records}/{made}"):
+                os.remove(f"{records}/{made}")
+cell = next(source for source in In if source.startswith("from") and "_enter_cell('rms_norm_test')" in source)
+exec(cell, {**globals(), "RMSNorm": ref.RMSNorm})
+print("forged")
+'''
+
+
+@CONFINED
+@pytest.mark.slow
+def test_records_made_after_a_cell_ends_do_not_count(tmp_path):
+    """A cell at the end of the notebook, after the kernel received the course's RMSNorm (for 10's
+    DecoderLayer check), reruns the RMSNorm test cell with it, over records it deleted: the wrong
+    RMSNorm still scores 0, because each cell's records are taken as it ends."""
+    from test_integrity import with_forward
+
+    notebook = with_forward("10_modern_decoder", "rms_norm_answer", "    def forward(self, x):\n        return x\n")
+    notebook.cells.insert(len(notebook.cells) - 1, nbformat.v4.new_code_cell(FORGER))   # before progress()
+    cells, _, executed = grade(tmp_path, "10_modern_decoder", notebook)
+    assert "forged" in "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert cells["rms_norm_test"].points == 0
+    assert all(c.points == c.max_points for g, c in cells.items() if g != "rms_norm_test")

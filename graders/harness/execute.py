@@ -43,7 +43,8 @@ def _kernel_dir(root: Path, session: Session) -> Path:
 def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
         demonstrations: bool = True, given: tuple[str, ...] = (),
-        view: Path | None = None, tests: set[str] | None = None, stop: bool = False) -> dict[int, str]:
+        view: Path | None = None, tests: set[str] | None = None, stop: bool = False,
+        around_test_cells: tuple | None = None, deliveries: Path | None = None) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
@@ -54,9 +55,11 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     the demonstration cells skip themselves, as they do in grading. `given` names the notebook's
     given parts for a grading kernel (graders.judging.provenance). With `tests`, only the test
     cells of those grade_ids run (the others are graded in another kernel), and with `stop` no
-    cell after the last of them.
+    cell after the last of them. `around_test_cells` is a pair of callables, each given a test
+    cell's grade_id, called as it starts and when it has run; the kernel takes what the first
+    leaves in `deliveries` (graders.judging.deliveries).
     """
-    session = Session(records, inputs_dir, demonstrations and records is None, tuple(given))
+    session = Session(records, inputs_dir, demonstrations and records is None, tuple(given), deliveries)
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
         # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
         # rewrite would start the next kernel as root. Found by this kernel's manager only (not
@@ -75,11 +78,13 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
-            return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop)
+            return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop,
+                                around_test_cells)
         # Unix sockets in this private folder rather than TCP on localhost: no other user can
         # connect, and the kernel has no plain-text TCP to warn about.
         config = {"KernelManager": {"transport": "ipc", "ip": str(Path(private) / "kernel")}}
-        return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop)
+        return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop,
+                                around_test_cells)
 
 
 def _test_cell_prelude(grade_id: str) -> str:
@@ -88,7 +93,7 @@ def _test_cell_prelude(grade_id: str) -> str:
 
 
 def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, specs: Path, tests=None,
-                 stop=False) -> dict[int, str]:
+                 stop=False, around_test_cells=None) -> dict[int, str]:
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
     from nbclient import NotebookClient
@@ -113,6 +118,16 @@ def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, sp
             cells.append(cell)
         batch = nbformat.v4.new_notebook(cells=cells, metadata=notebook.metadata)
         current = {"index": None}
+        before, after = around_test_cells or (None, None)
+
+        def started(index: int) -> None:
+            current.update(index=index)
+            if before and index in test_indices:
+                before(nbgrader_meta(notebook.cells[index])["grade_id"])
+
+        def ended(index: int) -> None:
+            if after and index in test_indices:
+                after(nbgrader_meta(notebook.cells[index])["grade_id"])
         manager = AsyncKernelManager(kernel_name=KERNEL_NAME, config=Config(config),
                                      kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
         client = NotebookClient(
@@ -123,13 +138,15 @@ def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, sp
             # down took 1-2.5 s to exit (torch's teardown), at 2.5 s being sent SIGTERM.
             shutdown_kernel="immediate",
             resources={"metadata": {"path": str(workdir)}},
-            on_cell_start=lambda cell, cell_index: current.update(index=order[cell_index]),
+            on_cell_start=lambda cell, cell_index: started(order[cell_index]),
+            on_cell_executed=lambda cell, cell_index, execute_reply: ended(order[cell_index]),
             config=Config(config),
         )
         try:
             client.execute(env=env, cwd=str(workdir))
         except DeadKernelError:
             died = current["index"]
+            ended(died)   # what its checks recorded before the kernel died still counts
             problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
                              "segfault, or running out of memory)"
             done.update(i for i in order if i < died and i in test_indices)

@@ -6,10 +6,11 @@
    This imports every exercise module the judge needs before any learner code runs.
 3. Prepare: each listed check's inputs, computed here from the reference and written where the
    kernel can read them. Expected outputs never leave this process.
-4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel, or in several side by
-   side when a check runs course code that another check's answer is
-   (graders.harness.kernel_plan); test cells record what the learner's code produced
-   (graders.judging.records).
+4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel (in several side by
+   side when a test cell would grade course code the kernel received for an earlier one:
+   graders.harness.kernel_plan); test cells record what the learner's code produced
+   (graders.judging.records), and each cell's records are taken as it ends, before the next
+   cell receives the course code its checks run (graders.judging.deliveries).
 5. Judge: each recorded output, found by its check id, with `graders.judging.verdict.decide`
    (what the learner's own check cell calls too). A test cell scores its points only if all
    its checks pass.
@@ -34,7 +35,7 @@ from graders.judging.provenance import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
 from graders.harness.kernel_plan import kernel_groups
-from graders.harness.kernel_view import kernel_package
+from graders.harness.kernel_view import delivery, kernel_package
 from graders.harness.sandbox import confinement_unavailable, kernel_files, unconfined_notice
 
 
@@ -142,23 +143,37 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     groups = kernel_groups(name)
     # The kernels write outputs into their own copies; the first into `notebook`, which is returned.
     copies = [notebook] + [copy.deepcopy(notebook) for _ in groups[1:]]
-    views = [None if unavailable else kernel_package(name, group) for group in groups]   # made here, not in threads
+    # Made here, not in the kernels' threads (ast.parse is not thread-safe in Python 3.11).
+    view = None if unavailable else kernel_package(name)
+    deliveries = {grade_id: delivery(name, grade_id) for group in groups for grade_id in group}
+    taken: list[dict[str, dict]] = [{} for _ in groups]
 
     def run_kernel(number: int) -> dict[int, str]:
         # Each kernel has folders of its own: none sees, nor can prepare, another's.
-        home, records = workdir / f"kernel-{number}", workdir / f"records-{number}"
-        for folder in (home, records):
+        home, records, handed = (workdir / f"{what}-{number}" for what in ("kernel", "records", "deliveries"))
+        for folder in (home, records, handed):
             folder.mkdir(parents=True)
-        return run(copies[number], records, home, limits, files, inputs, given=given_part_names(name),
-                   view=views[number],
-                   tests=set(groups[number]), stop=number > 0)   # later kernels stop at their last test cell
+        handed.chmod(0o755)   # read by the kernel's uid, written by this process only
+
+        def hand_over(grade_id: str) -> None:   # the course code this cell's checks run, as it starts
+            if deliveries[grade_id] is not None:
+                (handed / f"{grade_id}.delivery").write_bytes(deliveries[grade_id])
+
+        def take(grade_id: str) -> None:   # its records, before a later cell receives anything
+            taken[number].update({check: record for check, record in load_records(records).items()
+                                  if check.split("/")[0] == grade_id})
+
+        return run(copies[number], records, home, limits, None if files is None else [*files, handed], inputs,
+                   given=given_part_names(name), view=view, tests=set(groups[number]),
+                   stop=number > 0,   # later kernels stop at their last test cell
+                   around_test_cells=(hand_over, take), deliveries=handed)
 
     sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
 
     def judged(number: int, problems: dict[int, str]) -> dict[int, CellResult]:
         """The results of the test cells kernel `number` grades, from its records only (judged
         here as soon as it ends, while the others may still run)."""
-        ran, records = copies[number], load_records(workdir / f"records-{number}")
+        ran, records = copies[number], taken[number]
         results = {}
         for index, cell in enumerate(ran.cells):
             if is_test_cell(cell) and (grade_id := nbgrader_meta(cell)["grade_id"]) in groups[number]:

@@ -1,10 +1,12 @@
 """In which kernels a notebook is graded: none may hold real the answer of a check it grades.
 
 A check whose `produce` runs course code in the kernel (a composite's supplied parts, a course
-model it hands over) makes that code real in its kernel (graders.harness.kernel_view.kept_real).
-The test cells are put, in notebook order, each into the first kernel where no cell's answer is
-real; most notebooks need one kernel, a notebook with composites one or two more. The kernels run
-side by side, each in a sandbox and with folders of its own, and only the records of the cells a kernel
+model it hands over) makes that code real there (graders.harness.kernel_view.kept_real): the
+kernel receives it as that test cell starts (graders.judging.deliveries), after the records of
+every earlier cell were taken, and holds it from then on. So the test cells are put, in notebook
+order, each into the first kernel where none of its answers is real yet nor made real by its own
+checks. A composite comes after its parts, so most notebooks take one kernel. Several run side by
+side, each in a sandbox and with folders of its own, and only the records of the cells a kernel
 grades count from it (graders.harness.grading). A check that makes its own answer real cannot be
 graded without it and is listed by `self_answering`, which a test keeps empty.
 
@@ -52,13 +54,15 @@ def real_answers(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
 
 
 def _clash(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
-    graded = frozenset().union(*(answers(notebook).get(c, frozenset()) for c in cells))
-    return real_answers(notebook, cells) & graded
+    """The answers graded by the last of `cells` (in notebook order, one kernel's) that are real
+    by the time it runs: received by it or by a cell before it (graders.judging.deliveries)."""
+    real = frozenset().union(*(real_answers(notebook, (c,)) for c in cells))
+    return real & answers(notebook).get(cells[-1], frozenset())
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_groups(notebook: str) -> tuple[tuple[str, ...], ...]:
-    """The test cells (grade_ids) each kernel grades, in the order the kernels run."""
+    """The test cells (grade_ids) each kernel grades, in notebook order."""
     groups: list[tuple[str, ...]] = []
     for grade_id in answers(notebook):
         for i, group in enumerate(groups):

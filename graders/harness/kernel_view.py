@@ -11,14 +11,15 @@ code gets the same refusal as in their own kernel (graders.judging.provenance), 
 implementation is on the kernel's file system, as source or as bytecode: the kernel sees the
 package as a folder of its own (`kernel_package`), compiled from those copies.
 
-Kept real: what the notebook's given cells import and what the checks a kernel grades run in
-it (their `produce`, the parts a composite supplies), with the course functions and classes they
-name. A notebook is graded in as many kernels as it takes for none of them to hold real the
-answer of a check it grades (graders.harness.kernel_plan).
+Kept real: what the notebook's given cells import, with the course functions and classes they
+name. What a test cell's checks run of the sealed code (a composite's parts, a course model
+handed over) reaches the kernel as that cell starts (`delivery`, graders.judging.deliveries),
+and no later test cell of that kernel grades it (graders.harness.kernel_plan).
 """
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -55,15 +56,22 @@ def supplied_parts(exercise) -> tuple:
 def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, set[str]]:
     """The top-level functions and classes, by file, that the kernel grading `cells` of `notebook`
     (grade_ids; None: a kernel that runs no check) sees sealed."""
+    kept = kept_real(notebook, cells)
+    return {path: set(names) - kept.get(path, set()) for path, names in _sealable().items()
+            if set(names) - kept.get(path, set())}
+
+
+@functools.lru_cache(maxsize=None)
+def _sealable() -> dict[Path, frozenset[str]]:
+    """Every course implementation, judge, `inputs` function and mistake catalog, by file."""
     from graders.exercises import declared_notebooks
 
-    declared = declared_notebooks()
     wanted: dict[Path, set[str]] = {}
 
     def add(path: Path, name: str) -> None:
         wanted.setdefault(path, set()).add(name)
 
-    for name, declaration in declared.items():
+    for name, declaration in declared_notebooks().items():
         for entry in declaration.implementations:
             file, _, symbol = entry.partition(":")
             add(PACKAGE / file, symbol)
@@ -76,8 +84,7 @@ def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, se
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_mistakes"):
                 add(path.resolve(), node.name)
-    kept = kept_real(notebook, cells)
-    return {path: names - kept.get(path, set()) for path, names in wanted.items() if names - kept.get(path, set())}
+    return {path: frozenset(names) for path, names in wanted.items()}
 
 
 def cell_exercises(notebook: str, cells: tuple[str, ...] | None) -> list:
@@ -90,6 +97,7 @@ def cell_exercises(notebook: str, cells: tuple[str, ...] | None) -> list:
             for key, _ in listed[grade_id]]
 
 
+@functools.lru_cache(maxsize=None)
 def kept_real(notebook: str, cells: tuple[str, ...] | None) -> dict[Path, set[str]]:
     """What stays real in the kernel grading `cells`: the given parts, and what those cells'
     checks run in the kernel (their `produce`, and the parts a composite supplies), with the
@@ -106,14 +114,45 @@ def kept_real(notebook: str, cells: tuple[str, ...] | None) -> dict[Path, set[st
     return kept
 
 
+def _module_name(path: Path) -> str:
+    name = path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def delivered(notebook: str, grade_id: str) -> dict[Path, set[str]]:
+    """What the kernel's view seals and the checks of test cell `grade_id` run (a composite's
+    course parts, a course model handed over): the kernel receives it as that cell starts."""
+    base, mine = sealed(notebook), sealed(notebook, (grade_id,))
+    return {path: names - mine.get(path, set()) for path, names in base.items() if names - mine.get(path, set())}
+
+
+def delivery(notebook: str, grade_id: str) -> bytes | None:
+    """`delivered(...)`'s real code, marshalled for graders.judging.deliveries: for each module,
+    the code of just those top-level definitions (nothing else of the module runs again)."""
+    import marshal
+
+    found = []
+    for path, names in sorted(delivered(notebook, grade_id).items()):
+        tree = ast.parse(path.read_text())
+        tree.body = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name in names]
+        found.append((_module_name(path), compile(tree, str(path), "exec"), tuple(sorted(names))))
+    return marshal.dumps(found) if found else None
+
+
 def sealed_source(path: Path, names: set[str]) -> str:
     """`path`'s module with the bodies of `names` (top-level functions, and classes' methods)
     replaced by a raise that names them."""
     tree = ast.parse(path.read_text())
-    module = path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", ".")
+    module = _module_name(path)
 
-    def raising(qualname: str) -> list[ast.stmt]:
-        return ast.parse(f"raise {SEALED_ERROR}({module + '.' + qualname!r})").body
+    def raising(qualname: str, method=None) -> list[ast.stmt]:
+        body = ast.parse(f"raise {SEALED_ERROR}({module + '.' + qualname!r})").body
+        uses_class = method is not None and any(isinstance(n, ast.Name) and n.id in ("super", "__class__")
+                                                for n in ast.walk(method))
+        # Never reached; it keeps the `__class__` cell of a method that calls super(), so that a
+        # delivery (graders.judging.deliveries) can hand the method its real code.
+        return body + (ast.parse("__class__").body if uses_class else [])
 
     body = []
     for node in tree.body:
@@ -122,7 +161,7 @@ def sealed_source(path: Path, names: set[str]) -> str:
         elif isinstance(node, ast.ClassDef) and node.name in names:
             methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
             for method in methods:
-                method.body = raising(f"{node.name}.{method.name}")
+                method.body = raising(f"{node.name}.{method.name}", method)
             node.body = methods or [ast.Pass()]
         body.append(node)
     at = next((i for i, n in enumerate(body) if not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
@@ -132,11 +171,12 @@ def sealed_source(path: Path, names: set[str]) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def kernel_package(notebook: str, cells: tuple[str, ...] | None = None) -> Path:
-    """The graders package as the kernel grading `cells` of `notebook` sees it: a folder of its
-    own holding every module, each file that `sealed` names as its sealed copy, compiled (so that
-    no kernel compiles, nor finds a real module's bytecode). Made once per version of the graders and the released
-    notebooks (what decides it), in the course cache; a grading kernel's cache is a fresh folder."""
+def kernel_package(notebook: str) -> Path:
+    """The graders package as `notebook`'s grading kernels see it: a folder of its own holding
+    every module, each file that `sealed` names as its sealed copy, compiled (so that no kernel
+    compiles, nor finds a real module's bytecode). Made once per version of the graders and the
+    released notebooks (what decides it), in the course cache; a grading kernel's cache is a
+    fresh folder."""
     import compileall
     import hashlib
     import os
@@ -150,10 +190,9 @@ def kernel_package(notebook: str, cells: tuple[str, ...] | None = None) -> Path:
     digest = hashlib.sha256()
     for path in sources + sorted(EXERCISES.glob("*.ipynb")):
         digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
-    group = hashlib.sha256(repr(sorted(cells or ())).encode()).hexdigest()[:10]
-    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / f"{notebook}-{group}"
+    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / notebook
     if not folder.is_dir():
-        seal = sealed(notebook, cells)
+        seal = sealed(notebook)
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{notebook}."))
         for path in sources:
             copy = staging / path.relative_to(PACKAGE)

@@ -36,6 +36,7 @@ class Session:
     inputs: Path | None = None       # ... and finds each check's inputs here
     demonstrations: bool = True
     given: tuple = ()                # a grading kernel's notebook's given parts (provenance)
+    deliveries: Path | None = None   # ... and receives the course code a test cell's checks run here
 
     @property
     def recording(self) -> bool:
@@ -48,7 +49,7 @@ class Session:
     def from_json(cls, text: str) -> "Session":
         fields = json.loads(text)
         fields["given"] = tuple(fields.get("given", ()))
-        return cls(**{k: (Path(v) if k in ("records", "inputs") and v else v) for k, v in fields.items()})
+        return cls(**{k: (Path(v) if k in ("records", "inputs", "deliveries") and v else v) for k, v in fields.items()})
 
 
 _session = Session()
@@ -67,9 +68,14 @@ def install(session: Session) -> None:
 
 
 def enter_cell(grade_id: str) -> None:
-    """The harness's line before each test cell of a grading kernel."""
+    """The harness's line before each test cell of a grading kernel: it takes the course code the
+    cell's checks run, when the grader has handed it over (graders.judging.deliveries)."""
     global _test_cell, _checks_in_cell
     _test_cell, _checks_in_cell = grade_id, 0
+    if _session.deliveries is not None:
+        from graders.judging.deliveries import receive
+
+        receive(_session.deliveries / f"{grade_id}.delivery")
 
 
 def next_check_id() -> str | None:
