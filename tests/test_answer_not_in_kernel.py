@@ -64,7 +64,7 @@ def test_no_kernel_holds_the_answer_of_a_check_it_grades(notebook, group):
     """Not in the graders package the kernel sees, nor in what it has received by the time a
     test cell runs (its own delivery and those of the cells before it)."""
     wanted = implementations(answers_of(notebook, group))
-    view = kernel_view.kernel_package(notebook)
+    view, _ = kernel_view.kernel_package(notebook)
     assert list(view.rglob("*.pyc")), "the view is compiled: a kernel compiles nothing"
     found = set()
     for path in walk_files(str(view), set(wanted)):

@@ -35,7 +35,7 @@ from graders.judging.provenance import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
 from graders.harness.kernel_plan import kernel_groups
-from graders.harness.kernel_view import delivery, kernel_package
+from graders.harness.kernel_view import kernel_package
 from graders.harness.sandbox import confinement_unavailable, kernel_files, unconfined_notice
 
 
@@ -144,8 +144,8 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     # The kernels write outputs into their own copies; the first into `notebook`, which is returned.
     copies = [notebook] + [copy.deepcopy(notebook) for _ in groups[1:]]
     # Made here, not in the kernels' threads (ast.parse is not thread-safe in Python 3.11).
-    view = None if unavailable else kernel_package(name)
-    deliveries = {grade_id: delivery(name, grade_id) for group in groups for grade_id in group}
+    view, deliveries = kernel_package(name, tuple(g for group in groups for g in group))
+    view = None if unavailable else view
     taken: list[dict[str, dict]] = [{} for _ in groups]
 
     def run_kernel(number: int) -> dict[int, str]:

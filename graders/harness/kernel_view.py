@@ -81,7 +81,8 @@ def _sealable() -> dict[Path, frozenset[str]]:
                 if found:
                     add(*found)
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.parse(path.read_text()).body:
+        source = path.read_text()
+        for node in ast.parse(source).body if "_mistakes" in source else ():
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_mistakes"):
                 add(path.resolve(), node.name)
     return {path: frozenset(names) for path, names in wanted.items()}
@@ -171,14 +172,16 @@ def sealed_source(path: Path, names: set[str]) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def kernel_package(notebook: str) -> Path:
-    """The graders package as `notebook`'s grading kernels see it: a folder of its own holding
-    every module, each file that `sealed` names as its sealed copy, compiled (so that no kernel
-    compiles, nor finds a real module's bytecode). Made once per version of the graders and the
-    released notebooks (what decides it), in the course cache; a grading kernel's cache is a
-    fresh folder."""
+def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path, dict[str, bytes | None]]:
+    """The graders package as `notebook`'s grading kernels see it, and the `delivery` of each of
+    `grade_ids`. The package is a folder of its own holding every module, each file that `sealed`
+    names as its sealed copy, compiled (so that no kernel compiles, nor finds a real module's
+    bytecode). Both are made once per version of the graders and the released notebooks (what
+    decides them), in the course cache, the deliveries beside the folder (never in it: a kernel
+    sees the folder); a grading kernel's own cache is a fresh folder."""
     import compileall
     import hashlib
+    import marshal
     import os
     import shutil
     import tempfile
@@ -208,4 +211,11 @@ def kernel_package(notebook: str) -> Path:
             os.rename(staging, folder)
         except OSError:   # another grader made it meanwhile: theirs is the same
             shutil.rmtree(staging, ignore_errors=True)
-    return folder
+    made = folder.with_name(f"{notebook}.deliveries")
+    known = marshal.loads(made.read_bytes()) if made.is_file() else {}
+    if not set(grade_ids) <= known.keys():
+        known |= {grade_id: delivery(notebook, grade_id) for grade_id in grade_ids}
+        staging = Path(tempfile.mkstemp(dir=folder.parent, prefix=f".{notebook}.")[1])
+        staging.write_bytes(marshal.dumps(known))
+        os.replace(staging, made)
+    return folder, {grade_id: known[grade_id] for grade_id in grade_ids}
