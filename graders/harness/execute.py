@@ -44,7 +44,8 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
         demonstrations: bool = True, given: tuple[str, ...] = (),
         view: Path | None = None, tests: set[str] | None = None, stop: bool = False,
-        around_test_cells: tuple | None = None, deliveries: Path | None = None) -> dict[int, str]:
+        around_test_cells: tuple | None = None, deliveries: Path | None = None,
+        without: tuple[Path, ...] = ()) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
@@ -57,7 +58,8 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     cells of those grade_ids run (the others are graded in another kernel), and with `stop` no
     cell after the last of them. `around_test_cells` is a pair of callables, each given a test
     cell's grade_id, called as it starts and when it has run; the kernel takes what the first
-    leaves in `deliveries` (graders.judging.deliveries).
+    leaves in `deliveries` (graders.judging.deliveries). A confined kernel has the installed
+    packages and modules `without` empty.
     """
     session = Session(records, inputs_dir, demonstrations and records is None, tuple(given), deliveries)
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
@@ -75,7 +77,7 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             if os.geteuid() == 0:   # the kernel is this uid on the host too (sandbox_kernel)
                 for folder in (workdir, records, sockets):
                     os.chown(folder, uid, uid)
-            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view))
+            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view, without))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
             return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop,

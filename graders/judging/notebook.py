@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graders.judging.origins import ANSWER_LIBRARIES
+
 
 @dataclass(frozen=True)
 class ExampleBug:
@@ -34,6 +36,11 @@ class Notebook:
     # (the course's name, the notebook's name) of implementations named otherwise in the notebook
     # ("reference_lr", "lr_at"): how a grading kernel knows which check an implementation answers.
     renamed: tuple[tuple[str, str], ...] = ()
+    # Installed modules or packages that answer this notebook's exercises and that its kernel does
+    # not need: its grading kernels have them empty (graders.harness.sandbox.sandbox_plan), so no
+    # way of reaching them reaches anything. By default the libraries the judge's references are
+    # built on (transformers, transformer_lens); a notebook whose kernel needs one says so.
+    without_libraries: tuple[str, ...] = ANSWER_LIBRARIES
 
     def __post_init__(self):
         if not (len(self.name) > 3 and self.name[:2].isdigit() and self.name[2] == "_"):
