@@ -198,6 +198,10 @@ def test_the_course_code_a_cheat_reaches_for_is_not_there(tmp_path, forward):
 
     cells, _, _ = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
     assert cells["layernorm_test"].points == 0
+    # in the words the profiler uses in the learner's own kernel (provenance._message)
+    said = "a copy of the course's" if forward is LAUNDERED else "the course's own implementation"
+    assert "graders/reference/components.py (LayerNorm.forward)" in cells["layernorm_test"].message
+    assert said in cells["layernorm_test"].message
 
 
 @CONFINED

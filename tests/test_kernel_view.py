@@ -26,7 +26,7 @@ def test_a_sealed_class_keeps_its_name_and_methods_but_none_of_its_code():
     source = kernel_view.sealed_source(COMPONENTS, {"LayerNorm"})
     real = inspect.getsource(components.LayerNorm.forward).split("\n", 1)[1]   # its body
     assert real.strip() and real.strip().splitlines()[0].strip() not in source
-    with pytest.raises(CourseCodeSealed, match="graders.reference.components.LayerNorm.__init__"):
+    with pytest.raises(CourseCodeSealed, match="graders/reference/components.py: LayerNorm.__init__"):
         sealed(components.Config())
 
 

@@ -145,10 +145,10 @@ def sealed_source(path: Path, names: set[str]) -> str:
     """`path`'s module with the bodies of `names` (top-level functions, and classes' methods)
     replaced by a raise that names them."""
     tree = ast.parse(path.read_text())
-    module = _module_name(path)
 
     def raising(qualname: str, method=None) -> list[ast.stmt]:
-        body = ast.parse(f"raise {SEALED_ERROR}({module + '.' + qualname!r})").body
+        where = path.relative_to(PACKAGE.parent).as_posix()
+        body = ast.parse(f"raise {SEALED_ERROR}({where!r}, {qualname!r})").body
         uses_class = method is not None and any(isinstance(n, ast.Name) and n.id in ("super", "__class__")
                                                 for n in ast.walk(method))
         # Never reached; it keeps the `__class__` cell of a method that calls super(), so that a

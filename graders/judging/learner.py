@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from graders.judging.compare import CheckFailed
+from graders.judging.provenance import CourseCodeSealed
 
 @dataclass
 class Forbidden:
@@ -106,6 +107,8 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
                           f"{forbidden.instead} instead of calling the library version.") from None
     except CheckFailed:
         raise
+    except CourseCodeSealed as sealed:   # a grading kernel's sealed copy (graders.harness.kernel_view)
+        raise CheckFailed(sealed.message(what)) from None
     except NotImplementedError as err:
         raised = _unwritten_part(err, fn)
         raise unwritten(f"{what}: {raised} is not written yet (your {what} calls it)."
@@ -233,6 +236,8 @@ def build_module(what: str, cls, *args):
         raise CheckFailed(f"{what}: expected your class (a subclass of nn.Module), got {cls!r}.")
     try:
         return cls(*args)
+    except CourseCodeSealed as sealed:
+        raise CheckFailed(sealed.message(what)) from None
     except NotImplementedError as err:
         raised = _unwritten_part(err, cls)
         owner, _, method = (raised or "").rpartition(".")

@@ -40,7 +40,17 @@ SPAWNING = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.sp
 
 
 class CourseCodeSealed(RuntimeError):
-    """Raised by the course's code as a grading kernel sees it (graders.harness.kernel_view)."""
+    """Raised by the course's code as a grading kernel sees it (graders.harness.kernel_view):
+    `where` (graders/...py) and the function's qualified name."""
+
+    def __init__(self, where: str, qualname: str):
+        super().__init__(f"{where}: {qualname}")
+        self.where, self.qualname = where, qualname
+
+    def message(self, name: str) -> str:
+        """What the check says, in the words it uses when the profiler sees the course's code run
+        (the learner's own kernel): the same answer gets the same words in the grade."""
+        return _message(name, Origin(COURSE, f"{self.where} ({self.qualname})"))
 
 
 def _parts_of(obj) -> list:
