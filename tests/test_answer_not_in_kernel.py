@@ -278,3 +278,46 @@ def test_the_libraries_a_notebook_lists_are_not_in_its_kernel(tmp_path):
     lines = printed(executed, "# probe").splitlines()
     assert len(lines) == 4 and all(line.endswith(" absent") for line in lines), lines
     assert all(c.points == c.max_points for c in cells.values())
+
+
+def _same_named(notebook) -> dict[str, list[tuple[str, str]]]:
+    """{test cell: [(module, name)]}: the course implementations its checks grade that the notebook
+    names as the course does (so that the course's can stand in for the learner's as it is)."""
+    declared = declared_notebooks()[notebook]
+    found = {}
+    for grade_id, names in kernel_plan.answers(notebook).items():
+        for entry in declared.implementations:
+            file, _, name = entry.partition(":")
+            if name in names and dict(declared.renamed).get(name, name) == name:
+                found.setdefault(grade_id, []).append(("graders." + file[:-3].replace("/", "."), name))
+    return found
+
+
+ALIAS = '''# alias
+import importlib
+_course = "grad" + "ers"   # a cell that names the course's package fails the checks below it
+_provenance = importlib.import_module(_course + ".judging.provenance")
+_provenance.Watch.refusal = lambda *args, **kwargs: None
+_provenance.Watch.library_answer = lambda *args, **kwargs: None
+'''
+
+
+@CONFINED
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", [nb for nb in sorted(declared_notebooks()) if _same_named(nb)])
+def test_the_course_answer_taken_by_name_scores_nothing_in_every_notebook(tmp_path, notebook):
+    """Before each test cell, a cell switches the profiler off and binds the learner's names to the
+    course's own implementations (imported under a computed name): each such cell scores 0, named
+    in the words the learner's own kernel uses."""
+    submission = crafted(notebook)
+    for grade_id, implementations in _same_named(notebook).items():
+        index = next(i for i, c in enumerate(submission.cells)
+                     if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        binds = "".join(f"{name} = importlib.import_module(_course + {module.removeprefix('graders')!r}).{name}\n"
+                        for module, name in implementations)
+        submission.cells.insert(index, nbformat.v4.new_code_cell(ALIAS + binds))
+    cells, _, _ = grade(tmp_path, notebook, submission)
+    took = {g: (c.points, c.message) for g, c in cells.items() if g in _same_named(notebook)}
+    # (08's KV-cache size is refused first for what the course's source says: `.forward_with_cache`)
+    named = ("the course's own implementation", "your code uses `")
+    assert all(points == 0 and any(n in message for n in named) for points, message in took.values()), took
