@@ -1,6 +1,6 @@
 """An instructor who is not root gets the same confinement and the same grades (issue 43): the
-example class graded as an ordinary user (uid 65534, no groups), on a notebook graded in one
-kernel and one whose composite is graded in a kernel of its own."""
+example class graded as an ordinary user (uid 65534, no groups), on a notebook with no composite
+and one whose composite's cell receives the course's part (graders.judging.deliveries)."""
 import csv
 import os
 import shutil
@@ -15,7 +15,7 @@ from graders.course import example_class
 from test_classroom import EXPECTED
 
 NOBODY = 65534
-NOTEBOOKS = ("01_layernorm", "04_mlp")   # 04: its MLP check runs the course's gelu_new in a kernel of its own
+NOTEBOOKS = ("01_layernorm", "04_mlp")   # 04: its MLP check's cell receives the course's gelu_new
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="run as another user, the whole suite is that test")]
 
