@@ -204,7 +204,8 @@ def peft_merged(case: Case, outputs: dict) -> dict:
 
 
 def course_run(case: Case, outputs: dict, slip: str) -> dict:
-    """The course's LoRA making mistake `slip`, from the learner's initial factors, trained the same way."""
+    """The course's LoRA making mistake `slip`, from the learner's initial factors, trained the
+    same way: its logits after each step."""
     r, alpha = settings(case)
     model = ref.add_lora(jittered_gpt(CONFIG, case.seed), r, alpha, slip=slip)
     with torch.no_grad():
@@ -213,13 +214,15 @@ def course_run(case: Case, outputs: dict, slip: str) -> dict:
             layer.B.copy_(outputs[f"{name}.B"])
     tokens = tokens_of(case)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
-    for _ in range(STEPS):
+    found = {}
+    for step in range(STEPS):
         loss = _step_loss(model(tokens), tokens)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    with torch.no_grad():
-        return {"logits": model(tokens), "merged": ref.merge_lora(model, slip="unscaled" if slip == "unscaled" else "")}
+        with torch.no_grad():
+            found[f"logits_{step + 1}"] = model(tokens)
+    return found
 
 
 def _base_logits(case: Case) -> torch.Tensor:
@@ -247,7 +250,7 @@ def judge(case: Case, outputs: dict) -> None:
                           f"(A and B of every wrapped layer: r x (d_in + d_out) each).\n  Hint: freeze the whole "
                           "model, then wrap each block's attn.c_attn and attn.c_proj; only A and B require grad.")
     base = _base_logits(case)
-    if not close(outputs["logits_init"], expected["logits_init"]):
+    if not close(outputs["logits_init"], base):
         moved = any(outputs[f"{name}.B"].abs().max() > 0 for name, _ in _layers(jittered_gpt(CONFIG, case.seed), "x"))
         likely = ("Likely mistake: both factors are random: B starts at zero so that A B = 0 and the wrapped "
                   "model starts as the base model" if moved else
@@ -277,12 +280,10 @@ def _judge_steps(case: Case, outputs: dict, expected: dict, where: str) -> None:
         head = (f"Your LoRA model {where} after {step} AdamW step{'s' if step > 1 else ''} (lr {LR}) on the same "
                 f"tokens gives other logits than peft's from the same A and B (largest difference "
                 f"{float((outputs[f'logits_{step}'] - expected[f'logits_{step}']).abs().max()):.3g}).")
-        if step == STEPS:
-            r, alpha = settings(case)
-            if close(outputs[f"logits_{STEPS}"], course_run(case, outputs, "alpha")["logits"]):
-                raise CheckFailed(f"{head} Likely mistake: the scale is alpha ({alpha:g}), not alpha / r "
-                                  f"({alpha / r:g}): "
-                                  "dividing by r keeps the update's size when r changes.")
+        r, alpha = settings(case)
+        if close(outputs[f"logits_{step}"], course_run(case, outputs, "alpha")[f"logits_{step}"]):
+            raise CheckFailed(f"{head} Likely mistake: the scale is alpha ({alpha:g}), not alpha / r "
+                              f"({alpha / r:g}): LoRA's term is (alpha / r) x A B.")
         raise CheckFailed(f"{head} The logits at initialisation agree, so the LoRA term's value or its gradient "
                           "differs.\n  Hint: y = x W + b + (alpha / r) x A B; A and B are the only parameters trained.")
 

@@ -15,7 +15,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
 NOTEBOOK = "13_post_training"
-FORBIDDEN = Forbidden("the chat template", source_words=["apply_chat_template"],
+FORBIDDEN = Forbidden("the chat template", source_words=["apply_chat_template", ".apply_chat_template"],
                       instead="from the template's rule and the encoding's encode_ordinary")
 SLIPS = {
     "unmasked": "the prompt is not masked: the system and user messages and the markers are learned too; "
@@ -63,17 +63,31 @@ def produce(chat_tokens, case: Case, inputs: dict) -> dict:
     return outputs
 
 
-def _parts(messages: list[dict]) -> list[str]:
-    """What each token of the reference sequence is, in words ("message 1 (user): its content")."""
+def _parts(messages: list[dict]) -> list[tuple[str, str, str]]:
+    """For each token of the reference sequence: (where it is in words, which part: "marker",
+    "role", "content", "end" or "newline", the message's role)."""
     encoding, parts = chat_encoding(), []
     for i, message in enumerate(messages):
-        where = f"message {i} ({message['role']})"
-        parts += [f"{where}: its <|im_start|>"]
-        role_line = encoding.encode_ordinary(message["role"] + "\n")
-        parts += [f"{where}: its role line '{message['role']}\\n'"] * len(role_line)
-        parts += [f"{where}: its content"] * len(encoding.encode_ordinary(message["content"]))
-        parts += [f"{where}: its <|im_end|>", f"{where}: the newline after its <|im_end|>"]
+        where, role = f"message {i} ({message['role']})", message["role"]
+        role_line = encoding.encode_ordinary(role + "\n")
+        parts += [(f"{where}: its <|im_start|>", "marker", role)]
+        parts += [(f"{where}: its role line '{role}\\n'", "role", role)] * len(role_line)
+        parts += [(f"{where}: its content", "content", role)] * len(encoding.encode_ordinary(message["content"]))
+        parts += [(f"{where}: its <|im_end|>", "end", role),
+                  (f"{where}: the newline after its <|im_end|>", "newline", role)]
     return parts
+
+
+def _read_mask(got: torch.Tensor, want: torch.Tensor, parts: list) -> str | None:
+    """A mistake named from which tokens are learned where they should not be, or the reverse."""
+    flags = list(zip(parts, (got != -100).tolist(), (want != -100).tolist()))
+    wrongly_learned = {(kind, role) for (_, kind, role), learned, should in flags if learned and not should}
+    wrongly_masked = {(kind, role) for (_, kind, role), learned, should in flags if should and not learned}
+    if any(kind == "content" and role != "assistant" for kind, role in wrongly_learned):
+        return SLIPS["unmasked"]
+    if wrongly_masked == {("end", "assistant")} and not wrongly_learned:
+        return SLIPS["end_masked"]
+    return _labels_moved(got, want)
 
 
 def _token(token: int) -> str:
@@ -126,14 +140,14 @@ def judge(case: Case, outputs: dict) -> None:
             if first == n:
                 more = "more" if len(got_tokens) > len(ids) else "fewer"
                 raise CheckFailed(f"{head}: your {len(got_tokens)} tokens are the first {n} of its {len(ids)} and "
-                                  f"{more}, from position {n} ({parts[min(n, len(parts) - 1)]}).\n  Hint: every "
+                                  f"{more}, from position {n} ({parts[min(n, len(parts) - 1)][0]}).\n  Hint: every "
                                   "message, the last included, ends with <|im_end|> and a newline.")
             raise CheckFailed(
-                f"{head}: the first token that differs is at position {first}, in {parts[first]}: yours is "
+                f"{head}: the first token that differs is at position {first}, in {parts[first][0]}: yours is "
                 f"{_token(int(got_tokens[first]))}, the template's {_token(int(ids[first]))} (the tokens before it "
                 f"agree: ...{chat_encoding().decode(ids[max(0, first - 6):first].tolist())!r}).\n  Hint: each "
                 "message is <|im_start|>{role}\\n{content}<|im_end|>\\n, the markers as single special tokens.")
-        moved = _labels_moved(got_labels, labels)
+        named = _read_mask(got_labels, labels, parts)
         wrong = (got_labels != labels).nonzero()[:, 0].tolist()
         first = wrong[0]
         learned, should = int(got_labels[first]) != -100, int(labels[first]) != -100
@@ -141,9 +155,9 @@ def judge(case: Case, outputs: dict) -> None:
         expected = ("learned" if should else "masked")
         raise CheckFailed(
             f"{head} in the labels only (the tokens are right): the first label that differs is at position "
-            f"{first}, {parts[first]}: yours is {state}, it should be {expected}"
+            f"{first}, {parts[first][0]}: yours is {state}, it should be {expected}"
             + (f" (label {_token(int(labels[first]))})" if should else "") + f"; {len(wrong)} labels differ."
-            + (f"\n  Likely mistake: {moved}." if moved else "")
+            + (f"\n  Likely mistake: {named}." if named else "")
             + "\n  Hint: a label is the token itself where the model learns to write it (an assistant's content "
             "and its <|im_end|>), -100 everywhere else.")
 

@@ -1,0 +1,258 @@
+"""Notebook 13's graders: correct variants (in other styles) pass, each catalogued mistake fails with
+its name, unlisted ones are localised or read from the output, and the library versions are
+refused. The two training runs are marked slow (a few seconds each)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graders.exercises import nb13
+from graders.exercises.post_training.gpt import Linear
+from graders.judging.compare import CheckFailed
+
+IM_START, IM_END = nb13.IM_START, nb13.IM_END
+
+
+def fails_with(check, *learner, expected, **case):
+    with pytest.raises(CheckFailed) as failure:
+        check(*learner, **case)
+    for words in [expected] if isinstance(expected, str) else expected:
+        assert words in str(failure.value), str(failure.value)
+
+
+# --- chat_tokens ---------------------------------------------------------------------------------
+
+def _chat(kind="right"):
+    def chat_tokens(messages, encoding):
+        start, end = encoding.encode_single_token(IM_START), encoding.encode_single_token(IM_END)
+        tokens, learned = [], []
+        for message in messages:
+            role = message["role"] + ("" if kind == "no_newline" else "\n")
+            header = [start] + encoding.encode_ordinary(role)
+            body = encoding.encode_ordinary(message["content"])
+            mine = message["role"] == "assistant"
+            after = [] if kind == "no_final_newline" else encoding.encode_ordinary("\n")
+            tokens += header + body + [end] + after
+            learned += ([kind == "role_learned" and mine] * len(header) + [mine or kind == "unmasked"] * len(body)
+                        + [(mine and kind != "end_masked") or kind == "unmasked"] + [kind == "unmasked"] * len(after))
+        tokens = torch.tensor(tokens)
+        labels = torch.where(torch.tensor(learned), tokens, torch.tensor(-100))
+        if kind == "shifted":
+            labels = torch.cat([labels[1:], torch.tensor([-100])])
+        if kind == "list":
+            return tokens.tolist(), labels.tolist()
+        return tokens, labels
+    return chat_tokens
+
+
+@pytest.mark.parametrize("learner", [_chat(), _chat("list")])
+def test_chat_tokens_correct_variants_pass(learner):
+    nb13.check_chat_tokens(learner)
+    nb13.check_chat_tokens(learner, seed=1)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("unmasked", "Likely mistake: the prompt is not masked"),
+    ("end_masked", "the model never learns to stop"),
+    ("shifted", "Likely mistake: the labels are shifted by one"),
+    ("no_newline", "Likely mistake: the template's newline after the role is dropped"),
+])
+def test_chat_tokens_mistakes_are_named(kind, expected):
+    fails_with(nb13.check_chat_tokens, _chat(kind), expected=expected)
+
+
+def test_chat_tokens_unlisted_mistakes_are_localised():
+    fails_with(nb13.check_chat_tokens, _chat("no_final_newline"),
+               expected=["first token that differs is at position 13", "message 0 (system): the newline after its"])
+    fails_with(nb13.check_chat_tokens, _chat("role_learned"),
+               expected=["in the labels only", "message 2 (assistant): its <|im_start|>", "it should be masked"])
+
+
+def test_chat_template_library_version_is_refused():
+    def chat_tokens(messages, encoding):
+        return tokenizer.apply_chat_template(messages)       # noqa: F821 (never runs)
+    fails_with(nb13.check_chat_tokens, chat_tokens, expected="your code uses `.apply_chat_template`")
+
+
+# --- sft_loss ---------------------------------------------------------------------------------------
+
+def _sft(kind="right"):
+    def sft_loss(logits, labels):
+        if kind != "unshifted":
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        keep = labels != -100
+        if kind == "boolean_index":
+            return -logits.double().log_softmax(-1)[keep].gather(-1, labels[keep][:, None]).mean().float()
+        picked = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0] * keep
+        found = {"all_positions": -picked.sum() / keep.numel(),
+                 "per_sequence": (-picked.sum(-1) / keep.sum(-1)).mean(),
+                 "halved": -picked.sum() / keep.sum() / 2}
+        return found.get(kind, -picked.sum() / keep.sum())
+    return sft_loss
+
+
+@pytest.mark.parametrize("kind", ["right", "boolean_index"])
+def test_sft_loss_correct_variants_pass(kind):
+    nb13.check_sft_loss(_sft(kind))
+    nb13.check_sft_loss(_sft(kind), seed=1, batch=4, seq=15)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("all_positions", "Likely mistake: the mean is over every position"),
+    ("per_sequence", "Likely mistake: a mean per sequence, then a mean over the batch"),
+    ("unshifted", "Likely mistake: the labels are not shifted"),
+    ("halved", "0.5 times the reference on every batch"),
+])
+def test_sft_loss_mistakes_are_named(kind, expected):
+    fails_with(nb13.check_sft_loss, _sft(kind), expected=expected)
+
+
+def test_sft_loss_unlisted_mistake_is_localised_to_one_label():
+    def squared(logits, labels):      # each token's loss squared: wrong from the first label on
+        logits, labels = logits[:, :-1], labels[:, 1:]
+        keep = labels != -100
+        picked = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0] * keep
+        return (picked ** 2).sum() / keep.sum()
+    fails_with(nb13.check_sft_loss, squared, expected="the loss of a single token is already wrong")
+
+
+def test_sft_loss_library_version_is_refused():
+    def sft_loss(logits, labels):
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+    fails_with(nb13.check_sft_loss, sft_loss, expected="F.cross_entropy")
+
+
+# --- LoRA ------------------------------------------------------------------------------------------
+
+def _lora(kind="right"):
+    class LoRALinear(nn.Module):
+        def __init__(self, base, r, alpha, dropout=0.0):
+            super().__init__()
+            d_in, d_out = base.weight.shape
+            self.base = base if kind == "base_trainable" else base.requires_grad_(False)
+            self.A = nn.Parameter((torch.rand(d_in, r) * 2 - 1) / math.sqrt(d_in))
+            self.B = nn.Parameter(torch.randn(r, d_out) * 0.1 if kind == "both_random" else torch.zeros(r, d_out))
+            self.scale = alpha if kind == "alpha" else alpha / r
+            self.p = dropout
+
+        def forward(self, x):
+            dropped = F.dropout(x, self.p, training=kind == "dropout_at_eval" or self.training)
+            return self.base(x) + self.scale * (dropped @ self.A @ self.B)
+
+    def add_lora(model, r, alpha, dropout=0.0):
+        for p in model.parameters():
+            p.requires_grad = kind == "base_trainable"
+        for block in model.transformer.h:
+            block.attn.c_attn = LoRALinear(block.attn.c_attn, r, alpha, dropout)
+            block.attn.c_proj = LoRALinear(block.attn.c_proj, r, alpha, dropout)
+
+    def merge_lora(model):
+        for block in model.transformer.h:
+            for name in ("c_attn", "c_proj"):
+                lora = getattr(block.attn, name)
+                layer = Linear(*lora.base.weight.shape).requires_grad_(False)
+                scale = 1.0 if kind == "unscaled" else lora.scale * (2 if kind == "doubled" else 1)
+                layer.weight.copy_(lora.base.weight + scale * lora.A @ lora.B)
+                layer.bias.copy_(lora.base.bias)
+                setattr(block.attn, name, layer)
+        return model
+    return LoRALinear, add_lora, merge_lora
+
+
+def test_lora_correct_variant_passes():
+    nb13.check_lora(*_lora())
+    nb13.check_lora(*_lora(), seed=1)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("alpha", "Likely mistake: the scale is alpha (8), not alpha / r (2)"),
+    ("both_random", "Likely mistake: both factors are random"),
+    ("base_trainable", "Likely mistake: the base weight is still trainable"),
+    ("dropout_at_eval", "Likely mistake: dropout left on at eval"),
+    ("unscaled", "Likely mistake: merge without the scale"),
+    ("doubled", "the merged update W' - W is 2 times peft's"),
+])
+def test_lora_mistakes_are_named(kind, expected):
+    fails_with(nb13.check_lora, *_lora(kind), expected=expected)
+
+
+def test_lora_library_version_is_refused():
+    LoRALinear, _, merge_lora = _lora()
+
+    def add_lora(model, r, alpha, dropout=0.0):
+        import peft
+        return peft.get_peft_model(model, peft.LoraConfig(r=r, lora_alpha=alpha))
+    fails_with(nb13.check_lora, LoRALinear, add_lora, merge_lora, expected="your code uses `peft`")
+
+
+# --- sequence_logprob and dpo_loss ------------------------------------------------------------------
+
+def _logprob(kind="right"):
+    def sequence_logprob(logits, tokens, response_mask):
+        if kind == "unshifted":
+            picked, keep = logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0], response_mask
+        else:
+            picked = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+            keep = response_mask[:, 1:] if kind != "prompt" else torch.ones_like(response_mask[:, 1:])
+        if kind == "mean":
+            return (picked * keep).sum(-1) / keep.sum(-1)
+        return (picked * keep).sum(-1) if kind != "double" else (picked.double() * keep).sum(-1)
+    return sequence_logprob
+
+
+@pytest.mark.parametrize("kind", ["right", "double"])
+def test_sequence_logprob_correct_variants_pass(kind):
+    nb13.check_sequence_logprob(_logprob(kind))
+    nb13.check_sequence_logprob(_logprob(kind), seed=1, batch=3, seq=9)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("mean", "Likely mistake: a mean over the response's tokens, not their sum"),
+    ("prompt", "Likely mistake: the prompt's tokens are counted"),
+    ("unshifted", "Likely mistake: the tokens are not shifted"),
+])
+def test_sequence_logprob_mistakes_are_named(kind, expected):
+    fails_with(nb13.check_sequence_logprob, _logprob(kind), expected=expected)
+
+
+def _dpo(kind="right"):
+    def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta):
+        if kind != "not_frozen":
+            reference_chosen, reference_rejected = reference_chosen.detach(), reference_rejected.detach()
+        if kind == "swapped":
+            policy_chosen, policy_rejected = policy_rejected, policy_chosen
+            reference_chosen, reference_rejected = reference_rejected, reference_chosen
+        margin = (policy_chosen - reference_chosen) - (policy_rejected - reference_rejected)
+        if kind == "softplus":
+            return F.softplus(-beta * margin).mean()
+        if kind == "beta_outside":
+            return -(beta * F.logsigmoid(margin)).mean()
+        if kind == "no_beta":
+            return -F.logsigmoid(margin).mean()
+        return -F.logsigmoid(beta * margin).mean()
+    return dpo_loss
+
+
+@pytest.mark.parametrize("kind", ["right", "softplus"])
+def test_dpo_loss_correct_variants_pass(kind):
+    nb13.check_dpo_loss(_dpo(kind))
+    nb13.check_dpo_loss(_dpo(kind), seed=1, batch=5)
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("not_frozen", "Likely mistake: the reference is not frozen"),
+    ("beta_outside", "Likely mistake: beta is outside the sigmoid"),
+    ("swapped", "Likely mistake: chosen and rejected are swapped"),
+    ("no_beta", "beta is not used"),
+])
+def test_dpo_loss_mistakes_are_named(kind, expected):
+    fails_with(nb13.check_dpo_loss, _dpo(kind), expected=expected)
+
+
+def test_dpo_library_version_is_refused():
+    def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta):
+        from trl import DPOTrainer   # noqa: F401
+        return _dpo()(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta)
+    fails_with(nb13.check_dpo_loss, dpo_loss, expected="from trl, a library version of the DPO loss")
