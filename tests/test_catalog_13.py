@@ -256,3 +256,63 @@ def test_dpo_library_version_is_refused():
         from trl import DPOTrainer   # noqa: F401
         return _dpo()(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta)
     fails_with(nb13.check_dpo_loss, dpo_loss, expected="from trl, a library version of the DPO loss")
+
+
+# --- The two runs (slow: a few seconds each). Within them the course's add_lora, merge_lora, sft_loss,
+# sequence_logprob and dpo_loss stand in for the names the learner's loop calls.
+
+def _finetune(kind="right"):
+    def finetune(model, make_batch, n_steps):
+        model = add_lora(model, 8, 16.0)                                       # noqa: F821 (the course's)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3, weight_decay=0)
+        model.train()
+        for _ in range(n_steps):
+            tokens, labels = make_batch()
+            loss = sft_loss(model(tokens), tokens if kind == "tokens" else labels)   # noqa: F821
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return merge_lora(model).eval()                                        # noqa: F821
+    return finetune
+
+
+@pytest.mark.slow
+def test_finetune_solution_passes_and_training_on_the_prompt_is_named():
+    nb13.check_finetune(_finetune())
+    fails_with(nb13.check_finetune, _finetune("tokens"), expected="Likely mistake: the prompt is trained too")
+
+
+def _train_dpo(kind="right"):
+    def train_dpo(policy, reference, make_batch, n_steps, beta):
+        if kind == "reference_trained":          # the models' roles exchanged: the reference is trained
+            policy, reference = reference, policy
+        if kind == "reference_is_policy":
+            reference = policy
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=5e-4, weight_decay=0.0)
+        history = []
+        for _ in range(n_steps):
+            batch = make_batch()
+            first, second = ("rejected", "chosen") if kind == "swapped" else ("chosen", "rejected")
+            logps = {}
+            for name, model in (("policy", policy), ("reference", reference)):
+                with torch.set_grad_enabled(name == "policy"):
+                    logps[name] = [sequence_logprob(model(batch[f"{k}_tokens"]), batch[f"{k}_tokens"],  # noqa: F821
+                                                    batch[f"{k}_mask"]) for k in (first, second)]
+            loss = dpo_loss(*logps["policy"], *logps["reference"], beta)       # noqa: F821
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            history.append(tuple(beta * float(p - r) for p, r in zip((x.mean() for x in logps["policy"]),
+                                                                       (x.mean() for x in logps["reference"]))))
+        return history
+    return train_dpo
+
+
+@pytest.mark.slow
+def test_train_dpo_solution_passes_and_its_mistakes_are_named():
+    nb13.check_train_dpo(_train_dpo())
+    fails_with(nb13.check_train_dpo, _train_dpo("swapped"), expected="Likely mistake: chosen and rejected are swapped")
+    fails_with(nb13.check_train_dpo, _train_dpo("reference_trained"),
+               expected="Likely mistake: the reference is not frozen")
+    fails_with(nb13.check_train_dpo, _train_dpo("reference_is_policy"),
+               expected="Likely mistake: the reference's log-probabilities are the policy's")

@@ -207,6 +207,11 @@ def judge_dpo(case: Case, outputs: dict) -> None:
                           "not frozen (its parameters are in the optimizer, or gradients reach it): DPO measures the "
                           "policy against a fixed reference; compute its log-probs under torch.no_grad() and train "
                           "only the policy.")
+    if outputs["history"].numel() and outputs["history"].abs().max() == 0:
+        raise CheckFailed("train_dpo: every implicit reward in your history is exactly 0. Likely mistake: the "
+                          "reference's log-probabilities are the policy's (computed with the policy model): the margin "
+                          "is then always 0, every pair weighs the same however well it is already ranked, and nothing "
+                          "holds the policy near the reference. Compute them with `reference`, under no_grad.")
     tokens = {k: held[f"held_{k}_tokens"] for k in ("chosen", "rejected")}
     masks = {k: held[f"held_{k}_mask"] for k in ("chosen", "rejected")}
     ref_logps = {k: _logprobs(expected_reference[k], tokens[k], masks[k]) for k in tokens}
