@@ -264,7 +264,7 @@ def test_dpo_library_version_is_refused():
 def _finetune(kind="right"):
     def finetune(model, make_batch, n_steps):
         model = add_lora(model, 8, 16.0)                                       # noqa: F821 (the course's)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3, weight_decay=0)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3, weight_decay=0)
         model.train()
         for _ in range(n_steps):
             tokens, labels = make_batch()

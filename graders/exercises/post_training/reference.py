@@ -133,10 +133,10 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, reference_chosen: T
 
 
 def finetune(model: nn.Module, make_batch, n_steps: int) -> nn.Module:
-    """Supervised finetuning with LoRA (r 8, alpha 16, AdamW at 5e-3) on the masked loss; the
+    """Supervised finetuning with LoRA (r 8, alpha 16, AdamW at 3e-3) on the masked loss; the
     adapters merged into the model at the end."""
     model = add_lora(model, 8, 16.0)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3, weight_decay=0.0)
     model.train()
     for _ in range(n_steps):
         tokens, labels = make_batch()
@@ -157,13 +157,11 @@ def train_dpo(policy: nn.Module, reference: nn.Module, make_batch, n_steps: int,
     history = []
     for _ in range(n_steps):
         batch = make_batch()
+        tokens = torch.cat([batch["chosen_tokens"], batch["rejected_tokens"]])      # one forward for both
+        mask = torch.cat([batch["chosen_mask"], batch["rejected_mask"]])
         with torch.no_grad():
-            reference_chosen, reference_rejected = (
-                sequence_logprob(reference(batch[f"{k}_tokens"]), batch[f"{k}_tokens"], batch[f"{k}_mask"])
-                for k in ("chosen", "rejected"))
-        policy_chosen, policy_rejected = (
-            sequence_logprob(policy(batch[f"{k}_tokens"]), batch[f"{k}_tokens"], batch[f"{k}_mask"])
-            for k in ("chosen", "rejected"))
+            reference_chosen, reference_rejected = sequence_logprob(reference(tokens), tokens, mask).chunk(2)
+        policy_chosen, policy_rejected = sequence_logprob(policy(tokens), tokens, mask).chunk(2)
         loss = dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta)
         optimizer.zero_grad()
         loss.backward()

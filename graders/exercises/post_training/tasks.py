@@ -22,13 +22,13 @@ from graders.exercises.post_training.chat import CHAT_VOCAB, IM_END_ID, chat_enc
 from graders.exercises.post_training.gpt import GPT, GPTConfig, seeded_gpt
 from graders.reference.vocab import CompactVocab
 
-VERSION = "1"                          # part of the cached models' file names: bump when the recipe changes
+VERSION = "2"                          # part of the cached models' file names: bump when the recipe changes
 LETTERS = string.ascii_lowercase[:-1]  # a..y: each has a next letter
 QUESTIONS = ([(f"the letter after {x}", chr(ord(x) + 1)) for x in LETTERS]
              + [(f"the number after {n}", str(n + 1)) for n in range(30)])
 HELD_OUT = QUESTIONS[1::4]             # never in a finetuning or preference batch
 TRAINING = [q for i, q in enumerate(QUESTIONS) if i % 4 != 1]
-SEQ = 24                               # every conversation fits, padded
+SEQ = 16                               # every conversation fits, padded
 PRETRAIN = dict(steps=1500, batch=32, seq=48, lr=1e-2, warmup=50)
 SFT = dict(steps=400, batch=16)     # the recipe (r, alpha, lr) is reference.finetune's
 
