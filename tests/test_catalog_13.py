@@ -202,6 +202,29 @@ def _logprob(kind="right"):
     return sequence_logprob
 
 
+def test_sequence_logprob_unlisted_mistake_is_read_as_a_factor():
+    def in_base_two(logits, tokens, response_mask):
+        return _logprob()(logits, tokens, response_mask) / math.log(2)
+    fails_with(nb13.check_sequence_logprob, in_base_two, expected="1.443 times the equation's")
+
+
+def test_lora_unlisted_mistake_is_localised_to_the_first_step():
+    LoRALinear, add_lora, merge_lora = _lora()
+
+    class Inverted(LoRALinear):          # the scale r / alpha
+        def __init__(self, base, r, alpha, dropout=0.0):
+            super().__init__(base, r, alpha, dropout)
+            self.scale = r / alpha
+
+    def add_inverted(model, r, alpha, dropout=0.0):
+        model.requires_grad_(False)
+        for block in model.transformer.h:
+            block.attn.c_attn = Inverted(block.attn.c_attn, r, alpha, dropout)
+            block.attn.c_proj = Inverted(block.attn.c_proj, r, alpha, dropout)
+    fails_with(nb13.check_lora, Inverted, add_inverted, merge_lora,
+               expected=["after 1 AdamW step", "The logits at initialisation agree"])
+
+
 @pytest.mark.parametrize("kind", ["right", "double"])
 def test_sequence_logprob_correct_variants_pass(kind):
     nb13.check_sequence_logprob(_logprob(kind))
@@ -231,6 +254,8 @@ def _dpo(kind="right"):
             return -(beta * F.logsigmoid(margin)).mean()
         if kind == "no_beta":
             return -F.logsigmoid(margin).mean()
+        if kind == "summed":
+            return -F.logsigmoid(beta * margin).sum()
         return -F.logsigmoid(beta * margin).mean()
     return dpo_loss
 
@@ -246,6 +271,7 @@ def test_dpo_loss_correct_variants_pass(kind):
     ("beta_outside", "Likely mistake: beta is outside the sigmoid"),
     ("swapped", "Likely mistake: chosen and rejected are swapped"),
     ("no_beta", "beta is not used"),
+    ("summed", "Likely mistake: a sum over the 6 pairs, not their mean"),
 ])
 def test_dpo_loss_mistakes_are_named(kind, expected):
     fails_with(nb13.check_dpo_loss, _dpo(kind), expected=expected)

@@ -146,6 +146,13 @@ def judge_loss(case: Case, outputs: dict) -> None:
                 raise CheckFailed(f"{head} Likely mistake: {description}.")
         if math.isfinite(float(got)) and close(got, expected_loss(*values, 1.0)):
             raise CheckFailed(f"{head} Likely mistake: beta is not used (the loss is the one of beta = 1).")
+        ratio = float(got) / float(want)
+        if abs(ratio - case.batch) < 1e-4 * case.batch:
+            raise CheckFailed(f"{head} Likely mistake: a sum over the {case.batch} pairs, not their mean (the loss is "
+                              f"{case.batch} times the equation's).")
+        if math.isfinite(ratio) and abs(ratio - 1) > 1e-3 and close(got, ratio * want.detach()):
+            raise CheckFailed(f"{head} Likely mistake: your loss is {ratio:.4g} times the equation's (a log in another "
+                              "base, a factor?).")
         raise CheckFailed(f"{head}\n  Hint: the margin is (log pi(y_w) - log pi_ref(y_w)) - "
                           "(log pi(y_l) - log pi_ref(y_l)); "
                           "the loss is the mean of -log sigmoid(beta margin) (F.logsigmoid is stable).")
