@@ -3,7 +3,11 @@
 against the DPO paper's equations computed independently in float64 (Rafailov et al. 2023, eq. 7):
 the values, and for the loss its gradients (none may reach the reference). A mistake no catalog
 lists is read from the output: a sequence's log-prob as a factor of the reference (a mean where a
-sum is meant), the first sequence that differs; the loss's gradient as a factor or a sign."""
+sum is meant), the first sequence that differs; the loss as a factor (a sum over the pairs).
+
+trl 1.16 is not used as a cross-check: its DPO loss is computed inside DPOTrainer._compute_loss, from
+a model's forward pass through an accelerator, not by a function of four log-prob tensors. The
+paper's equation is the reference, and trl's code is refused while the learner's runs."""
 from __future__ import annotations
 
 import math
