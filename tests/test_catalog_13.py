@@ -281,7 +281,7 @@ def test_dpo_library_version_is_refused():
     def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta):
         from trl import DPOTrainer   # noqa: F401
         return _dpo()(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta)
-    fails_with(nb13.check_dpo_loss, dpo_loss, expected="from trl, a library version of the DPO loss")
+    fails_with(nb13.check_dpo_loss, dpo_loss, expected="your code uses `trl`")
 
 
 # --- The two runs (slow: a few seconds each). Within them the course's add_lora, merge_lora, sft_loss,
@@ -342,3 +342,44 @@ def test_train_dpo_another_style_passes_and_its_mistakes_are_named():
                expected="Likely mistake: the reference is not frozen")
     fails_with(nb13.check_train_dpo, _train_dpo("reference_is_policy"),
                expected="Likely mistake: the reference's log-probabilities are the policy's")
+
+
+def test_the_dpo_equation_the_judge_uses_agrees_with_trl():
+    """A cross-check of the judge's reference, not of a learner: trl 1.16's DPO loss ("sigmoid", the
+    paper's) lives inside DPOTrainer._compute_loss, so it is called with a stand-in for the trainer and
+    a model whose per-token log-probs sum to the sequence log-probs chosen here."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl import DPOTrainer
+
+    from graders.exercises.post_training.dpo import expected_loss
+
+    generator = torch.Generator().manual_seed(0)
+    batch, positions, beta = 5, 6, 0.3
+    policy, reference = (-(torch.rand(2 * batch, generator=generator, dtype=torch.float64) * 20 + 1)
+                         for _ in range(2))
+    per_token = torch.zeros(2 * batch, positions - 1, dtype=torch.float64)
+    per_token[:, 2] = policy                                  # one response token carries each sequence's log-prob
+    zeros = torch.zeros(2 * batch, positions - 1)
+    outputs = SimpleNamespace(log_probs=per_token, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
+    model = SimpleNamespace(training=False)
+    identity = SimpleNamespace(device="cpu", gather_for_metrics=lambda x: x, gather=lambda x: x)
+    trainer = SimpleNamespace(
+        model=model, accelerator=identity, aux_loss_enabled=False, precompute_ref_logps=True, ld_alpha=None,
+        f_divergence_type="reverse_kl", loss_types=["sigmoid"], loss_weights=[1.0], beta=beta, use_weighting=False,
+        _metrics=defaultdict(lambda: defaultdict(list)), _total_train_tokens=0, _tp_size=1)
+    completion = torch.zeros(2 * batch, positions, dtype=torch.long)
+    completion[:, 3:] = 1
+    inputs = {"input_ids": torch.zeros(2 * batch, positions, dtype=torch.long),
+              "attention_mask": torch.ones_like(completion), "completion_mask": completion,
+              "ref_chosen_logps": reference[:batch], "ref_rejected_logps": reference[batch:]}
+    trl_loss = DPOTrainer._compute_loss(trainer, lambda **kwargs: outputs, inputs, return_outputs=False)
+    ours = expected_loss(policy[:batch], policy[batch:], reference[:batch], reference[batch:], beta)
+    assert torch.isclose(trl_loss, ours, rtol=1e-12), (float(trl_loss), float(ours))
+    from graders.exercises.post_training import reference as ref
+    outside = ref.dpo_loss(policy[:batch], policy[batch:], reference[:batch], reference[batch:], beta,
+                           slip="beta_outside")
+    assert not torch.isclose(trl_loss, outside, rtol=1e-3)    # the cross-check tells a named mistake apart
+    assert trainer._metrics["eval"]["rewards/margins"][0] == pytest.approx(
+        float((beta * ((policy[:batch] - reference[:batch]) - (policy[batch:] - reference[batch:]))).mean()))

@@ -5,9 +5,10 @@ the values, and for the loss its gradients (none may reach the reference). A mis
 lists is read from the output: a sequence's log-prob as a factor of the reference (a mean where a
 sum is meant), the first sequence that differs; the loss as a factor (a sum over the pairs).
 
-trl 1.16 is not used as a cross-check: its DPO loss is computed inside DPOTrainer._compute_loss, from
-a model's forward pass through an accelerator, not by a function of four log-prob tensors. The
-paper's equation is the reference, and trl's code is refused while the learner's runs."""
+The judge's reference is the paper's equation. trl 1.16's DPO loss lives inside
+DPOTrainer._compute_loss (a model's forward pass, an accelerator), not in a function of four log-prob
+tensors, so it is a test-only cross-check of that equation (tests/test_catalog_13.py calls it with a
+stand-in trainer); trl's code is refused while the learner's code runs."""
 from __future__ import annotations
 
 import math
@@ -115,6 +116,7 @@ def expected_loss(policy_chosen, policy_rejected, reference_chosen, reference_re
 def produce_loss(dpo_loss, case: Case, inputs: dict) -> dict:
     if not callable(dpo_loss):
         raise CheckFailed(f"dpo_loss: expected your function, got {dpo_loss!r}.")
+    run_learner("dpo_loss", dpo_loss, *loss_inputs(case), beta_of(case), forbidden=FORBIDDEN)  # its own source read
     values = [x.clone().requires_grad_(True) for x in loss_inputs(case)]
     loss = run_learner("dpo_loss", _with_grad, dpo_loss, *values, beta_of(case), forbidden=FORBIDDEN)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
