@@ -383,3 +383,39 @@ def test_the_dpo_equation_the_judge_uses_agrees_with_trl():
     assert not torch.isclose(trl_loss, outside, rtol=1e-3)    # the cross-check tells a named mistake apart
     assert trainer._metrics["eval"]["rewards/margins"][0] == pytest.approx(
         float((beta * ((policy[:batch] - reference[:batch]) - (policy[batch:] - reference[batch:]))).mean()))
+
+
+def _no_factors():
+    _, _, merge_lora = _lora()
+
+    class Plain(nn.Module):          # wraps the layer but names its factors otherwise
+        def __init__(self, base, r, alpha, dropout=0.0):
+            super().__init__()
+            self.base, self.down, self.up = base, nn.Parameter(torch.zeros(base.weight.shape[0], r)), None
+
+        def forward(self, x):
+            return self.base(x)
+
+    def add_lora(model, r, alpha, dropout=0.0):
+        for block in model.transformer.h:
+            block.attn.c_attn = Plain(block.attn.c_attn, r, alpha)
+            block.attn.c_proj = Plain(block.attn.c_proj, r, alpha)
+    return Plain, add_lora, merge_lora
+
+
+@pytest.mark.parametrize("check, learner, expected", [
+    (nb13.check_chat_tokens, (lambda messages, encoding: "<|im_start|>user"), "return a pair (tokens, labels)"),
+    (nb13.check_chat_tokens, (lambda messages, encoding: (torch.zeros(3), torch.zeros(3))), "integer token ids"),
+    (nb13.check_chat_tokens, (lambda messages, encoding: (torch.zeros(3, dtype=torch.long),) * 2),
+     "the first token that differs is at position 0, in message 0 (system): its <|im_start|>"),
+    (nb13.check_sft_loss, (lambda logits, labels: 1.5), "return the loss as a scalar tensor"),
+    (nb13.check_sequence_logprob, (lambda logits, tokens, mask: logits.sum()), "a tensor of shape [batch] = [4]"),
+    (nb13.check_dpo_loss, (lambda pc, pr, rc, rr, beta: -F.logsigmoid(beta * ((pc - rc) - (pr - rr)))),
+     "return the mean loss over the pairs, a scalar tensor"),
+])
+def test_answers_of_the_wrong_kind_get_one_line(check, learner, expected):
+    fails_with(check, learner, expected=expected)
+
+
+def test_lora_factors_under_other_names_are_asked_for_by_name():
+    fails_with(nb13.check_lora, *_no_factors(), expected="without tensors `A` and `B`")

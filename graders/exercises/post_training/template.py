@@ -142,10 +142,11 @@ def judge(case: Case, outputs: dict) -> None:
                 raise CheckFailed(f"{head}: your {len(got_tokens)} tokens are the first {n} of its {len(ids)} and "
                                   f"{more}, from position {n} ({parts[min(n, len(parts) - 1)][0]}).\n  Hint: every "
                                   "message, the last included, ends with <|im_end|> and a newline.")
+            before = chat_encoding().decode(ids[max(0, first - 6):first].tolist())
             raise CheckFailed(
                 f"{head}: the first token that differs is at position {first}, in {parts[first][0]}: yours is "
-                f"{_token(int(got_tokens[first]))}, the template's {_token(int(ids[first]))} (the tokens before it "
-                f"agree: ...{chat_encoding().decode(ids[max(0, first - 6):first].tolist())!r}).\n  Hint: each "
+                f"{_token(int(got_tokens[first]))}, the template's {_token(int(ids[first]))}"
+                + (f" (the tokens before it agree: ...{before!r})" if first else "") + ".\n  Hint: each "
                 "message is <|im_start|>{role}\\n{content}<|im_end|>\\n, the markers as single special tokens.")
         named = _read_mask(got_labels, labels, parts)
         wrong = (got_labels != labels).nonzero()[:, 0].tolist()
