@@ -6,9 +6,9 @@ receives them as inputs: they are encoded with the course's chat template).
 The tasks are lookups a two-layer model learns within the budget; 07's reversal, whose answer
 depends on where each letter is, needs far more steps once the question can sit anywhere in a
 conversation (measured while designing this notebook: this model pretrained 800 steps on plain
-three-letter reversals mixed with additions reversed 7% of held-out ones). The plain documents add
-asides of different lengths after the question, so that the base model finds the asked letter by
-the word before it rather than by its distance, which is what lets it answer through a template.
+three-letter reversals mixed with additions reversed 7% of held-out ones). In the plain documents,
+asides of different lengths follow the question, so that the distance from the asked letter to the
+answer varies, as it does once a template puts markers between them.
 """
 from __future__ import annotations
 
