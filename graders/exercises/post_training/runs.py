@@ -26,8 +26,10 @@ SFT_STEPS, SFT_BATCH, SFT_FLOOR = 400, 16, 0.4
 PROMPT_LEARNED = 4.0
 DPO_STEPS, DPO_BATCH, DPO_BETA, DPO_FLOOR, DPO_MARGIN = 120, 16, 1.0, 0.55, 0.2
 PROBES = (0, 40, 80, 120)                    # after how many steps the preference run is measured
-PARTS = {"LoRALinear": ref.LoRALinear, "add_lora": ref.add_lora, "merge_lora": ref.merge_lora,
-         "sft_loss": ref.sft_loss, "sequence_logprob": ref.sequence_logprob, "dpo_loss": ref.dpo_loss}
+# The functions each run calls that have checks of their own, under the notebook's names.
+SFT_PARTS = {"LoRALinear": ref.LoRALinear, "add_lora": ref.add_lora, "merge_lora": ref.merge_lora,
+             "sft_loss": ref.sft_loss}
+DPO_PARTS = {"sequence_logprob": ref.sequence_logprob, "dpo_loss": ref.dpo_loss}
 
 
 def _model(weights: dict) -> GPT:
@@ -74,7 +76,7 @@ def produce_finetune(finetune, case: Case, inputs: dict) -> dict:
     base_logits = run_learner("the base model", base.eval(), inputs["probe_tokens"])
     steps = iter(zip(inputs["tokens"], inputs["labels"]))
     batches = CountingBatches(lambda: next(steps))
-    with one_thread(), course_functions(finetune, PARTS), torch.random.fork_rng():
+    with one_thread(), course_functions(finetune, SFT_PARTS), torch.random.fork_rng():
         torch.manual_seed(case.seed)     # LoRA's A is drawn from it: the same run in every kernel
         result = run_learner("finetune", with_grad, finetune, base, batches, SFT_STEPS)
     model = _returned_model(result, base, "finetune").eval()
@@ -123,7 +125,7 @@ def judge_finetune(case: Case, outputs: dict) -> None:
 
 
 finetune_exercise = Exercise(NOTEBOOK, "finetune", produce_finetune, judge_finetune,
-                             inputs=sft_inputs, supplies=tuple(PARTS.values()) + (CountingBatches,),
+                             inputs=sft_inputs, supplies=tuple(SFT_PARTS.values()) + (CountingBatches,),
                              defaults={"text": None}, describe=lambda case: f"the course's batches (seed {case.seed})")
 check_finetune = finetune_exercise.checker(
     "Finetune the course's base model with the learner's `finetune` and grade exact answers to held-out questions.")
@@ -174,7 +176,7 @@ def produce_dpo(train_dpo, case: Case, inputs: dict) -> dict:
     keys = [k for k in inputs if k.startswith(("chosen_", "rejected_"))]
     steps = iter(range(DPO_STEPS))
     batches = ProbedBatches(lambda: (lambda i: {k: inputs[k][i] for k in keys})(next(steps)), policy, inputs)
-    with one_thread(), course_functions(train_dpo, PARTS), torch.random.fork_rng():
+    with one_thread(), course_functions(train_dpo, DPO_PARTS), torch.random.fork_rng():
         torch.manual_seed(case.seed)
         history = run_learner("train_dpo", with_grad, train_dpo, policy, reference, batches, DPO_STEPS, DPO_BETA)
     batches.probe(DPO_STEPS)
@@ -242,7 +244,7 @@ def judge_dpo(case: Case, outputs: dict) -> None:
 
 
 dpo_exercise = Exercise(NOTEBOOK, "train_dpo", produce_dpo, judge_dpo, inputs=dpo_inputs,
-                        supplies=tuple(PARTS.values()) + (ProbedBatches, CountingBatches),
+                        supplies=tuple(DPO_PARTS.values()) + (ProbedBatches, CountingBatches),
                         defaults={"text": None}, describe=lambda case: f"the course's pairs (seed {case.seed})")
 check_train_dpo = dpo_exercise.checker(
     "Run the learner's `train_dpo` from the course's finetuned model and grade held-out preference accuracy and "
