@@ -35,6 +35,8 @@ COURSE_ANSWERS = {
     "11 pretokenize": ("11_tokenizer", "pretokenize", "graders.exercises.tokenizer.reference:pretokenize"),
     "11 train_bpe": ("11_tokenizer", "train_bpe", "graders.exercises.tokenizer.reference:train_bpe"),
     "12 AdamW": ("12_training_step", "AdamW", "graders.exercises.training_step.reference:VariantAdamW"),
+    "13 sft_loss": ("13_post_training", "sft_loss", "graders.exercises.post_training.reference:sft_loss"),
+    "13 dpo_loss": ("13_post_training", "dpo_loss", "graders.exercises.post_training.reference:dpo_loss"),
 }
 
 
