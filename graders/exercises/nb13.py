@@ -12,6 +12,7 @@ from graders.exercises.post_training.loss import check_sft_loss
 from graders.exercises.post_training.runs import check_finetune, check_train_dpo
 from graders.exercises.post_training.template import check_chat_tokens
 from graders.judging.notebook import ExampleBug, Notebook
+from graders.judging.origins import ANSWER_LIBRARIES
 
 __all__ = ["NOTEBOOK", "IM_START", "IM_END", "chat_encoding", "check_chat_tokens", "check_sft_loss", "check_lora",
            "check_finetune", "check_sequence_logprob", "check_dpo_loss", "check_train_dpo"]
@@ -34,4 +35,6 @@ NOTEBOOK = Notebook(
     )),
     renamed=(("prompt_tokens", "chat_tokens"), ("example", "chat_tokens"), ("padded", "chat_tokens"),
              ("finetune_course", "finetune")),
+    # peft's LoRA and trl's DPO answer exercises here, and the kernel needs neither (the judge does).
+    without_libraries=(*ANSWER_LIBRARIES, "peft", "trl"),
 )
