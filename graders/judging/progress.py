@@ -16,11 +16,9 @@ This is display only: verdicts are `graders.judging.verdict.decide`'s, and in a 
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import inspect
 import sys
-import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -112,23 +110,15 @@ def _names(cell: TestCell) -> str:
 
 
 def _unwritten(answer) -> bool:
-    """True for nbgrader's untouched stub: a function (or a method of the class) whose body is
-    only `raise NotImplementedError()`."""
+    """True when the answer cannot run yet: a function, or a method of the class, that is still
+    nbgrader's stub (graders.judging.learner.is_stub)."""
+    from graders.judging.learner import is_stub
+
     if inspect.isclass(answer):
         functions = [v for v in vars(answer).values() if inspect.isfunction(v)]
     else:
-        functions = [answer] if callable(answer) else []
-    for function in functions:
-        with contextlib.suppress(Exception):
-            tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(function))))
-            body = [s for s in tree.body[0].body
-                    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-                    and not isinstance(s, ast.Pass)]
-            if len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None:
-                raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
-                if isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
-                    return True
-    return False
+        functions = [answer] if inspect.isfunction(answer) else []
+    return any(is_stub(function) for function in functions)
 
 
 def ready(*answers) -> bool:
