@@ -992,3 +992,11 @@ def test_tiktokens_own_pattern_file_is_refused():
     pattern = _library("tiktoken_+ext.openai_public").r50k_pat_str
     fails_with(nb11.check_pretokenize, lambda text: regex.findall(pattern, text),
                expected="your pretokenize uses tiktoken_ext.openai_public.r50k_pat_str")
+
+
+def test_one_token_too_many_is_one_token():
+    """Issue 44 §3's wording: a count of one is singular ("1 more token", not "1 more tokens")."""
+    from graders.exercises.tokenizer.encoding import _first_difference
+
+    assert _first_difference([1, 2, 3], [1, 2], "", False).startswith("1 more token than tiktoken's 2,")
+    assert _first_difference([1, 2, 3, 4], [1, 2], "", False).startswith("2 more tokens than")

@@ -241,3 +241,18 @@ def test_the_readmes_first_check_time_is_a_benchmarks_line():
     assert "01's first check on an empty course cache: {seconds[-1]:.0f} s" in benchmark
     assert "GPT2_COURSE_CACHE=cache" in benchmark and "load average {load:.1f}" in benchmark
     assert "a few seconds" not in readme
+
+
+def test_a_crash_names_the_arguments_as_a_learner_reads_them():
+    """Issue 44 §3: "while running on DemoTransformer, bool." named types where values read better."""
+    from graders.judging.compare import CheckFailed
+    from graders.judging.learner import run_learner
+
+    class DemoTransformer:
+        pass
+
+    def generate(model, greedy, text):
+        raise ValueError("boom")
+    with pytest.raises(CheckFailed) as failed:
+        run_learner("generate", generate, DemoTransformer(), True, "To be")
+    assert str(failed.value).endswith("while running on a DemoTransformer, True, 'To be'."), str(failed.value)

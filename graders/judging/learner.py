@@ -211,21 +211,13 @@ def is_stub(function) -> bool:
     if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     last = definition.body[-1]
-    if not isinstance(last, ast.Raise):
+    raised = getattr(last, "exc", None)
+    raised = raised.func if isinstance(raised, ast.Call) else raised
+    if not (isinstance(last, ast.Raise) and isinstance(raised, ast.Name) and raised.id == "NotImplementedError"):
         return False
-    raised = last.exc.func if isinstance(last.exc, ast.Call) else last.exc
-    if not (isinstance(raised, ast.Name) and raised.id == "NotImplementedError"):
-        return False
-    before = ast.Module(body=definition.body[:-1], type_ignores=[])
-    return not any(isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) for node in _own_nodes(before))
-
-
-def _own_nodes(tree: ast.AST):
-    """The nodes of `tree`, not descending into the functions, lambdas and classes it defines."""
-    for node in ast.iter_child_nodes(tree):
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            yield from _own_nodes(node)
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)   # their returns are theirs
+    own = [n for s in definition.body[:-1] if not isinstance(s, nested) for n in ast.walk(s)]
+    return not any(isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) for node in own)
 
 
 def _methods(cls) -> dict:
@@ -264,7 +256,6 @@ def _what_to_write(name: str, answers: tuple) -> str:
     """'it' or 'them' when the check's name names each answer (a function, a class or one of its
     methods), else the answers' names."""
     import re
-
     words = set(re.findall(r"\w+", name))
     if all(a.__name__ in words or isinstance(a, type) and words & set(_methods(a)) for a in answers):
         return "it" if len(answers) == 1 else "them"
@@ -313,13 +304,18 @@ def _unwritten_part(err: NotImplementedError, learner) -> str | None:
 
 
 def describe_args(args) -> str:
-    parts = []
-    for a in args:
+    """The arguments learner code was called with, as a learner reads them: "a torch.float32 tensor
+    of shape [1, 35, 768], a DemoTransformer, True" (not "DemoTransformer, bool")."""
+    def described(a) -> str:
         if isinstance(a, torch.Tensor):
-            parts.append(f"a {a.dtype} tensor of shape {list(a.shape)}")
-        else:
-            parts.append(type(a).__name__)
-    return ", ".join(parts) or "no arguments"
+            return f"a {a.dtype} tensor of shape {list(a.shape)}"
+        if a is None or isinstance(a, (bool, int, float)):
+            return repr(a)
+        if isinstance(a, str):
+            return repr(a) if len(a) <= 40 else f"a text of {len(a):,} characters"
+        name = type(a).__name__
+        return f"{'an' if name[0] in 'AEIOUaeiou' else 'a'} {name}"
+    return ", ".join(described(a) for a in args) or "no arguments"
 
 
 def build_module(what: str, cls, *args):
