@@ -11,6 +11,7 @@ import pytest
 
 from course_code import as_cell
 
+from graders.course.example_class import solution_answers
 from graders.course.notebooks import notebook_names
 from graders.judging import learner
 from graders.judging.compare import CheckFailed
@@ -21,14 +22,17 @@ BOUND = 1.0   # seconds: the issue's figure; a stub's answer takes milliseconds
 
 
 @functools.lru_cache(maxsize=None)
-def released_stubs(notebook: str) -> dict:
-    """The namespace of the released notebook after its setup cell and its answer cells ran."""
+def released_stubs(notebook: str, solved: bool = False) -> dict:
+    """The namespace of the released notebook after its setup cell and its answer cells ran (the
+    stubs, or the solution's answers when `solved`)."""
     cells = [c for c in json.loads((EXERCISES / f"{notebook}.ipynb").read_text())["cells"]
              if c["cell_type"] == "code"]
+    solutions = solution_answers(notebook) if solved else {}
     namespace: dict = {"__name__": "__main__"}
     setup_and_stubs = cells[:1] + [c for c in cells[1:] if c["metadata"].get("nbgrader", {}).get("solution")]
     for i, cell in enumerate(setup_and_stubs):   # compiled as IPython compiles a cell (its source is found)
-        exec(as_cell("".join(cell["source"]), f"{notebook} {i}"), namespace)
+        source = solutions.get(cell["metadata"].get("nbgrader", {}).get("grade_id"), "".join(cell["source"]))
+        exec(as_cell(source, f"{notebook} {i} {solved}"), namespace)
     return namespace
 
 
@@ -61,6 +65,16 @@ def test_an_untouched_exercise_is_answered_within_a_second(notebook, cell, index
     elapsed = time.monotonic() - start
     assert "not written yet" in str(failed.value), str(failed.value)
     assert elapsed < BOUND, f"{call} took {elapsed:.2f} s to say {str(failed.value)!r}"
+
+
+@pytest.mark.parametrize("notebook", notebook_names())
+def test_no_answer_of_a_solution_is_taken_for_a_stub(notebook):
+    """The other side: every check's answers in the solution are written (none is answered unrun)."""
+    namespace = released_stubs(notebook, solved=True)
+    for cell in released_test_cells(notebook):
+        for call in cell.calls:
+            answers = tuple(namespace[name] for name in call.learners)
+            assert learner.untouched(call.function, answers) is None, (notebook, call)
 
 
 def test_a_given_init_that_builds_an_untouched_part_names_it():
