@@ -181,7 +181,7 @@ BUGGY = [
     (library, "calls `torch.nn.functional.layer_norm`"),
     (library_module, "calls `LayerNorm.forward`"),
     (drops_keepdim, "has 2 dimensions"),
-    (not_implemented, "not implemented yet"),
+    (not_implemented, "not written yet"),
 ]
 
 

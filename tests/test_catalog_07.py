@@ -487,7 +487,7 @@ def test_train_mistakes(name):
 def test_train_not_implemented():
     def train(model, make_batch, n_steps, max_lr, eval_tokens, **settings):
         raise NotImplementedError
-    fails(nb07.check_train, train, "not implemented yet")
+    fails(nb07.check_train, train, "not written yet")
 
 
 WRONG_PARTS = """

@@ -105,7 +105,7 @@ def test_an_untouched_rms_norm_is_answered_before_the_weights_are_made(monkeypat
         raise AssertionError("the seeded weights were made for an unwritten RMSNorm")
 
     monkeypatch.setattr(norm_mlp, "weights", no_weights)
-    fails_with(nb10.check_rms_norm, RMSNorm, expected="RMSNorm: not implemented yet")
+    fails_with(nb10.check_rms_norm, RMSNorm, expected="RMSNorm: not written yet")
 
 
 def test_rms_norm_with_eps_written_in_fails_a_config_with_another():

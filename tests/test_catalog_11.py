@@ -889,8 +889,9 @@ def _counted_once_per_pre_token(text, n_merges):
     return merges
 
 
-def _counting_trainer(chunks, key):
-    """A plain trainer over `chunks(text)`, choosing with `key(pair, count)`."""
+def _counting_trainer(chunks, key, weight=lambda word, tokens, n: n):
+    """A plain trainer over `chunks(text)`, choosing with `key(pair, count)`; each pair of a
+    pre-token counts `weight(pre-token, its tokens, how often it occurs)`."""
     def train_bpe(text, n_merges):
         words = Counter(chunks(text))
         split = {w: [bytes([b]) for b in w.encode("utf-8")] for w in words}
@@ -899,7 +900,7 @@ def _counting_trainer(chunks, key):
             pairs = Counter()
             for w, symbols in split.items():
                 for pair in zip(symbols, symbols[1:]):
-                    pairs[pair] += words[w]
+                    pairs[pair] += weight(w, symbols, words[w])
             if not pairs:
                 break
             merges.append(max(pairs, key=lambda p: key(p, pairs[p])))
@@ -938,6 +939,25 @@ def test_unlisted_training_mistakes_are_named(trainer, seed, expected):
     fails_with(nb11.check_train_bpe, trainer, expected=expected, seed=seed)
 
 
+def _length_weighted(weight):
+    """A trainer whose pair counts are weighted by a pre-token's length (issue 44's held-out
+    implementations: misnamed "counted once per pre-token" and "compared pair first")."""
+    return _counting_trainer(pretokenize, lambda pair, count: (count, pair), weight)
+
+
+@pytest.mark.parametrize("weight", [lambda word, tokens, n: n * len(word),
+                                    lambda word, tokens, n: n * len(word.encode("utf-8")),
+                                    lambda word, tokens, n: n * len(tokens),
+                                    lambda word, tokens, n: len(word)],
+                         ids=["characters", "bytes", "current tokens", "length for count"])
+@pytest.mark.parametrize("seed", range(5))
+def test_length_weighted_counts_are_not_misnamed(weight, seed):
+    """No listed mistake explains them: localised at their first wrong merge, with the counts, and
+    called miscounted, not named as one of the catalog's (0 misnamed)."""
+    fails_with(nb11.check_train_bpe, _length_weighted(weight), seed=seed,
+               expected="Likely mistake: the pairs are miscounted: count each adjacent pair")
+
+
 def test_unlisted_encoding_and_decoding_mistakes_are_named():
     def bpe_raising(word, ranks):
         symbols = list(word)
@@ -972,3 +992,11 @@ def test_tiktokens_own_pattern_file_is_refused():
     pattern = _library("tiktoken_+ext.openai_public").r50k_pat_str
     fails_with(nb11.check_pretokenize, lambda text: regex.findall(pattern, text),
                expected="your pretokenize uses tiktoken_ext.openai_public.r50k_pat_str")
+
+
+def test_one_token_too_many_is_one_token():
+    """Issue 44 §3's wording: a count of one is singular ("1 more token", not "1 more tokens")."""
+    from graders.exercises.tokenizer.encoding import _first_difference
+
+    assert _first_difference([1, 2, 3], [1, 2], "", False).startswith("1 more token than tiktoken's 2,")
+    assert _first_difference([1, 2, 3, 4], [1, 2], "", False).startswith("2 more tokens than")

@@ -815,7 +815,7 @@ def test_clipping_library_kernels_and_copies_are_refused():
 # --- an untouched exercise is answered at once (issue 44, section 3) -------------------------------
 
 def test_untouched_exercises_are_answered_before_any_reference_is_built(monkeypatch):
-    """The stubs' checks say "not implemented yet" without building a reference (those take seconds):
+    """The stubs' checks say "not written yet" without building a reference (those take seconds):
     every reference builder of 12's checks raises here, and no check reaches one."""
     from graders.exercises.training_step import adamw, checkpoint, clipping, loss, memory
 
@@ -839,7 +839,7 @@ def test_untouched_exercises_are_answered_before_any_reference_is_built(monkeypa
     for check, answer in ((nb12.check_cross_entropy, (stub,)), (nb12.check_adamw, (AdamW,)),
                           (nb12.check_clip_grad_norm, (stub,)), (nb12.check_training_state_bytes, (stub,)),
                           (nb12.check_saved_activation_bytes, (stub,)), (nb12.check_checkpoints, (stub, stub))):
-        fails_with(check, *answer, expected="not implemented yet")
+        fails_with(check, *answer, expected="not written yet")
 
 
 def test_the_setup_cell_says_what_it_does_before_it_imports():

@@ -79,7 +79,7 @@ def test_reports_say_why_each_point_was_lost(graded_example_class):
     assert f"attention_test: lost {lost:g} (crashed)" in crasher, crasher
     untouched = [cell.split("/")[1] for cell in UNTOUCHED_BY_CRASHER]
     assert re.findall(r"- (\w+): lost", crasher) == ["attention_test", *untouched], crasher
-    assert "not implemented yet" in (reports / "untouched.txt").read_text()
+    assert "not written yet" in (reports / "untouched.txt").read_text()
 
 
 @ONE_GRADING

@@ -51,6 +51,8 @@ EXECUTED = ("import inspect\n_ns = {'__name__': '__main__'}\nexec(inspect.getsou
             "LayerNorm = _ns['LayerNorm']\n")
 SUBMISSIONS = {
     "solved": lambda: example_class.submission(NAME, True),
+    # An untouched exercise is answered before anything is built (issue 44), in both paths alike.
+    "untouched": lambda: example_class.submission(NAME, False),
     "classic bug": lambda: _answer(lambda s: s.replace(BUG.find, BUG.replace)),
     "stray graders import": lambda: _answer(lambda s: "from graders.judging.cases import Case\n" + s),
     "library call": lambda: _answer(lambda s: _library_call(s, "torch.nn.functional.layer_norm")),
@@ -89,6 +91,8 @@ def test_the_verdict_before_submitting_is_the_grade(kind, tmp_path):
     _, graded = _shown_and_graded(NAME, SUBMISSIONS[kind](), tmp_path)
     expect_full = kind in ("solved", "deleted test cell")
     assert graded.score == (graded.cells[0].max_points if expect_full else 0), (kind, graded.cells)
+    if kind == "untouched":
+        assert "not written yet" in graded.cells[0].message, graded.cells
 
 
 BLOCK = "05_transformer_block"

@@ -29,7 +29,7 @@ import torch
 from graders.judging import progress, provenance, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
-from graders.judging.learner import Forbidden, renamed_submodules_loaded
+from graders.judging.learner import Forbidden, renamed_submodules_loaded, untouched
 from graders.judging.verdict import LearnerCode, decide, names_verdict
 
 _REGISTRY: dict[tuple[str, str], "Exercise"] = {}
@@ -118,8 +118,10 @@ class Exercise:
                 self._record(current, learner, case, answers)
                 return
             place = progress.place_of_check(self.notebook)
+            failure = untouched(self.name, answers or (learner,))   # answered before anything is built
             with progress.busy(f"Checking {self.name}"):
-                outputs, failure = self.run(learner, case, self.inputs(case), answers)
+                outputs, failure = self.run(learner, case, self.inputs(case), answers) if failure is None \
+                    else (None, failure)
                 history = session.history()
                 code = history.learner_code(self.notebook) if history else LearnerCode()
                 verdict = decide(self, case, outputs, str(failure or ""), code)
@@ -134,7 +136,9 @@ class Exercise:
         if check_id is None:   # a learner's own call outside a test cell: nothing to grade
             print(f"{self.name}: not checked here; checks are graded in the test cells.")
             return
-        outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self), answers)
+        failure = untouched(self.name, answers or (learner,))
+        outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self), answers) \
+            if failure is None else (None, failure)
         session.save_record(current, check_id, self.key, outputs, str(failure or ""))
         print(f"{self.name}: outputs recorded for grading on {self.described(case, recorded=True)}.")
 

@@ -4,9 +4,11 @@ Crashes, unimplemented stubs and library shortcuts become messages a learner can
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import inspect
+import textwrap
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -112,7 +114,7 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
     except NotImplementedError as err:
         raised = _unwritten_part(err, fn)
         raise unwritten(f"{what}: {raised} is not written yet (your {what} calls it)."
-                        if raised else f"{what}: not implemented yet: write it in the cell above.") from None
+                        if raised else f"{what}: not written yet: write it in the cell above.") from None
     except Exception as err:  # the learner's bug: report it in their terms, not torch's
         raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
                           f"  while running on {describe_args(args)}.") from err
@@ -200,6 +202,90 @@ def unwritten(message: str) -> CheckFailed:
     return failure
 
 
+def is_stub(function) -> bool:
+    """Whether `function` is still nbgrader's stub: its body ends with `raise NotImplementedError`
+    and returns nothing before it (lines given above the raise, such as super().__init__(), may
+    stay), so that a call can only raise."""
+    try:
+        tree = ast.parse(textwrap.dedent(_cached_source(inspect.unwrap(function))))
+    except (TypeError, SyntaxError, ValueError):
+        return False
+    definition = tree.body[0] if tree.body else None
+    if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    last = definition.body[-1]
+    raised = getattr(last, "exc", None)
+    raised = raised.func if isinstance(raised, ast.Call) else raised
+    if not (isinstance(last, ast.Raise) and isinstance(raised, ast.Name) and raised.id == "NotImplementedError"):
+        return False
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)   # their returns are theirs
+    own = [n for s in definition.body[:-1] if not isinstance(s, nested) for n in ast.walk(s)]
+    return not any(isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) for node in own)
+
+
+def _methods(cls) -> dict:
+    """{name: function} of the methods a class defines itself."""
+    return {name: inspect.unwrap(getattr(member, "__func__", member)) for name, member in vars(cls).items()
+            if inspect.isfunction(getattr(member, "__func__", member))}
+
+
+def untouched(name: str, answers: tuple) -> CheckFailed | None:
+    """The failure of a check all of whose answers are still nbgrader's stubs, told without running
+    anything (so an untouched exercise is answered at once, before its inputs or its reference are
+    made); None when any answer is written, or is not a function or class of the learner's.
+
+    A function is untouched when it is a stub (`is_stub`); a class, when every method it defines,
+    a given `__init__` apart, is one. A given `__init__` that builds another untouched class of
+    the learner's is named as building it, as the check would find it (its first failure)."""
+    if not answers or not all(inspect.isfunction(a) or isinstance(a, type) for a in answers):
+        return None
+    for answer in answers:
+        if inspect.isfunction(answer):
+            if not is_stub(answer):
+                return None
+            continue
+        methods = _methods(answer)
+        if not any(is_stub(m) for m in methods.values()) or \
+                not all(is_stub(m) for n, m in methods.items() if n != "__init__"):
+            return None
+    for answer in answers:
+        built = _unwritten_built(answer)
+        if built is not None:
+            return unwritten(f"{name}: {built}.__init__ is not written yet ({answer.__name__} builds {built}).")
+    return unwritten(f"{name}: not written yet: write {_what_to_write(name, answers)} in the cell above.")
+
+
+def _what_to_write(name: str, answers: tuple) -> str:
+    """'it' or 'them' when the check's name names each answer (a function, a class or one of its
+    methods), else the answers' names."""
+    import re
+    words = set(re.findall(r"\w+", name))
+    if all(a.__name__ in words or isinstance(a, type) and words & set(_methods(a)) for a in answers):
+        return "it" if len(answers) == 1 else "them"
+    return " and ".join(a.__name__ for a in answers)
+
+
+def _unwritten_built(answer) -> str | None:
+    """The learner's class whose stub `__init__` the given `__init__` of class `answer` calls first."""
+    init = _methods(answer).get("__init__") if isinstance(answer, type) else None
+    if init is None or is_stub(init):
+        return None
+    import dis
+
+    def globals_read(code):   # in order, comprehensions' included (their own code objects)
+        for instruction in dis.get_instructions(code):
+            if instruction.opname == "LOAD_GLOBAL":
+                yield instruction.argval
+            elif instruction.opname == "LOAD_CONST" and inspect.iscode(instruction.argval):
+                yield from globals_read(instruction.argval)
+
+    for read in globals_read(init.__code__):
+        built = init.__globals__.get(read)
+        if isinstance(built, type) and built is not answer and is_stub(_methods(built).get("__init__")):
+            return built.__name__
+    return None
+
+
 def _unwritten_part(err: NotImplementedError, learner) -> str | None:
     """The learner's method that raised `err`, when it is not one of `learner`'s own (a given
     __init__ building the learner's unwritten DecoderLayer): its qualified name."""
@@ -221,13 +307,18 @@ def _unwritten_part(err: NotImplementedError, learner) -> str | None:
 
 
 def describe_args(args) -> str:
-    parts = []
-    for a in args:
+    """The arguments learner code was called with, as a learner reads them: "a torch.float32 tensor
+    of shape [1, 35, 768], a DemoTransformer, True" (not "DemoTransformer, bool")."""
+    def described(a) -> str:
         if isinstance(a, torch.Tensor):
-            parts.append(f"a {a.dtype} tensor of shape {list(a.shape)}")
-        else:
-            parts.append(type(a).__name__)
-    return ", ".join(parts) or "no arguments"
+            return f"a {a.dtype} tensor of shape {list(a.shape)}"
+        if a is None or isinstance(a, (bool, int, float)):
+            return repr(a)
+        if isinstance(a, str):
+            return repr(a) if len(a) <= 40 else f"a text of {len(a):,} characters"
+        name = type(a).__name__
+        return f"{'an' if name[0] in 'AEIOUaeiou' else 'a'} {name}"
+    return ", ".join(described(a) for a in args) or "no arguments"
 
 
 def build_module(what: str, cls, *args):
@@ -242,7 +333,7 @@ def build_module(what: str, cls, *args):
         raised = _unwritten_part(err, cls)
         owner, _, method = (raised or "").rpartition(".")
         raise unwritten(f"{what}: {owner}.{method} is not written yet ({cls.__name__} builds {owner})."
-                        if owner else f"{what}: __init__ is not implemented yet.") from None
+                        if owner else f"{what}: __init__ is not written yet.") from None
     except Exception as err:
         raise CheckFailed(f"{what}: creating {cls.__name__}(cfg) raised "
                           f"{type(err).__name__}: {err}") from err

@@ -16,11 +16,9 @@ This is display only: verdicts are `graders.judging.verdict.decide`'s, and in a 
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import inspect
 import sys
-import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -112,23 +110,15 @@ def _names(cell: TestCell) -> str:
 
 
 def _unwritten(answer) -> bool:
-    """True for nbgrader's untouched stub: a function (or a method of the class) whose body is
-    only `raise NotImplementedError()`."""
+    """True when the answer cannot run yet: a function, or a method of the class, that is still
+    nbgrader's stub (graders.judging.learner.is_stub)."""
+    from graders.judging.learner import is_stub
+
     if inspect.isclass(answer):
         functions = [v for v in vars(answer).values() if inspect.isfunction(v)]
     else:
-        functions = [answer] if callable(answer) else []
-    for function in functions:
-        with contextlib.suppress(Exception):
-            tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(function))))
-            body = [s for s in tree.body[0].body
-                    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-                    and not isinstance(s, ast.Pass)]
-            if len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None:
-                raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
-                if isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
-                    return True
-    return False
+        functions = [answer] if inspect.isfunction(answer) else []
+    return any(is_stub(function) for function in functions)
 
 
 def ready(*answers) -> bool:
@@ -186,24 +176,25 @@ def progress(notebook: str) -> None:
 
 @contextlib.contextmanager
 def busy(what: str, after: float = 2.0, every: float = 1.0):
-    """While the block runs longer than `after` seconds, one line on stdout (updated in place)
-    says what it does and for how long; it is erased when the block ends."""
+    """While the block runs longer than `after` seconds, one line says what it does, what is being
+    built for the course cache meanwhile (graders.reference.paths.building) and for how long; it is
+    removed when the block ends."""
     if grading():
         yield
         return
-    done, shown = threading.Event(), []
-    out = sys.stdout
+    from graders.reference.paths import being_built
+
+    done, line = threading.Event(), _Line(sys.stdout)
     start = time.monotonic()
 
     def tick():
         if done.wait(after):
             return
         while not done.is_set():
-            line = f"{what} \N{HORIZONTAL ELLIPSIS} {time.monotonic() - start:.0f} s"
+            built = being_built()
             with contextlib.suppress(Exception):
-                out.write("\r" + line)
-                out.flush()
-                shown.append(len(line))
+                line.show(f"{what} \N{HORIZONTAL ELLIPSIS} {time.monotonic() - start:.0f} s"
+                          + (f" ({built})" if built else ""))
             done.wait(every)
 
     thread = threading.Thread(target=tick, daemon=True, name="graders-busy")
@@ -213,6 +204,35 @@ def busy(what: str, after: float = 2.0, every: float = 1.0):
     finally:
         done.set()
         thread.join()
-        if shown:
-            out.write("\r" + " " * (max(shown) + 2) + "\r")
-            out.flush()
+        with contextlib.suppress(Exception):
+            line.remove()
+
+
+class _Line:
+    """A line shown, rewritten in place and removed. In a Jupyter kernel it is a display of its own,
+    emptied at the end (a stream's line erased by spaces stays on screen as a blank line above
+    what follows, and a line printed meanwhile does not break it); elsewhere a carriage return."""
+
+    def __init__(self, out):
+        self.out, self.handle, self.width = out, None, 0
+        self.jupyter = type(out).__module__.startswith("ipykernel")
+
+    def show(self, text: str) -> None:
+        if self.jupyter:
+            from IPython.display import display
+
+            if self.handle is None:
+                self.handle = display({"text/plain": text}, raw=True, display_id=True)
+            else:
+                self.handle.update({"text/plain": text}, raw=True)
+        else:
+            self.out.write("\r" + text.ljust(self.width))
+            self.out.flush()
+            self.width = max(self.width, len(text))
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.update({}, raw=True)   # a display with nothing to show takes no room
+        elif self.width:
+            self.out.write("\r" + " " * self.width + "\r")
+            self.out.flush()

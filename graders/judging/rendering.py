@@ -2,7 +2,8 @@
 
 IPython shows an exception through its `_render_traceback_` method when it has one (and
 nbgrader's Validate shows what the kernel rendered), so `CheckFailed` renders itself with
-`render`: the diagnosis (what is wrong, where, the likely mistake, the hint) and, when the
+`render`: the diagnosis (what is wrong and where, its "Likely mistake: ..." when the check
+recognises one, a "Hint: ..." line when it has one: the contract README.md states) and, when the
 learner's code raised, the frames of that code (their cell and line). Frames of the graders,
 of torch or of Python itself are left out.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from graders.reference.paths import atomic_write, cache_dir
+from graders.reference.paths import atomic_write, building, cache_dir
 
 FORMAT = 1
 PER_BLOCK_HOOKS = (
@@ -70,7 +70,7 @@ def reference_activations(reference, tokens: torch.Tensor) -> dict[str, torch.Te
 
         bridge = load_reference(reference.source, quiet=True).bridge
     names = graded_hooks(bridge.cfg.n_layers)
-    with torch.no_grad():
+    with torch.no_grad(), building("running the reference on this text, once"):
         logits, cache = bridge.run_with_cache(tokens, names_filter=lambda n: n in names)
     acts = {n: cache[n].detach().to(torch.float32).clone() for n in names if n != "logits"}
     acts["logits"] = logits.detach().to(torch.float32).contiguous()

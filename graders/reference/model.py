@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from graders.reference import synthetic
-from graders.reference.paths import atomic_folder, cache_dir
+from graders.reference.paths import atomic_folder, building, cache_dir
 
 SOURCE_ENV = "GPT2_COURSE_WEIGHTS"
 PRETRAINED_DIR_ENV = "GPT2_COURSE_PRETRAINED_DIR"
@@ -51,13 +51,20 @@ def _chosen_source(source: str | None) -> str:
     return chosen
 
 
+def _quiet_transformers() -> None:
+    """Hugging Face's progress bars and warnings off: they go to stderr, which nbgrader punishes,
+    and a waiting check has one progress line of its own (graders.judging.progress.busy)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def _load_hf(where):
     import torch
     from transformers import GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # progress bars go to stderr, which nbgrader punishes
-    hf_logging.set_verbosity_error()
+    _quiet_transformers()
     return GPT2LMHeadModel.from_pretrained(
         where, local_files_only=True, attn_implementation="eager", dtype=torch.float32
     )
@@ -96,8 +103,10 @@ def _synthetic_model():
     expected = synthetic.expected_fingerprint()
     for attempt in range(2):
         if attempt or not (folder / "config.json").is_file():
-            print(f"Generating the synthetic GPT-2 reference in {folder} ...")
-            atomic_folder(folder, synthetic.write_synthetic)
+            print(f"Generating the synthetic GPT-2 reference in {folder} (once) ...")
+            _quiet_transformers()
+            with building("generating the synthetic reference GPT-2, once"):
+                atomic_folder(folder, synthetic.write_synthetic)
         try:
             model = _load_hf(folder)
         except Exception:  # unreadable or truncated files (OSError, SafetensorError, ...)
@@ -189,7 +198,11 @@ def _synthetic_label(digest: str) -> str:
 @lru_cache(maxsize=None)
 def load_reference(source: str | None = None, quiet: bool = False) -> Reference:
     """The reference model, its tokenizer, and a label saying which weights they are."""
-    chosen = _chosen_source(source)
+    with building("loading the reference GPT-2"):
+        return _loaded(_chosen_source(source), quiet)
+
+
+def _loaded(chosen: str, quiet: bool) -> Reference:
     if chosen == "auto":
         _pretrained_folder()   # a mistyped $GPT2_COURSE_PRETRAINED_DIR is an error, not a fallback
         try:

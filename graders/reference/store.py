@@ -45,7 +45,7 @@ def reference():
 
 def weights_file() -> Path:
     """All reference weights under course names, snapshotted once per weights fingerprint."""
-    from graders.reference.paths import atomic_write, cache_dir
+    from graders.reference.paths import atomic_write, building, cache_dir
 
     path = cache_dir("course-weights") / f"{reference_id().fingerprint}.safetensors"
     if not path.is_file():
@@ -53,7 +53,9 @@ def weights_file() -> Path:
 
         from graders.reference.weights import course_weights
 
-        atomic_write(path, lambda temporary: save_file(course_weights(reference()), temporary))
+        model = reference()
+        with building("saving the reference's weights under the course's names, once"):
+            atomic_write(path, lambda temporary: save_file(course_weights(model), temporary))
     return path
 
 

@@ -235,7 +235,9 @@ def _first_difference(theirs: list[int], expected: list[int], text: str, allow_s
     encoding, table = gpt2_encoding(), ref.bytes_to_unicode()
     at = next((i for i, (a, b) in enumerate(zip(theirs, expected)) if a != b), min(len(theirs), len(expected)))
     if at == len(expected):
-        return f"{len(theirs) - at} more tokens than tiktoken's {at}, after all of them: {theirs[at:at + 8]}."
+        more = len(theirs) - at
+        return (f"{more} more token{'s' if more > 1 else ''} than tiktoken's {at}, after all of them: "
+                f"{theirs[at:at + 8]}.")
     valid = all(0 <= i < encoding.n_vocab for i in theirs)
     if valid and max(map(ord, text)) < 256 and encoding.decode_bytes(theirs) == bytes(map(ord, text)) != text.encode():
         return ("your tokens spell the text's code points, one byte each. Likely mistake: code points, not bytes: "

@@ -160,7 +160,9 @@ def judge_merges(text: str, n_merges: int, learned: list, where: str, replay: bo
     shown = (f"{head}: {_place(step)}: yours is {theirs!r}, which occurs {_times(mine)} at that point, the "
              f"reference's {ours!r}, which occurs {_times(right)} (most often in {word!r}: {_times(weight)}, as "
              f"{tokens}).")
-    if best is not None and _common(learned, replayed[best]) >= min(step + 3, len(learned)):   # 3 more, or all
+    # Named when the replay agrees on the next 6 merges too (or all): a mistake nobody listed (counts
+    # weighted by a pre-token's length) agrees with "unweighted" for 4.
+    if best is not None and _common(learned, replayed[best]) >= min(step + 6, len(learned)):
         raise CheckFailed(f"{shown} Likely mistake: {NAMES[best]}.")
     raise CheckFailed(f"{shown} {_diagnosis(text, learned, step, ours, counts, depth=6 if replay else 3)}")
 
@@ -189,8 +191,9 @@ def _whole_character(token: bytes, before: list) -> bool:
 
 def _explaining(text: str, learned: list, step: int, ours: tuple, depth: int) -> str | None:
     """The counting mistake (naive.COUNTING) whose counts make the learner's merge `step` the most
-    frequent, over the reference's, and its next `depth - 1` merges too; else the one mistake, if
-    only one, whose counts explain merge `step` alone."""
+    frequent, over the reference's, and its next `depth - 1` merges too (all that there are). A
+    mistake that explains only some of them is not named: counts weighted by a pre-token's length,
+    which nobody listed, agree with "once per pre-token" or "unweighted" for a merge or four."""
     explained = {}
     for mistake in naive.COUNTING:
         if mistake == "characters" and any(_part_of_a_character(side) for pair in learned for side in pair):
@@ -206,8 +209,7 @@ def _explaining(text: str, learned: list, step: int, ours: tuple, depth: int) ->
             made += 1
         if made:
             explained[mistake] = made
-    every = [m for m, made in explained.items() if made == min(depth, len(learned) - step)]
-    return every[0] if every else next(iter(explained)) if len(explained) == 1 else None
+    return next((m for m, made in explained.items() if made == min(depth, len(learned) - step)), None)
 
 
 def _diagnosis(text: str, learned: list, step: int, ours: tuple, counts: Counter, depth: int) -> str:
@@ -228,15 +230,17 @@ def _diagnosis(text: str, learned: list, step: int, ours: tuple, counts: Counter
         order = "smaller" if theirs < ours else "greater"
         return (f"Likely mistake: the tie-break: yours took a {order} pair; among the most frequent pairs, "
                 f"take the greatest, max((count, pair)).")
-    if theirs == max(counts):
-        return ("Yours is the greatest pair there is, not the most frequent. Likely mistake: the pairs compared "
-                "pair first: compare (count, pair), the count first.")
+    if all(learned[k] == max(naive.pair_counts(text, learned[:k]))
+           for k in range(step, min(len(learned), step + depth))):
+        return ("Yours is the greatest pair there is, not the most frequent (and so are the next ones). Likely "
+                "mistake: the pairs compared pair first: compare (count, pair), the count first.")
     mistake = _explaining(text, learned, step, ours, depth)
     if mistake:
         return f"Likely mistake: {NAMES[mistake]}."
     if mine == 0:
-        return ("Yours is not a pair of adjacent tokens inside any pre-token at that point. Likely mistake: "
-                "an earlier merge was not applied to every pre-token that holds its pair.")
+        return ("Yours is not a pair of adjacent tokens inside any pre-token at that point: its count is left "
+                "over. Likely mistake: the counts of the pairs a merge removes are not taken off, or an earlier "
+                "merge was not applied to every pre-token that holds its pair.")
     return ("Likely mistake: the pairs are miscounted: count each adjacent pair of each pre-token's current "
             "tokens, times the number of times that pre-token occurs, and take the most frequent.")
 
