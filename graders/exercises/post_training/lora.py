@@ -150,20 +150,8 @@ def hf_gpt2(base):
 def peft_run(case: Case, outputs: dict) -> dict:
     """peft's LoRA from the learner's initial factors, trained as produce trains the learner's:
     what the learner's should produce."""
-    from peft import LoraConfig, get_peft_model
-
-    r, alpha = settings(case)
     tokens = tokens_of(case)
-    model = get_peft_model(hf_gpt2(jittered_gpt(CONFIG, case.seed)),
-                           LoraConfig(r=r, lora_alpha=alpha, target_modules=["c_attn", "attn.c_proj"],
-                                      fan_in_fan_out=True, lora_dropout=0.0))
-    modules = dict(model.named_modules())
-    with torch.no_grad():
-        for i in range(CONFIG.n_layers):
-            for name in TARGETS:
-                layer = modules[f"base_model.model.transformer.h.{i}.attn.{name}"]
-                layer.lora_A["default"].weight.copy_(outputs[f"h.{i}.attn.{name}.A"].T)
-                layer.lora_B["default"].weight.copy_(outputs[f"h.{i}.attn.{name}.B"].T)
+    model = _peft_model(case, outputs, "")
     found = {"trainable": model.get_nb_trainable_parameters()[0]}
     model.eval()
     with torch.no_grad():
@@ -182,9 +170,8 @@ def peft_run(case: Case, outputs: dict) -> dict:
     return found
 
 
-def peft_merged(case: Case, outputs: dict) -> dict:
-    """peft's merge_and_unload of the learner's trained factors: the merged weights the learner's
-    merge_lora should give (from the same factors, so that training's rounding plays no part)."""
+def _peft_model(case: Case, outputs: dict, suffix: str):
+    """peft's LoRA on the case's GPT-2, its factors the learner's (`A{suffix}`, `B{suffix}`)."""
     from peft import LoraConfig, get_peft_model
 
     r, alpha = settings(case)
@@ -196,9 +183,15 @@ def peft_merged(case: Case, outputs: dict) -> dict:
         for i in range(CONFIG.n_layers):
             for name in TARGETS:
                 layer = modules[f"base_model.model.transformer.h.{i}.attn.{name}"]
-                layer.lora_A["default"].weight.copy_(outputs[f"h.{i}.attn.{name}.A_trained"].T)
-                layer.lora_B["default"].weight.copy_(outputs[f"h.{i}.attn.{name}.B_trained"].T)
-    merged = model.merge_and_unload()
+                layer.lora_A["default"].weight.copy_(outputs[f"h.{i}.attn.{name}.A{suffix}"].T)
+                layer.lora_B["default"].weight.copy_(outputs[f"h.{i}.attn.{name}.B{suffix}"].T)
+    return model
+
+
+def peft_merged(case: Case, outputs: dict) -> dict:
+    """peft's merge_and_unload of the learner's trained factors: the merged weights the learner's
+    merge_lora should give (from the same factors, so that training's rounding plays no part)."""
+    merged = _peft_model(case, outputs, "_trained").merge_and_unload()
     return {f"h.{i}.attn.{name}.merged": getattr(merged.transformer.h[i].attn, name).weight.detach().clone()
             for i in range(CONFIG.n_layers) for name in TARGETS}
 
