@@ -184,12 +184,14 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         return results
 
     results: dict[int, CellResult] = {}
-    with ThreadPoolExecutor(max_workers=1) as aside, ThreadPoolExecutor(max_workers=max(1, kernels_at_once)) as pool:
-        copied = aside.submit(copy_flags, copy.deepcopy(notebook), released)   # while the kernels run
+    answered = copy.deepcopy(notebook)   # before the first kernel writes its outputs into `notebook`
+    with ThreadPoolExecutor(max_workers=max(1, kernels_at_once)) as pool:
         kernels = {pool.submit(run_kernel, number): number for number in range(len(groups))}
+        # Here, while the kernels run, and never beside the judging: both parse Python, and
+        # ast.parse in two threads at once fails in Python 3.11 (a recursion-depth SystemError).
+        result.flags += copy_flags(answered, released)
         for done in as_completed(kernels):
             results.update(judged(kernels[done], done.result()))
-        result.flags += copied.result()
     for number in range(1, len(groups)):   # a test cell shows what it printed in its own kernel
         for index in results.keys() & _test_indices(copies[number], groups[number]):
             notebook.cells[index]["outputs"] = copies[number].cells[index].get("outputs", [])

@@ -252,7 +252,9 @@ def untouched(name: str, answers: tuple) -> CheckFailed | None:
         built = _unwritten_built(answer)
         if built is not None:
             return unwritten(f"{name}: {built}.__init__ is not written yet ({answer.__name__} builds {built}).")
-    return unwritten(f"{name}: not written yet: write {_what_to_write(name, answers)} in the cell above.")
+    what = _what_to_write(name, answers)
+    where = " in the cell above" if what in ("it", "them") else ""   # named answers may live in several cells
+    return unwritten(f"{name}: not written yet: write {what}{where}.")
 
 
 def _what_to_write(name: str, answers: tuple) -> str:
