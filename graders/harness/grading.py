@@ -148,6 +148,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     view = None if unavailable else view
     without = library_paths(getattr(declared_notebooks().get(name), "without_libraries", ()))
     taken: list[dict[str, dict]] = [{} for _ in groups]
+    given = given_part_names(name)   # parsed here: the kernels' threads parse nothing (see copy_flags below)
 
     def run_kernel(number: int) -> dict[int, str]:
         # Each kernel has folders of its own: none sees, nor can prepare, another's.
@@ -165,7 +166,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
                                   if check.split("/")[0] == grade_id})
 
         return run(copies[number], records, home, limits, None if files is None else [*files, handed], inputs,
-                   given=given_part_names(name), view=view, tests=set(groups[number]),
+                   given=given, view=view, tests=set(groups[number]),
                    stop=number > 0,   # later kernels stop at their last test cell
                    around_test_cells=(hand_over, take), deliveries=handed, without=without)
 

@@ -108,8 +108,9 @@ def library_part(answer) -> str | None:
             stack += list(item)
         elif isinstance(item, dict) and len(item) <= 1000:
             stack += list(item.values())
-        elif isinstance(getattr(item, "pattern", None), str) and hasattr(item, "findall"):   # a compiled regex
-            stack.append(item.pattern)
+        # A compiled regex is not followed to its pattern string: `regex` caches compiled patterns
+        # by their text, so the learner's own copy of GPT-2's pattern may come back holding the
+        # very string object tiktoken's encoding holds (when the course compiled it first).
         elif hasattr(item, "__wrapped__"):   # functools.lru_cache, a decorator's wrapper
             stack.append(item.__wrapped__)
         elif inspect.isclass(item) and item.__module__ == "__main__":   # a class of the notebook's
