@@ -175,13 +175,12 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     def judged(number: int, problems: dict[int, str]) -> dict[int, CellResult]:
         """The results of the test cells kernel `number` grades, from its records only (judged
         here as soon as it ends, while the others may still run)."""
-        ran, records = copies[number], taken[number]
-        results = {}
-        for index, cell in enumerate(ran.cells):
-            if is_test_cell(cell) and (grade_id := nbgrader_meta(cell)["grade_id"]) in groups[number]:
-                mine = {check: r for check, r in records.items() if check.split("/")[0] == grade_id}
-                results[index] = judge_cell(sources[grade_id], wanted[grade_id], mine, problems.get(index),
-                                            cell_error(cell), learner_code(ran, released, grade_id))
+        ran, results = copies[number], {}
+        for index in _test_indices(ran, groups[number]):
+            cell = ran.cells[index]
+            grade_id = nbgrader_meta(cell)["grade_id"]
+            results[index] = judge_cell(sources[grade_id], wanted[grade_id], taken[number], problems.get(index),
+                                        cell_error(cell), learner_code(ran, released, grade_id))
         return results
 
     results: dict[int, CellResult] = {}
@@ -194,7 +193,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         for done in as_completed(kernels):
             results.update(judged(kernels[done], done.result()))
     for number in range(1, len(groups)):   # a test cell shows what it printed in its own kernel
-        for index in results.keys() & _test_indices(copies[number], groups[number]):
+        for index in _test_indices(copies[number], groups[number]):
             notebook.cells[index]["outputs"] = copies[number].cells[index].get("outputs", [])
     tampered = changed_graders(before)
     if tampered:
