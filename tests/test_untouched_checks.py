@@ -13,7 +13,7 @@ from course_code import as_cell
 
 from graders.course.example_class import solution_answers
 from graders.course.notebooks import notebook_names
-from graders.judging import learner
+from graders.judging import stubs
 from graders.judging.compare import CheckFailed
 from graders.judging.testcells import released_test_cells
 from graders.layout import EXERCISES
@@ -74,12 +74,12 @@ def test_no_answer_of_a_solution_is_taken_for_a_stub(notebook):
     for cell in released_test_cells(notebook):
         for call in cell.calls:
             answers = tuple(namespace[name] for name in call.learners)
-            assert learner.untouched(call.function, answers) is None, (notebook, call)
+            assert stubs.untouched(call.function, answers) is None, (notebook, call)
 
 
 def test_a_given_init_that_builds_an_untouched_part_names_it():
     """10's ModernDecoder: its __init__ is given and builds the learner's DecoderLayer (issue 36)."""
-    failure = learner.untouched("ModernDecoder", (released_stubs("10_modern_decoder")["ModernDecoder"],))
+    failure = stubs.untouched("ModernDecoder", (released_stubs("10_modern_decoder")["ModernDecoder"],))
     assert str(failure) == ("ModernDecoder: DecoderLayer.__init__ is not written yet "
                             "(ModernDecoder builds DecoderLayer).")
 
@@ -97,8 +97,8 @@ def test_a_written_answer_is_not_untouched():
         "    def __init__(self):\n        super().__init__()\n"
         "    def forward(self, x):\n        raise NotImplementedError()\n"
         "    def apply_causal_mask(self, x):\n        return x\n", "written answers"), namespace)
-    assert learner.untouched("x", (namespace["written"],)) is None
-    assert learner.untouched("x", (namespace["kept_raise"],)) is not None
-    assert learner.untouched("x", (namespace["returns_first"],)) is None
-    assert learner.untouched("x", (namespace["Half"],)) is None
-    assert learner.untouched("x", (namespace["kept_raise"], namespace["written"])) is None
+    assert stubs.untouched("x", (namespace["written"],)) is None
+    assert stubs.untouched("x", (namespace["kept_raise"],)) is not None
+    assert stubs.untouched("x", (namespace["returns_first"],)) is None
+    assert stubs.untouched("x", (namespace["Half"],)) is None
+    assert stubs.untouched("x", (namespace["kept_raise"], namespace["written"])) is None

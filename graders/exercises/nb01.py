@@ -12,6 +12,7 @@ from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.judging.learner import Forbidden, reads_global, run_learner
+from graders.exercises.library_kernels import NORMALISATION_KERNELS, TORCH_REFERENCES
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden(
@@ -19,6 +20,7 @@ FORBIDDEN = Forbidden(
     targets=[(F, "layer_norm"), (torch, "layer_norm"), (nn.LayerNorm, "forward"),
              (F, "group_norm"), (F, "instance_norm")],
     source_words=["nn.LayerNorm", "F.layer_norm", "layer_norm", "functional.layer_norm"],
+    kernels=NORMALISATION_KERNELS, library_code=TORCH_REFERENCES,
 )
 
 

@@ -20,12 +20,14 @@ from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
 from graders.judging.learner import Forbidden, run_learner, with_course_functions
+from graders.exercises.library_kernels import GELU_KERNELS, TORCH_REFERENCES
 
 GELU_FORBIDDEN = Forbidden(
     "gelu_new",
     targets=[(F, "gelu"), (nn.GELU, "forward"), (course, "gelu_new")],
     source_words=["F.gelu", "functional.gelu", "nn.GELU", "NewGELU", "gelu_pytorch_tanh",
                   "graders.reference.components"],
+    kernels=GELU_KERNELS, library_code=TORCH_REFERENCES,
 )
 MLP_FORBIDDEN = Forbidden(
     "the MLP",

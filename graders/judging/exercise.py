@@ -29,7 +29,8 @@ import torch
 from graders.judging import progress, provenance, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
-from graders.judging.learner import Forbidden, renamed_submodules_loaded, untouched
+from graders.judging.learner import Forbidden, renamed_submodules_loaded
+from graders.judging.stubs import untouched
 from graders.judging.verdict import LearnerCode, decide, names_verdict
 
 _REGISTRY: dict[tuple[str, str], "Exercise"] = {}

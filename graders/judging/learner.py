@@ -4,11 +4,9 @@ Crashes, unimplemented stubs and library shortcuts become messages a learner can
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import inspect
-import textwrap
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -17,6 +15,7 @@ import torch
 
 from graders.judging.compare import CheckFailed
 from graders.judging.provenance import CourseCodeSealed
+from graders.judging.stubs import cached_source, source, unwritten, unwritten_part
 
 @dataclass
 class Forbidden:
@@ -33,6 +32,9 @@ class Forbidden:
     # the learner's code runs, however it was reached (a subclass, an alias, a call from a
     # library). For the libraries a notebook teaches next to (tiktoken in 11, torch.optim in 12).
     library_code: Sequence[str] = field(default_factory=tuple)
+    # Torch's operators that compute the answer, as its dispatcher names them ("aten::gelu", or a
+    # family "aten::_scaled_dot_product_*"): refused however they are called (graders.judging.kernels).
+    kernels: Sequence[str] = field(default_factory=tuple)
 
 
 ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")
@@ -72,21 +74,9 @@ def _tripwires(forbidden: Forbidden):
 def _source_of(obj) -> str:
     definition = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
     try:
-        return _cached_source(definition)
+        return cached_source(definition)
     except TypeError:   # a class whose metaclass makes it unhashable
-        return _source(definition)
-
-
-def _source(definition) -> str:
-    try:
-        return inspect.getsource(definition)
-    except (OSError, TypeError):
-        return ""
-
-
-# Read once per class or function: finding a class's source parses its whole file, and a check
-# runs the learner's code several times.
-_cached_source = functools.lru_cache(maxsize=256)(_source)
+        return source(definition)
 
 
 def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = None, **kwargs):
@@ -102,7 +92,7 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
                               f"implement {forbidden.what} yourself {forbidden.instead}; "
                               "replace the library call with your own computation.")
     try:
-        with _tripwires(forbidden), torch.no_grad():
+        with _tripwires(forbidden), torch.no_grad(), _kernels_refused(forbidden, what):
             return fn(*args, **kwargs)
     except LibraryUsed as used:
         raise CheckFailed(f"{what}: your code calls `{used}`. Implement {forbidden.what} yourself "
@@ -112,12 +102,20 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
     except CourseCodeSealed as sealed:   # a grading kernel's sealed copy (graders.harness.kernel_view)
         raise CheckFailed(sealed.message(what)) from None
     except NotImplementedError as err:
-        raised = _unwritten_part(err, fn)
+        raised = unwritten_part(err, fn)
         raise unwritten(f"{what}: {raised} is not written yet (your {what} calls it)."
                         if raised else f"{what}: not written yet: write it in the cell above.") from None
     except Exception as err:  # the learner's bug: report it in their terms, not torch's
         raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
                           f"  while running on {describe_args(args)}.") from err
+
+
+def _kernels_refused(forbidden: Forbidden, what: str):
+    if not forbidden.kernels:
+        return contextlib.nullcontext()
+    from graders.judging.kernels import refused
+
+    return refused(forbidden, what)
 
 
 def _namespace(learner) -> dict | None:
@@ -194,120 +192,6 @@ def mentions(code: str, word: str) -> bool:
                      else re.escape(word), code) is not None
 
 
-def unwritten(message: str) -> CheckFailed:
-    """The failure of a check whose answer (or a part it uses) is still nbgrader's stub: the
-    notebook's summary says "not written yet" of it, not "its check fails"."""
-    failure = CheckFailed(message)
-    failure.unwritten = True
-    return failure
-
-
-def is_stub(function) -> bool:
-    """Whether `function` is still nbgrader's stub: its body ends with `raise NotImplementedError`
-    and returns nothing before it (lines given above the raise, such as super().__init__(), may
-    stay), so that a call can only raise."""
-    try:
-        tree = ast.parse(textwrap.dedent(_cached_source(inspect.unwrap(function))))
-    except (TypeError, SyntaxError, ValueError):
-        return False
-    definition = tree.body[0] if tree.body else None
-    if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return False
-    last = definition.body[-1]
-    raised = getattr(last, "exc", None)
-    raised = raised.func if isinstance(raised, ast.Call) else raised
-    if not (isinstance(last, ast.Raise) and isinstance(raised, ast.Name) and raised.id == "NotImplementedError"):
-        return False
-    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)   # their returns are theirs
-    own = [n for s in definition.body[:-1] if not isinstance(s, nested) for n in ast.walk(s)]
-    return not any(isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) for node in own)
-
-
-def _methods(cls) -> dict:
-    """{name: function} of the methods a class defines itself."""
-    return {name: inspect.unwrap(getattr(member, "__func__", member)) for name, member in vars(cls).items()
-            if inspect.isfunction(getattr(member, "__func__", member))}
-
-
-def untouched(name: str, answers: tuple) -> CheckFailed | None:
-    """The failure of a check all of whose answers are still nbgrader's stubs, told without running
-    anything (so an untouched exercise is answered at once, before its inputs or its reference are
-    made); None when any answer is written, or is not a function or class of the learner's.
-
-    A function is untouched when it is a stub (`is_stub`); a class, when every method it defines,
-    a given `__init__` apart, is one. A given `__init__` that builds another untouched class of
-    the learner's is named as building it, as the check would find it (its first failure)."""
-    if not answers or not all(inspect.isfunction(a) or isinstance(a, type) for a in answers):
-        return None
-    for answer in answers:
-        if inspect.isfunction(answer):
-            if not is_stub(answer):
-                return None
-            continue
-        methods = _methods(answer)
-        if not any(is_stub(m) for m in methods.values()) or \
-                not all(is_stub(m) for n, m in methods.items() if n != "__init__"):
-            return None
-    for answer in answers:
-        built = _unwritten_built(answer)
-        if built is not None:
-            return unwritten(f"{name}: {built}.__init__ is not written yet ({answer.__name__} builds {built}).")
-    what = _what_to_write(name, answers)
-    where = " in the cell above" if what in ("it", "them") else ""   # named answers may live in several cells
-    return unwritten(f"{name}: not written yet: write {what}{where}.")
-
-
-def _what_to_write(name: str, answers: tuple) -> str:
-    """'it' or 'them' when the check's name names each answer (a function, a class or one of its
-    methods), else the answers' names."""
-    import re
-    words = set(re.findall(r"\w+", name))
-    if all(a.__name__ in words or isinstance(a, type) and words & set(_methods(a)) for a in answers):
-        return "it" if len(answers) == 1 else "them"
-    return " and ".join(a.__name__ for a in answers)
-
-
-def _unwritten_built(answer) -> str | None:
-    """The learner's class whose stub `__init__` the given `__init__` of class `answer` calls first."""
-    init = _methods(answer).get("__init__") if isinstance(answer, type) else None
-    if init is None or is_stub(init):
-        return None
-    import dis
-
-    def globals_read(code):   # in order, comprehensions' included (their own code objects)
-        for instruction in dis.get_instructions(code):
-            if instruction.opname == "LOAD_GLOBAL":
-                yield instruction.argval
-            elif instruction.opname == "LOAD_CONST" and inspect.iscode(instruction.argval):
-                yield from globals_read(instruction.argval)
-
-    for read in globals_read(init.__code__):
-        built = init.__globals__.get(read)
-        if isinstance(built, type) and built is not answer and is_stub(_methods(built).get("__init__")):
-            return built.__name__
-    return None
-
-
-def _unwritten_part(err: NotImplementedError, learner) -> str | None:
-    """The learner's method that raised `err`, when it is not one of `learner`'s own (a given
-    __init__ building the learner's unwritten DecoderLayer): its qualified name."""
-    from graders.judging.origins import LEARNER, origin
-
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None or origin(tb.tb_frame.f_code).kind != LEARNER:
-        return None
-    owner, _, _ = tb.tb_frame.f_code.co_qualname.rpartition(".")
-    if not owner or owner.endswith("<locals>"):
-        return None   # a function: the learner's own, or a helper of theirs
-    learner = getattr(learner, "__self__", learner)   # a bound method: its object's class
-    if inspect.isfunction(learner) or inspect.isbuiltin(learner):
-        return None   # a function the check calls: which class is the learner's is not known
-    own = learner if isinstance(learner, type) else type(learner)
-    return None if owner.split(".")[-1] == own.__name__ else tb.tb_frame.f_code.co_qualname.split(".<locals>.")[-1]
-
-
 def describe_args(args) -> str:
     """The arguments learner code was called with, as a learner reads them: "a torch.float32 tensor
     of shape [1, 35, 768], a DemoTransformer, True" (not "DemoTransformer, bool")."""
@@ -332,7 +216,7 @@ def build_module(what: str, cls, *args):
     except CourseCodeSealed as sealed:
         raise CheckFailed(sealed.message(what)) from None
     except NotImplementedError as err:
-        raised = _unwritten_part(err, cls)
+        raised = unwritten_part(err, cls)
         owner, _, method = (raised or "").rpartition(".")
         raise unwritten(f"{what}: {owner}.{method} is not written yet ({cls.__name__} builds {owner})."
                         if owner else f"{what}: __init__ is not written yet.") from None

@@ -111,8 +111,8 @@ def _names(cell: TestCell) -> str:
 
 def _unwritten(answer) -> bool:
     """True when the answer cannot run yet: a function, or a method of the class, that is still
-    nbgrader's stub (graders.judging.learner.is_stub)."""
-    from graders.judging.learner import is_stub
+    nbgrader's stub (graders.judging.stubs.is_stub)."""
+    from graders.judging.stubs import is_stub
 
     if inspect.isclass(answer):
         functions = [v for v in vars(answer).values() if inspect.isfunction(v)]

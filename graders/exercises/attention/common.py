@@ -13,6 +13,7 @@ from graders.judging.cases import activations as _load_activations
 from graders.judging.learner import Forbidden
 from graders.reference import components
 from graders.reference.store import part
+from graders.exercises.library_kernels import ATTENTION_CODE, ATTENTION_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 SCORE_DIMS = ("batch", "head", "query_pos", "key_pos")
@@ -30,7 +31,8 @@ _FORBIDDEN_WORDS = ["scaled_dot_product_attention", "F.scaled_dot_product_attent
                     "functional.scaled_dot_product_attention", "MultiheadAttention", "nn.MultiheadAttention",
                     "multi_head_attention_forward", "F.multi_head_attention_forward",
                     "graders.reference.components", "components.Attention"]
-FORBIDDEN = Forbidden("attention", targets=_FORBIDDEN_TARGETS, source_words=_FORBIDDEN_WORDS)
+FORBIDDEN = Forbidden("attention", targets=_FORBIDDEN_TARGETS, source_words=_FORBIDDEN_WORDS,
+                      kernels=ATTENTION_KERNELS, library_code=ATTENTION_CODE)
 FORBIDDEN_MASK = Forbidden("the causal mask", targets=_FORBIDDEN_TARGETS, source_words=_FORBIDDEN_WORDS)
 
 

@@ -24,11 +24,13 @@ from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_module, run_learner, with_course_functions
 from graders.reference.weights import WeightLoadError, component, load_strict
+from graders.exercises.library_kernels import ATTENTION_CODE, ATTENTION_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden("grouped-query attention",
                       targets=[(F, "scaled_dot_product_attention"), (nn.MultiheadAttention, "forward")],
-                      source_words=["scaled_dot_product_attention", "nn.MultiheadAttention", "repeat_kv"])
+                      source_words=["scaled_dot_product_attention", "nn.MultiheadAttention", "repeat_kv"],
+                      kernels=ATTENTION_KERNELS, library_code=ATTENTION_CODE)
 # The course's RoPE under the notebook's names in the checks of the parts that call it: RoPE has a
 # check of its own, so a mistake in it costs that check only.
 ROPE_PARTS = {"rope_cos_sin": ref.rope_cos_sin, "apply_rope": ref.apply_rope}

@@ -22,13 +22,15 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close_in_half
 from graders.reference.weights import component
+from graders.exercises.library_kernels import RMS_NORM_CODE, RMS_NORM_KERNELS
 
 NOTEBOOK = "10_modern_decoder"
 DIMS = ("batch", "position", "d_model")
 DEFAULTS = {"text": None, "batch": 2, "seq": 12}
 SIZES = {"d_model": ref.ModernConfig().d_model, "d_mlp": ref.ModernConfig().d_mlp}
 NORM_FORBIDDEN = Forbidden("RMSNorm", targets=[(F, "rms_norm"), (torch, "rms_norm"), (nn.RMSNorm, "forward")],
-                           source_words=["F.rms_norm", "torch.rms_norm", "nn.RMSNorm"])
+                           source_words=["F.rms_norm", "torch.rms_norm", "nn.RMSNorm"],
+                           kernels=RMS_NORM_KERNELS, library_code=RMS_NORM_CODE)
 MLP_FORBIDDEN = Forbidden("the SwiGLU MLP", targets=[(nn.Linear, "forward"), (F, "linear")],
                           source_words=["nn.Linear", "F.linear"],
                           instead="with matrix products of your parameters")

@@ -18,6 +18,7 @@ from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.tolerance import close
+from graders.exercises.library_kernels import LOSS_KERNELS, TORCH_REFERENCES
 
 NOTEBOOK = "13_post_training"
 D_VOCAB = 40
@@ -27,7 +28,8 @@ FORBIDDEN = Forbidden(
     source_words=["F.cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss"],
     instead="from log_softmax, gather and the mask labels != -100", notebook_wide=False,
     library_code=("torch.nn.functional:cross_entropy", "torch.nn.functional:nll_loss",
-                  "torch.nn.modules.loss:CrossEntropyLoss", "torch.nn.modules.loss:NLLLoss"))
+                  "torch.nn.modules.loss:CrossEntropyLoss", "torch.nn.modules.loss:NLLLoss", *TORCH_REFERENCES),
+    kernels=LOSS_KERNELS)
 SLIPS = {
     "all_positions": "the mean is over every position, the masked ones included: the sum of the labelled "
                      "tokens' losses is divided by all positions, so the loss shrinks as padding and prompts "

@@ -1,0 +1,201 @@
+"""Library answers reached below the names the word scan and the tripwires watch (issue 43's
+family "library answers refused at the level they run"): torch's own kernel for the exercise,
+taken under a computed name before the check starts (so no tripwire replaces it), called as a
+builtin, through torch.ops.aten, or as torch's Python reference (torch._refs). Each computes the
+right answer; each check fails and names the kernel or routine. The same forms, written by hand,
+pass (the catalogs' correct variants)."""
+import importlib
+import pytest
+import torch
+from torch import nn
+
+from graders.course import example_class
+from graders.exercises import nb01, nb03, nb04, nb10, nb13
+from graders.exercises.modern import reference as ref
+from graders.judging.compare import CheckFailed
+from test_integrity import CONFINED, grade, with_forward
+
+TORCH = importlib.import_module("tor" + "ch")
+NN = importlib.import_module("torch._C." + "_nn")
+ATEN = TORCH.ops.aten
+NORM = "layer" + "_norm"
+
+
+def taken(owner, *parts):
+    """`owner.<the joined parts>`, taken now: what a learner's cell would hold before the check."""
+    return getattr(owner, "".join(parts))
+
+
+# --- 01: LayerNorm ---------------------------------------------------------------------------------
+
+def _layernorm(normalise):
+    class LayerNormBy(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+            self.w, self.b = nn.Parameter(torch.ones(cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
+
+        def forward(self, x):
+            return normalise(x, self.cfg.layer_norm_eps) * self.w + self.b
+    return LayerNormBy
+
+
+NATIVE = taken(TORCH, "native_", NORM)
+GROUPED = taken(TORCH, "group", "_norm")
+BATCHED = taken(TORCH, "batch", "_norm")
+REFERENCE = taken(importlib.import_module("torch._refs"), "native_", NORM)
+LAYER_NORMS = {
+    "native builtin": lambda x, eps: NATIVE(x, (x.shape[-1],), None, None, eps)[0],
+    "torch.ops.aten": lambda x, eps: taken(ATEN, "native_", NORM).default(x, [x.shape[-1]], None, None, eps)[0],
+    "group builtin": lambda x, eps: GROUPED(x.reshape(-1, 1, x.shape[-1]), 1, None, None, eps).reshape(x.shape),
+    "batch builtin": lambda x, eps: BATCHED(x.reshape(-1, x.shape[-1]).T, None, None, None, None, True, 0.0,
+                                            eps, False).T.reshape(x.shape),
+    "torch._refs": lambda x, eps: REFERENCE(x, [x.shape[-1]], None, None, eps)[0],
+}
+
+
+@pytest.mark.parametrize("form", LAYER_NORMS)
+def test_layernorm_by_torchs_kernels_fails(form):
+    with pytest.raises(CheckFailed, match="torch's own|library version"):
+        nb01.check_layernorm(_layernorm(LAYER_NORMS[form]))
+
+
+def test_layernorm_by_hand_in_the_same_shape_passes():
+    def by_hand(x, eps):
+        centred = x - x.mean(-1, keepdim=True)
+        return centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    nb01.check_layernorm(_layernorm(by_hand))
+
+
+# --- 03: attention -------------------------------------------------------------------------------
+
+SDPA = taken(NN, "scaled_dot_product", "_attention")
+
+
+class AttentionByKernel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        shape_in, shape_out = (cfg.n_heads, cfg.d_model, cfg.d_head), (cfg.n_heads, cfg.d_head, cfg.d_model)
+        self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.empty(shape_in)) for _ in range(3))
+        self.W_O = nn.Parameter(torch.empty(shape_out))
+        self.b_Q, self.b_K, self.b_V = (nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head)) for _ in range(3))
+        self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
+        self.register_buffer("IGNORE", torch.tensor(float("-inf")), persistent=False)
+
+    def apply_causal_mask(self, attn_scores):
+        n = attn_scores.shape[-1]
+        return attn_scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), self.IGNORE)
+
+    def forward(self, x):
+        q, k, v = (torch.einsum("bpd,ndh->bnph", x, w) + b[:, None]
+                   for w, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V)))
+        z = SDPA(q, k, v, is_causal=True)
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O) + self.b_O
+
+
+def test_attention_by_torchs_kernel_fails():
+    with pytest.raises(CheckFailed, match="aten::scaled_dot_product_attention"):
+        nb03.check_attention(AttentionByKernel)
+
+
+# --- 04: gelu_new --------------------------------------------------------------------------------
+
+GELUS = {
+    "builtin": lambda x: taken(NN, "ge", "lu")(x, approximate="tanh"),
+    "torch.ops.aten": lambda x: taken(ATEN, "ge", "lu").default(x, approximate="tanh"),
+    "torch._refs": lambda x: taken(importlib.import_module("torch._refs.nn.functional"), "ge", "lu")(
+        x, approximate="tanh"),
+}
+
+
+@pytest.mark.parametrize("form", GELUS)
+def test_gelu_new_by_torchs_kernel_fails(form):
+    with pytest.raises(CheckFailed, match="torch's own|library version"):
+        nb04.check_gelu_new(GELUS[form])
+
+
+# --- 10: RMSNorm and grouped-query attention -------------------------------------------------------
+
+RMS = taken(TORCH, "rms", "_norm")
+
+
+class RMSNormByKernel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg, self.w = cfg, nn.Parameter(torch.ones(cfg.d_model))
+
+    def forward(self, x):
+        return RMS(x.float(), (x.shape[-1],), None, self.cfg.rms_norm_eps).to(x.dtype) * self.w
+
+
+def test_rms_norm_by_torchs_kernel_fails():
+    with pytest.raises(CheckFailed, match="aten::rms_norm"):
+        nb10.check_rms_norm(RMSNormByKernel)
+
+
+def _rotated(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class GroupedByKernel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        d_head = cfg.d_model // cfg.n_heads
+        self.W_Q = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_model, d_head))
+        self.W_K = nn.Parameter(torch.empty(cfg.n_kv_heads, cfg.d_model, d_head))
+        self.W_V = nn.Parameter(torch.empty(cfg.n_kv_heads, cfg.d_model, d_head))
+        self.W_O = nn.Parameter(torch.empty(cfg.n_heads, d_head, cfg.d_model))
+
+    def forward(self, x, cos, sin, past=None):
+        q = _rotated(torch.einsum("bpd,ndh->bnph", x, self.W_Q), cos, sin)
+        k = _rotated(torch.einsum("bpd,ndh->bnph", x, self.W_K), cos, sin)
+        v = torch.einsum("bpd,ndh->bnph", x, self.W_V)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        n_q, n_k = q.shape[2], k.shape[2]
+        allowed = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]
+        z = SDPA(q, k, v, attn_mask=allowed, enable_gqa=True)
+        return torch.einsum("bnph,nhd->bpd", z, self.W_O), (k, v)
+
+
+def test_grouped_query_attention_by_torchs_kernel_fails():
+    assert set(dict(GroupedByKernel(nb10.ModernConfig()).named_parameters())) == \
+        set(dict(ref.GQAttention(nb10.ModernConfig()).named_parameters()))
+    with pytest.raises(CheckFailed, match="aten::"):
+        nb10.check_gq_attention(GroupedByKernel)
+
+
+# --- 13: the SFT loss ----------------------------------------------------------------------------
+
+def sft_loss_by_kernel(logits, labels):
+    logits, labels = logits[:, :-1], labels[:, 1:]
+    return taken(NN, "cross_entropy", "_loss")(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                               None, 1, -100, 0.0)
+
+
+def test_sft_loss_by_torchs_kernel_fails():
+    with pytest.raises(CheckFailed, match="torch's own"):
+        nb13.check_sft_loss(sft_loss_by_kernel)
+
+
+# --- in a grading kernel --------------------------------------------------------------------------
+
+@CONFINED
+@pytest.mark.slow
+def test_a_kernel_taken_under_a_computed_name_scores_nothing_in_the_grade(tmp_path):
+    """The grade says what the check cell says; torch's profiler, which the watch turns on and
+    off, leaves nothing on the kernel's stderr (nbgrader would zero a test cell that wrote there)."""
+    kernel_forward = ('    def forward(self, residual):\n'
+                      '        kernel = getattr(__import__("torch"), "native_" + "layer" + "_norm")\n'
+                      '        eps = self.cfg.layer_norm_eps\n'
+                      '        return kernel(residual, (residual.shape[-1],), self.w, self.b, eps)[0]\n')
+    cells, _, executed = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer",
+                                                                      kernel_forward))
+    assert cells["layernorm_test"].points == 0
+    assert "runs aten::native_layer_norm, torch's own kernel for LayerNorm" in cells["layernorm_test"].message
+    solved, _, executed = grade(tmp_path / "solved", "01_layernorm", example_class.submission("01_layernorm", True))
+    assert all(c.points == c.max_points for c in solved.values())
+    assert not [o for c in executed.cells for o in c.get("outputs", []) if o.get("name") == "stderr"]
