@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from graders.course import example_class
-from graders.exercises import nb01, nb03, nb04, nb10, nb13
+from graders.exercises import nb01, nb02, nb03, nb04, nb06, nb09, nb10, nb13
 from graders.exercises.modern import reference as ref
 from graders.judging.compare import CheckFailed
+from graders.reference.components import MLP, Attention, LayerNorm
 from test_integrity import CONFINED, grade, with_forward
 
 TORCH = importlib.import_module("tor" + "ch")
@@ -67,6 +68,38 @@ def test_layernorm_by_hand_in_the_same_shape_passes():
     nb01.check_layernorm(_layernorm(by_hand))
 
 
+# --- 02 and 06: the embeddings and the unembedding ------------------------------------------------
+
+EMBEDDING = taken(TORCH, "embed", "ding")
+LINEAR = taken(NN, "lin", "ear")
+
+
+class EmbedByKernel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+
+    def forward(self, tokens):
+        return EMBEDDING(self.W_E, tokens)
+
+
+class UnembedByKernel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab), requires_grad=False)
+
+    def forward(self, normalized_resid_final):
+        return LINEAR(normalized_resid_final, self.W_U.T, self.b_U)
+
+
+def test_embedding_and_unembedding_by_torchs_kernels_fail():
+    with pytest.raises(CheckFailed, match="runs aten::embedding"):
+        nb02.check_embed(EmbedByKernel)
+    with pytest.raises(CheckFailed, match="runs aten::linear"):
+        nb06.check_unembed(UnembedByKernel)
+
+
 # --- 03: attention -------------------------------------------------------------------------------
 
 SDPA = taken(NN, "scaled_dot_product", "_attention")
@@ -115,6 +148,31 @@ def test_gelu_new_by_torchs_kernel_fails(form):
         nb04.check_gelu_new(GELUS[form])
 
 
+# --- 09: the post-norm block -----------------------------------------------------------------------
+
+ENCODER_LAYER = taken(nn, "Transformer", "EncoderLayer")
+ENCODER_LAYER_FORWARD = ENCODER_LAYER.forward
+
+
+class PostNormByLibrary(nn.Module):
+    """The parts the check loads its weights into, and torch's encoder layer's own forward (taken
+    before the check, so the tripwire on it does not fire) to run."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.attn, self.ln1, self.mlp, self.ln2 = Attention(cfg), LayerNorm(cfg), MLP(cfg), LayerNorm(cfg)
+        object.__setattr__(self, "library", ENCODER_LAYER(cfg.d_model, cfg.n_heads, cfg.d_mlp, dropout=0.0,
+                                                          batch_first=True))
+
+    def forward(self, x):
+        return ENCODER_LAYER_FORWARD(self.library, x)
+
+
+def test_post_norm_block_by_torchs_encoder_layer_fails():
+    with pytest.raises(CheckFailed, match="library version of the post-norm block"):
+        nb09.check_post_norm_block(PostNormByLibrary)
+
+
 # --- 10: RMSNorm and grouped-query attention -------------------------------------------------------
 
 RMS = taken(TORCH, "rms", "_norm")
@@ -159,6 +217,23 @@ class GroupedByKernel(nn.Module):
         allowed = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]
         z = SDPA(q, k, v, attn_mask=allowed, enable_gqa=True)
         return torch.einsum("bnph,nhd->bpd", z, self.W_O), (k, v)
+
+
+class SwiGLUByKernel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_up = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_down = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+
+    def forward(self, x):
+        gate, up = LINEAR(x, self.W_gate.T), LINEAR(x, self.W_up.T)
+        return LINEAR(gate * torch.sigmoid(gate) * up, self.W_down.T)
+
+
+def test_swiglu_by_torchs_linear_kernel_fails():
+    with pytest.raises(CheckFailed, match="runs aten::linear"):
+        nb10.check_swiglu(SwiGLUByKernel)
 
 
 def test_grouped_query_attention_by_torchs_kernel_fails():

@@ -26,3 +26,9 @@ GELU_KERNELS = ("aten::gelu",)
 # The losses: cross-entropy and the negative log-likelihood it ends in (log-softmax is not among
 # them: notebook 13's loss is built from it).
 LOSS_KERNELS = ("aten::cross_entropy_loss", "aten::nll_loss*")
+
+EMBEDDING_KERNELS = ("aten::embedding",)
+LINEAR_KERNELS = ("aten::linear",)
+# nn.TransformerEncoderLayer: its fast path's kernel, and its Python code.
+ENCODER_LAYER_KERNELS = ("aten::_transformer_encoder_layer_fwd",)
+ENCODER_LAYER_CODE = ("torch.nn.modules.transformer", *TORCH_REFERENCES)

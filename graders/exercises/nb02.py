@@ -15,6 +15,7 @@ from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, require_tensor
 from graders.exercises.diagnosis import compare, diagnosis_first
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
+from graders.exercises.library_kernels import EMBEDDING_KERNELS, TORCH_REFERENCES
 
 DIMS = ("batch", "position", "d_model")
 SMALL_SHAPE = (2, 5)     # the first, small input: ids below 768 so that index mix-ups do not crash
@@ -25,6 +26,7 @@ def _forbidden(what: str, course_class) -> Forbidden:
         what,
         targets=[(nn.Embedding, "forward"), (F, "embedding"), (course_class, "forward")],
         source_words=["nn.Embedding", "F.embedding", "functional.embedding", "graders.reference.components"],
+        kernels=EMBEDDING_KERNELS, library_code=TORCH_REFERENCES,
     )
 
 

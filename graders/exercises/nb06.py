@@ -34,6 +34,7 @@ from graders.exercises.divergence import first_divergence
 from graders.exercises.next_token import judge_loss_value
 from graders.exercises.parameter_count import check_count_parameters  # noqa: F401 (the notebook's check)
 from graders.exercises.model_trace import mistake_traces, model_hooks, model_trace
+from graders.exercises.library_kernels import LINEAR_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 LOGIT_DIMS = ("batch", "position", "d_vocab")
@@ -42,7 +43,7 @@ LOGIT_DIMS = ("batch", "position", "d_vocab")
 
 UNEMBED_FORBIDDEN = Forbidden(
     "Unembed", targets=[(components.Unembed, "forward"), (F, "linear")],
-    source_words=["components.Unembed", "F.linear", "nn.Linear"])
+    source_words=["components.Unembed", "F.linear", "nn.Linear"], kernels=LINEAR_KERNELS)
 
 
 def unembed_mistakes(x, W_U, b_U):

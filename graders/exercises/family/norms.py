@@ -27,6 +27,7 @@ from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close
 from graders.reference import bert
 from graders.reference.weights import load_strict
+from graders.exercises.library_kernels import ENCODER_LAYER_CODE, ENCODER_LAYER_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 SUBMODULES = ("attn", "ln1", "mlp", "ln2")
@@ -47,7 +48,8 @@ HINTS = {
 FORBIDDEN = Forbidden(
     "the post-norm block",
     targets=[(bert.PostNormBlock, "forward"), (nn.TransformerEncoderLayer, "forward")],
-    source_words=["nn.TransformerEncoderLayer", "nn.TransformerDecoderLayer", "nn.Transformer"])
+    source_words=["nn.TransformerEncoderLayer", "nn.TransformerDecoderLayer", "nn.Transformer"],
+    kernels=ENCODER_LAYER_KERNELS, library_code=ENCODER_LAYER_CODE)
 
 
 def block_trace(block: nn.Module, x: torch.Tensor, forward: Callable | None = None,

@@ -22,7 +22,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close_in_half
 from graders.reference.weights import component
-from graders.exercises.library_kernels import RMS_NORM_CODE, RMS_NORM_KERNELS
+from graders.exercises.library_kernels import LINEAR_KERNELS, RMS_NORM_CODE, RMS_NORM_KERNELS
 
 NOTEBOOK = "10_modern_decoder"
 DIMS = ("batch", "position", "d_model")
@@ -33,7 +33,7 @@ NORM_FORBIDDEN = Forbidden("RMSNorm", targets=[(F, "rms_norm"), (torch, "rms_nor
                            kernels=RMS_NORM_KERNELS, library_code=RMS_NORM_CODE)
 MLP_FORBIDDEN = Forbidden("the SwiGLU MLP", targets=[(nn.Linear, "forward"), (F, "linear")],
                           source_words=["nn.Linear", "F.linear"],
-                          instead="with matrix products of your parameters")
+                          instead="with matrix products of your parameters", kernels=LINEAR_KERNELS)
 
 
 def config(n_kv_heads: int = 2, **settings) -> ref.ModernConfig:
