@@ -143,6 +143,16 @@ def test_a_copied_tokenizer_is_flagged(package, file, function):
                for f in flags), flags
 
 
+def test_a_pasted_peft_lora_merge_is_flagged():
+    text = (Path(importlib.util.find_spec("peft").origin).parent / "tuners/lora/layer.py").read_text()
+    linear = next(node for node in ast.parse(text).body if isinstance(node, ast.ClassDef) and node.name == "Linear")
+    merge = next(node for node in linear.body if isinstance(node, ast.FunctionDef) and node.name == "merge")
+    pasted = _renamed(ast.get_source_segment(text, merge, padded=True))
+    notebook = _with_answer(released_notebook("13_post_training"), "lora_answer", pasted)
+    flags = copy_flags(notebook, released_notebook("13_post_training"))
+    assert any(f.startswith("answer cell lora_answer: helper matches peft's LoRA layers") for f in flags), flags
+
+
 def test_code_pasted_as_a_string_to_exec_is_flagged():
     pasted = _library_function("tiktoken", "_educational.py", "bpe_encode")
     notebook = _with_answer(released_notebook("11_tokenizer"), "encode_answer",

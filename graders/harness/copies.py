@@ -3,8 +3,9 @@
 Three kinds of source are compared with each answer cell: the course's own code (the grader files
 each notebook declares as its `course_code`, and its solution notebook, which is public), the
 libraries' own sources of that notebook's exercises (LIBRARY_SOURCES: torch's AdamW and gradient
-clipping, tiktoken's educational BPE, GPT-2's encoder.py as transformers keeps it), and, once the
-class is graded, the other students' answers to the same exercise. The comparison is copydetect's
+clipping, tiktoken's educational BPE, GPT-2's encoder.py as transformers keeps it, peft's LoRA
+layers, trl's DPO trainer), and, once the class is graded, the other students' answers to the same
+exercise. The comparison is copydetect's
 (MOSS's winnowing over Pygments tokens, names and strings replaced by one letter): renaming
 variables, reformatting or recommenting does not hide a copy, while the same idea written another
 way shares too little code to be one. Code the released notebook gives (a stub, a constructor
@@ -49,6 +50,10 @@ LIBRARY_SOURCES = {
         ("torch", "optim/adamw.py", "torch's AdamW"),
         ("torch", "optim/adam.py", "torch's Adam, whose update torch.optim.AdamW runs"),
         ("torch", "nn/utils/clip_grad.py", "torch's gradient clipping"),
+    ),
+    "13_post_training": (
+        ("peft", "tuners/lora/layer.py", "peft's LoRA layers (their forward and merge)"),
+        ("trl", "trainer/dpo_trainer.py", "trl's DPO trainer (its sequence log-probabilities and loss)"),
     ),
 }
 
