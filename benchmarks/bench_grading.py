@@ -11,6 +11,10 @@
 3. What writing nbgrader's gradebook adds per graded notebook (scores, comments, late penalty,
    the autograded notebook and the feedback page in the course folder): target <= 0.2 s.
    `--gradebook-only` measures this alone, `--class-only` the speed-up alone.
+4. `--against REV [--notebooks ...]`: what this tree's grading costs against another revision's
+   (the design before a change): each notebook's perfect submission graded in both trees in
+   turn, `--rounds` times after one warming run each, every run in a fresh process; the ratio of
+   the medians. Target <= 1.15 (issue 43: sealing the answer may cost at most 15% per notebook).
 
 Every pipeline run writes into a freshly released nbgrader course, as `make grade` does.
 """
@@ -150,6 +154,68 @@ def gradebook_overhead(names: list[str], students: int = 10) -> float:
     return seconds
 
 
+GRADE_ONE = """
+import sys, tempfile, time
+from pathlib import Path
+import nbformat
+from graders.course import example_class
+from graders.harness import grading
+name = sys.argv[1]
+with tempfile.TemporaryDirectory() as folder:
+    path = Path(folder, name + ".ipynb")
+    nbformat.write(example_class.submission(name, True), path)
+    start = time.perf_counter()
+    result, _ = grading.grade_notebook("bench", name, path, Path(folder, "work"))
+    print(time.perf_counter() - start, result.score, sum(c.max_points for c in result.cells))
+"""
+
+
+def _graded_in(tree: Path, name: str) -> float:
+    """Seconds to grade `name`'s perfect submission with the graders of `tree`, in a fresh process."""
+    import os
+    import subprocess
+
+    from graders.reference.data import SHAKESPEARE_ENV, tinyshakespeare_path
+
+    env = {**os.environ, "PYTHONPATH": str(tree), SHAKESPEARE_ENV: str(tinyshakespeare_path(download=False))}
+    done = subprocess.run([sys.executable, "-c", GRADE_ONE, name], cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"grading {name} in {tree} failed:\n{done.stderr[-2000:]}")
+    seconds, score, maximum = done.stdout.split()[-3:]
+    if float(score) != float(maximum):
+        raise SystemExit(f"{name} in {tree}: a perfect submission scored {score}/{maximum}")
+    return float(seconds)
+
+
+def paired_cost(names: list[str], against: str, rounds: int) -> None:
+    import statistics
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as folder:
+        other = Path(folder, "other")
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), against], check=True,
+                       capture_output=True)
+        try:
+            print(f"grading cost against {against} ({rounds} paired rounds after a warming run; medians)")
+            print(f"{'notebook':24} {against[:10]:>10} {'this tree':>10} {'ratio':>7}")
+            for name in names:
+                if not (other / "solutions" / f"{name}.ipynb").is_file():
+                    print(f"{name:24} not in {against}")
+                    continue
+                times = {other: [], ROOT: []}
+                for tree in times:
+                    _graded_in(tree, name)
+                for _ in range(rounds):
+                    for tree in times:
+                        times[tree].append(_graded_in(tree, name))
+                before, now = (statistics.median(times[t]) for t in (other, ROOT))
+                status = "PASS" if now <= 1.15 * before else "over"
+                print(f"{name:24} {before:10.1f} {now:10.1f} {now / before:6.2f}x  target <= 1.15x  {status}",
+                      flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], capture_output=True)
+
+
 def main() -> None:
     from graders.course.notebooks import notebook_names
     from graders.harness.classroom import graded_notebooks
@@ -161,8 +227,14 @@ def main() -> None:
                         help="only measure what writing nbgrader's gradebook adds per notebook")
     parser.add_argument("--class-only", action="store_true",
                         help="only measure the class's speed-up from 1 to 2 workers")
+    parser.add_argument("--against", metavar="REV", help="the revision to measure this grading cost against")
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds per notebook with --against")
+    parser.add_argument("--notebooks", nargs="+", help="with --against: only these notebooks")
     args = parser.parse_args()
     names = graded_notebooks()
+    if args.against:
+        paired_cost(args.notebooks or names, args.against, args.rounds)
+        return
     core = [n for n in names if n[:2] <= "06"]
     if args.gradebook_only:
         gradebook_overhead(core)

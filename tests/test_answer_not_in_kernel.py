@@ -131,6 +131,44 @@ def test_a_confined_kernel_finds_no_implementation_anywhere(tmp_path):
     assert all(c.points == c.max_points for c in cells.values())
 
 
+VIEW_OF = """
+import marshal, sys
+from graders.harness.kernel_view import kernel_package
+folder, deliveries = kernel_package("11_tokenizer", ("encode_test",))
+layout = (folder / "__pycache__").glob("layout.*.pyc")
+print(folder, marshal.loads(next(layout).read_bytes()[16:]).co_filename,
+      marshal.loads(deliveries["encode_test"])[0][1].co_filename)
+"""
+
+
+@pytest.mark.slow
+def test_a_checkout_elsewhere_that_shares_the_cache_gets_a_view_of_its_own(tmp_path):
+    """The same graders in another folder (a second checkout, or the same one mounted elsewhere)
+    compile to code that names that folder's files, which is how provenance tells course code from
+    the learner's: once, such a view, cached under the contents alone, made a perfect 07 and 11
+    score 0 in this checkout."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from graders.reference.paths import CACHE_ENV
+
+    root = PACKAGE.parent
+    elsewhere = tmp_path / "elsewhere"
+    for part in ("graders", "exercises", "solutions"):
+        shutil.copytree(root / part, elsewhere / part, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}
+    views = []
+    for checkout in (root, elsewhere):
+        done = subprocess.run([sys.executable, "-c", VIEW_OF], cwd=checkout, capture_output=True, text=True,
+                              env={**env, "PYTHONPATH": str(checkout)}, check=True)
+        folder, *files = done.stdout.split()
+        assert all(Path(f).is_relative_to(checkout / "graders") for f in files), (checkout, files)
+        views.append(folder)
+    assert views[0] != views[1]
+
+
 @CONFINED
 @pytest.mark.slow
 def test_a_kernel_writes_nothing_a_later_kernel_or_the_grader_loads(tmp_path):

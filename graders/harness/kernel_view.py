@@ -176,9 +176,9 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     """The graders package as `notebook`'s grading kernels see it, and the `delivery` of each of
     `grade_ids`. The package is a folder of its own holding every module, each file that `sealed`
     names as its sealed copy, compiled (so that no kernel compiles, nor finds a real module's
-    bytecode). Both are made once per version of the graders and the released notebooks (what
-    decides them), in the course cache, the deliveries beside the folder (never in it: a kernel
-    sees the folder); a grading kernel's own cache is a fresh folder."""
+    bytecode). Both are made once per place and version of the graders and the released notebooks
+    (what decides them), in the course cache, the deliveries beside the folder (never in it: a
+    kernel sees the folder); a grading kernel's own cache is a fresh folder."""
     import compileall
     import hashlib
     import marshal
@@ -190,7 +190,10 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     from graders.reference.paths import cache_dir
 
     sources = sorted(p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    digest = hashlib.sha256()
+    # The compiled view and the deliveries name the package's own files (a code object's file is
+    # how provenance tells the course's code from the learner's): a checkout elsewhere that shares
+    # the cache needs a view of its own.
+    digest = hashlib.sha256(str(PACKAGE).encode() + b"\0")
     for path in sources + sorted(EXERCISES.glob("*.ipynb")):
         digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
     folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / notebook
