@@ -30,6 +30,7 @@ from graders.judging import progress, provenance, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
 from graders.judging.learner import Forbidden, renamed_submodules_loaded
+from graders.judging.origins import compiled_names
 from graders.judging.stubs import untouched
 from graders.judging.verdict import LearnerCode, decide, names_verdict
 
@@ -85,7 +86,7 @@ class Exercise:
         that runs the course's own code fails, whatever it produced (graders.judging.provenance):
         `answers` are what the learner passed to the check (`learner` may be built from them)."""
         with renamed_submodules_loaded() as names_failures:
-            with provenance.Watch(builtins=any(rule.library_code for rule in self.forbidden)) as watch:
+            with provenance.Watch(builtins=self.refuses_compiled_code()) as watch:
                 try:
                     outputs, failure = self.produce(learner, case, inputs), None
                 except CheckFailed as failed:
@@ -101,6 +102,11 @@ class Exercise:
                 also_failed.__cause__ = failure.__cause__   # the learner's own line, if their code raised
                 return None, also_failed
         return outputs, (names_failures[0] if names_failures else None)
+
+    def refuses_compiled_code(self) -> bool:
+        """Whether a library routine this check refuses is compiled (tiktoken's CoreBPE): only then
+        does its profiler watch compiled calls, which every torch operator is."""
+        return any(compiled_names(tuple(rule.library_code)) for rule in self.forbidden)
 
     def allowed_parts(self) -> tuple:
         """The course's parts the learner's code may run in this check: those it supplies, and
