@@ -258,17 +258,19 @@ def test_sft_loss_by_torchs_kernel_fails():
 
 # --- in a grading kernel --------------------------------------------------------------------------
 
+KERNEL_FORWARD = ('    def forward(self, residual):\n'
+                  '        kernel = getattr(__import__("torch"), "native_" + "layer" + "_norm")\n'
+                  '        eps = self.cfg.layer_norm_eps\n'
+                  '        return kernel(residual, (residual.shape[-1],), self.w, self.b, eps)[0]\n')
+
+
 @CONFINED
 @pytest.mark.slow
 def test_a_kernel_taken_under_a_computed_name_scores_nothing_in_the_grade(tmp_path):
     """The grade says what the check cell says; torch's profiler, which the watch turns on and
     off, leaves nothing on the kernel's stderr (nbgrader would zero a test cell that wrote there)."""
-    kernel_forward = ('    def forward(self, residual):\n'
-                      '        kernel = getattr(__import__("torch"), "native_" + "layer" + "_norm")\n'
-                      '        eps = self.cfg.layer_norm_eps\n'
-                      '        return kernel(residual, (residual.shape[-1],), self.w, self.b, eps)[0]\n')
     cells, _, executed = grade(tmp_path, "01_layernorm", with_forward("01_layernorm", "layernorm_answer",
-                                                                      kernel_forward))
+                                                                      KERNEL_FORWARD))
     assert cells["layernorm_test"].points == 0
     assert "runs aten::native_layer_norm, torch's own kernel for LayerNorm" in cells["layernorm_test"].message
     solved, _, executed = grade(tmp_path / "solved", "01_layernorm", example_class.submission("01_layernorm", True))

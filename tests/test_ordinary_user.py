@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from graders.course import example_class
@@ -68,5 +69,43 @@ def test_the_example_class_graded_as_an_ordinary_user_gets_its_expected_grades()
         for student, cells in EXPECTED.items():
             wanted = {cell: float(points) for cell, points in cells.items() if cell.split("/")[0] in NOTEBOOKS}
             assert {cell: float(rows[student][cell]) for cell in wanted} == wanted, student
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_cheat_families_score_nothing_graded_as_an_ordinary_user():
+    """Issue 43's families, each a student of a class graded as uid 65534: the course's bytecode
+    laundered, reached through a wrapper, taken with the profiler switched off, and torch's kernel
+    taken under a computed name. Each loses LayerNorm's points, and its report names what it ran."""
+    from test_answer_not_in_kernel import LAUNDERED, PROFILER_OFF, THROUGH_A_WRAPPER
+    from test_integrity import with_forward
+    from test_library_kernels import KERNEL_FORWARD
+
+    forms = {"laundered": LAUNDERED, "wrapper": THROUGH_A_WRAPPER, "profileroff": PROFILER_OFF,
+             "kernel": KERNEL_FORWARD}
+    work = Path(tempfile.mkdtemp(prefix="gpt2-ordinary-"))
+    try:
+        work.chmod(0o755)
+        for student, forward in forms.items():
+            (work / "class" / student).mkdir(parents=True)
+            nbformat.write(with_forward("01_layernorm", "layernorm_answer", forward),
+                           work / "class" / student / "01_layernorm.ipynb")
+        for where in [work, *work.rglob("*")]:
+            os.chown(where, NOBODY, NOBODY)
+        env = {"PATH": os.environ["PATH"], "HOME": str(work), "GPT2_COURSE_CACHE": str(work / "cache"),
+               "GPT2_COURSE_WEIGHTS": "synthetic", "OMP_NUM_THREADS": "1"}
+        done = _as_nobody([sys.executable, "-m", "graders.harness.classroom", "--submissions", str(work / "class"),
+                           "--out", str(work / "grading"), "--plain", "--workers", "2",
+                           "--notebooks", "01_layernorm"], env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "NOT CONFINED" not in done.stderr, done.stderr[-3000:]
+        with open(work / "grading" / "grades.csv") as f:
+            rows = {row["student"]: row for row in csv.DictReader(f)}
+        assert {student: float(rows[student]["01_layernorm/layernorm_test"]) for student in forms} == \
+            dict.fromkeys(forms, 0.0)
+        reports = {student: (work / "grading" / "reports" / f"{student}.txt").read_text() for student in forms}
+        assert "torch's own kernel for LayerNorm" in reports["kernel"], reports["kernel"]
+        assert all("graders/reference/components.py (LayerNorm.forward)" in reports[s]
+                   for s in ("laundered", "wrapper", "profileroff")), reports
     finally:
         shutil.rmtree(work, ignore_errors=True)

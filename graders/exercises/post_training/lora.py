@@ -22,6 +22,12 @@ NOTEBOOK = "13_post_training"
 CONFIG = GPTConfig(d_vocab=64, n_ctx=16, d_model=32, n_layers=2, n_heads=4)
 TARGETS = ("c_attn", "c_proj")
 STEPS, LR, DROPOUT = 3, 1e-2, 0.5
+# AdamW's epsilon in the check's steps. A gradient component that should be zero comes out at
+# rounding level, on the learner's side and on peft's (they multiply in other orders), and AdamW's
+# first step divides it by its own size: with torch's 1e-8 it became a step of either sign, and
+# about one random A in a hundred failed a correct LoRA. At 1e-4 such components move by a ten-
+# thousandth of a step, and the real ones (about 1e-2) as before.
+ADAM_EPS = 1e-4
 FORBIDDEN = Forbidden("LoRA", source_words=["peft", "LoraConfig", "get_peft_model", "merge_and_unload"],
                       instead="from two matrices of your own around the frozen layer",
                       library_code=("peft",))
@@ -83,7 +89,7 @@ def produce(learner, case: Case, inputs: dict) -> dict:
     model.eval()
     outputs["logits_init"] = run_learner("your LoRA model", model, tokens, forbidden=FORBIDDEN)
     if trainable:
-        optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(trainable, lr=LR, eps=ADAM_EPS, weight_decay=0.0)
         for step in range(STEPS):
             model.train()
             with torch.enable_grad():
@@ -156,7 +162,8 @@ def peft_run(case: Case, outputs: dict) -> dict:
     model.eval()
     with torch.no_grad():
         found["logits_init"] = model(tokens).logits
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=ADAM_EPS,
+                                  weight_decay=0.0)
     for step in range(STEPS):
         model.train()
         loss = _step_loss(model(tokens).logits, tokens)
@@ -206,7 +213,8 @@ def course_run(case: Case, outputs: dict, slip: str) -> dict:
             layer.A.copy_(outputs[f"{name}.A"])
             layer.B.copy_(outputs[f"{name}.B"])
     tokens = tokens_of(case)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=ADAM_EPS,
+                                  weight_decay=0.0)
     found = {}
     for step in range(STEPS):
         loss = _step_loss(model(tokens), tokens)
