@@ -14,6 +14,7 @@ from graders.exercises import nb01, nb02, nb03, nb04, nb06, nb09, nb10, nb13
 from graders.exercises.modern import reference as ref
 from graders.judging.compare import CheckFailed
 from graders.reference.components import MLP, Attention, LayerNorm
+from test_catalog_03 import Base, mask_future
 from test_integrity import CONFINED, grade, with_forward
 
 TORCH = importlib.import_module("tor" + "ch")
@@ -105,20 +106,9 @@ def test_embedding_and_unembedding_by_torchs_kernels_fail():
 SDPA = taken(NN, "scaled_dot_product", "_attention")
 
 
-class AttentionByKernel(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        shape_in, shape_out = (cfg.n_heads, cfg.d_model, cfg.d_head), (cfg.n_heads, cfg.d_head, cfg.d_model)
-        self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.empty(shape_in)) for _ in range(3))
-        self.W_O = nn.Parameter(torch.empty(shape_out))
-        self.b_Q, self.b_K, self.b_V = (nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head)) for _ in range(3))
-        self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
-        self.register_buffer("IGNORE", torch.tensor(float("-inf")), persistent=False)
-
-    def apply_causal_mask(self, attn_scores):
-        n = attn_scores.shape[-1]
-        return attn_scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), self.IGNORE)
+class AttentionByKernel(Base):
+    """The catalog's attention parameters, torch's kernel for the rest."""
+    apply_causal_mask = mask_future
 
     def forward(self, x):
         q, k, v = (torch.einsum("bpd,ndh->bnph", x, w) + b[:, None]
