@@ -9,10 +9,10 @@ TORCH_REFERENCES = ("torch._refs", "torch._decomp", "torch._prims")
 # Normalisations: layer norm itself, and the others that compute it once the input is reshaped
 # (a group norm of one group, a batch or instance norm over the transposed input, an RMS norm of
 # the centred input).
+RMS_NORM_KERNELS = ("aten::rms_norm", "aten::_fused_rms_norm")
 NORMALISATION_KERNELS = ("aten::layer_norm", "aten::native_layer_norm", "aten::group_norm", "aten::native_group_norm",
                          "aten::batch_norm", "aten::native_batch_norm", "aten::_native_batch_norm_legit*",
-                         "aten::_batch_norm*", "aten::instance_norm", "aten::rms_norm", "aten::_fused_rms_norm")
-RMS_NORM_KERNELS = ("aten::rms_norm", "aten::_fused_rms_norm")
+                         "aten::_batch_norm*", "aten::instance_norm", *RMS_NORM_KERNELS)
 RMS_NORM_CODE = ("torch.nn.functional:rms_norm", "torch.nn.modules.normalization:RMSNorm", *TORCH_REFERENCES)
 
 # Attention: scaled dot-product attention in every backend, and the multi-head module's kernel.

@@ -5,11 +5,10 @@ each notebook declares as its `course_code`, and its solution notebook, which is
 libraries' own sources of that notebook's exercises (LIBRARY_SOURCES: torch's AdamW and gradient
 clipping, tiktoken's educational BPE, GPT-2's encoder.py as transformers keeps it, peft's LoRA
 layers, trl's DPO trainer), and, once the class is graded, the other students' answers to the same
-exercise. The comparison is copydetect's
-(MOSS's winnowing over Pygments tokens, names and strings replaced by one letter): renaming
-variables, reformatting or recommenting does not hide a copy, while the same idea written another
-way shares too little code to be one. Code the released notebook gives (a stub, a constructor
-written out) counts for nobody.
+exercise. The comparison is copydetect's (MOSS's winnowing over Pygments tokens, names and strings
+replaced by one letter): renaming variables, reformatting or recommenting does not hide a copy,
+while the same idea written another way shares too little code to be one. Code the released
+notebook gives (a stub, a constructor written out) counts for nobody.
 
 A copy is flagged, never zeroed: its points stand. The note goes to the class report and, as
 nbgrader's comment on that answer cell, to formgrader; the learner's feedback page leaves it out.

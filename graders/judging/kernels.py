@@ -26,10 +26,10 @@ from graders.judging.compare import CheckFailed
 START, END = "graders::check_starts", "graders::check_ends"
 
 
-def declared(kernels, op: str) -> bool:
-    """Whether the dispatcher's operator `op` ("aten::native_layer_norm") is among `kernels`,
-    each a name or a family ("aten::_scaled_dot_product_*")."""
-    return any(op.startswith(k[:-1]) if k.endswith("*") else op == k for k in kernels)
+def matches(pattern: str, op: str) -> bool:
+    """Whether the dispatcher's operator `op` ("aten::native_layer_norm") is `pattern`: a name, or a
+    family ("aten::_scaled_dot_product_*")."""
+    return op.startswith(pattern[:-1]) if pattern.endswith("*") else op == pattern
 
 
 @contextlib.contextmanager
@@ -77,7 +77,7 @@ def refused(forbidden, what: str):
     if START not in ops or END not in ops:
         raise CheckFailed(f"{what}: your code switched off the check's watch of torch's operators while it ran. "
                           "Remove that from your code.")
-    ran = next((op for op in ops if declared(forbidden.kernels, op)), None)
+    ran = next((op for op in ops if any(matches(k, op) for k in forbidden.kernels)), None)
     if ran is not None:
         raise CheckFailed(f"{what}: your {what} runs {ran}, torch's own kernel for {forbidden.what}, however it is "
                           f"called (a torch function, a Tensor method, torch.ops.aten, torch._C). Write it "

@@ -42,6 +42,11 @@ def tokens_of(case: Case) -> torch.Tensor:
     return torch.randint(0, CONFIG.d_vocab, (case.batch, case.seq), generator=torch.Generator().manual_seed(case.seed))
 
 
+def _optimizer(trainable: list) -> torch.optim.Optimizer:
+    """The check's steps, the same for the learner's model, peft's and the course's slips."""
+    return torch.optim.AdamW(trainable, lr=LR, eps=ADAM_EPS, weight_decay=0.0)
+
+
 def _step_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
@@ -89,7 +94,7 @@ def produce(learner, case: Case, inputs: dict) -> dict:
     model.eval()
     outputs["logits_init"] = run_learner("your LoRA model", model, tokens, forbidden=FORBIDDEN)
     if trainable:
-        optimizer = torch.optim.AdamW(trainable, lr=LR, eps=ADAM_EPS, weight_decay=0.0)
+        optimizer = _optimizer(trainable)
         for step in range(STEPS):
             model.train()
             with torch.enable_grad():
@@ -162,8 +167,7 @@ def peft_run(case: Case, outputs: dict) -> dict:
     model.eval()
     with torch.no_grad():
         found["logits_init"] = model(tokens).logits
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=ADAM_EPS,
-                                  weight_decay=0.0)
+    optimizer = _optimizer([p for p in model.parameters() if p.requires_grad])
     for step in range(STEPS):
         model.train()
         loss = _step_loss(model(tokens).logits, tokens)
@@ -213,8 +217,7 @@ def course_run(case: Case, outputs: dict, slip: str) -> dict:
             layer.A.copy_(outputs[f"{name}.A"])
             layer.B.copy_(outputs[f"{name}.B"])
     tokens = tokens_of(case)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=ADAM_EPS,
-                                  weight_decay=0.0)
+    optimizer = _optimizer([p for p in model.parameters() if p.requires_grad])
     found = {}
     for step in range(STEPS):
         loss = _step_loss(model(tokens), tokens)
