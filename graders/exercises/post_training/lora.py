@@ -73,9 +73,13 @@ def _factors(layer, name: str, r: int) -> tuple[torch.Tensor, torch.Tensor]:
     return A, B
 
 
-def _wrapped(add_lora, base, r, alpha, dropout=0.0):
+def _wrapped(add_lora, base, r, alpha, dropout=0.0, seed=0):
+    """The learner's A is drawn here, from a random state the check sets (and gives back after):
+    the same factors, and so the same grade, whatever cells ran before in the kernel."""
     model = copy.deepcopy(base)
-    returned = run_learner("add_lora", add_lora, model, r, alpha, dropout, forbidden=FORBIDDEN)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        returned = run_learner("add_lora", add_lora, model, r, alpha, dropout, forbidden=FORBIDDEN)
     return model if returned is None else returned
 
 
@@ -83,7 +87,7 @@ def produce(learner, case: Case, inputs: dict) -> dict:
     LoRALinear, add_lora, merge_lora = learner
     r, alpha = settings(case)
     base, tokens = jittered_gpt(CONFIG, case.seed), tokens_of(case)
-    model = _wrapped(add_lora, base, r, alpha)
+    model = _wrapped(add_lora, base, r, alpha, seed=case.seed)
     layers = _layers(model, "add_lora")
     outputs = {}
     for name, layer in layers:
@@ -136,11 +140,12 @@ def _eval_with_dropout(add_lora, base, trained, tokens, r, alpha) -> dict:
             _factors(theirs, name, r)[0].copy_(mine.A)
             theirs.B.copy_(mine.B)
     dropped.eval()
-    torch.manual_seed(0)
-    return {"logits_dropout": run_learner("your LoRA model with dropout, in eval mode", dropped, tokens,
-                                          forbidden=FORBIDDEN),
-            "logits_dropout_again": run_learner("your LoRA model with dropout, in eval mode", dropped, tokens,
-                                                forbidden=FORBIDDEN)}
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return {"logits_dropout": run_learner("your LoRA model with dropout, in eval mode", dropped, tokens,
+                                              forbidden=FORBIDDEN),
+                "logits_dropout_again": run_learner("your LoRA model with dropout, in eval mode", dropped, tokens,
+                                                    forbidden=FORBIDDEN)}
 
 
 # --- The judge: peft on transformers' GPT-2 ---------------------------------------------------
