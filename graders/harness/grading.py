@@ -31,7 +31,7 @@ from graders.harness.copies import copy_flags
 from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
 from graders.exercises import declared_notebooks, find
-from graders.judging.provenance import given_part_names
+from graders.judging.allowed import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
 from graders.harness.kernel_plan import kernel_groups

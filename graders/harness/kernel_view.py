@@ -24,7 +24,7 @@ import inspect
 from pathlib import Path
 
 from graders.judging.origins import PACKAGE
-from graders.judging.provenance import allowed_code, given_parts
+from graders.judging.allowed import allowed_code, given_parts
 
 SEALED_ERROR = "CourseCodeSealed"
 

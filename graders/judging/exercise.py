@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from graders.judging import progress, provenance, session
+from graders.judging import allowed, progress, provenance, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
 from graders.judging.learner import Forbidden, renamed_submodules_loaded
@@ -111,7 +111,7 @@ class Exercise:
     def allowed_parts(self) -> tuple:
         """The course's parts the learner's code may run in this check: those it supplies, and
         those the notebook's given cells import."""
-        return self.supplies + getattr(self.produce, "supplies", ()) + provenance.given_parts(self.notebook)
+        return self.supplies + getattr(self.produce, "supplies", ()) + allowed.given_parts(self.notebook)
 
     def check(self, learner, case: Case, answers: tuple = ()) -> None:
         """Grade `learner` on one case: in a grading kernel, record what it produced; otherwise

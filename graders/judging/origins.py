@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # None of them implements anything a notebook grades.
 MACHINERY = frozenset({
     "__init__.py", "layout.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
-    "judging/provenance.py", "judging/origins.py", "judging/stubs.py", "judging/session.py", "judging/progress.py",
+    "judging/provenance.py", "judging/allowed.py", "judging/origins.py", "judging/stubs.py", "judging/session.py",
+    "judging/progress.py",
     "judging/exercise.py", "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
     "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",
     "exercises/submodules.py", "judging/library_ops.py", "judging/kernels.py",

@@ -15,21 +15,17 @@ fails when its answer
 """
 from __future__ import annotations
 
-import ast
-import contextlib
 import cProfile
-import functools
 import inspect
 import os
 import sys
 import threading
 from dataclasses import dataclass, field
 
+from graders.judging.allowed import allowed_code, code_of, named_by, nested
 from graders.judging.origins import (
     ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, MACHINE, Origin, compiled_call, compiled_names, library_answer_spec,
-    library_class,
-    origin,
-)
+    origin)
 
 # torch's module calls: a course module the check hands over (a model, its layers) runs its
 # forward from here when the learner's code calls it; to call a course module of its own, the
@@ -51,93 +47,6 @@ class CourseCodeSealed(RuntimeError):
         """What the check says, in the words it uses when the profiler sees the course's code run
         (the learner's own kernel): the same answer gets the same words in the grade."""
         return _message(name, Origin(COURSE, f"{self.where} ({self.qualname})"))
-
-
-def _parts_of(obj) -> list:
-    """What an object is made of: itself, a method's, a partial's or a wrapper's function, a class's own
-    attributes (along its MRO, library classes left out), an instance's class's, a tuple's items."""
-    seen, found, stack = set(), [], [obj]
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        found.append(item)
-        if isinstance(item, functools.partial):
-            stack.append(item.func)
-        elif inspect.isfunction(item) and hasattr(item, "__wrapped__"):   # a decorator's wrapper
-            stack.append(item.__wrapped__)
-        elif inspect.ismethod(item) or isinstance(item, (staticmethod, classmethod)):
-            stack.append(item.__func__)
-        elif isinstance(item, property):
-            stack += [f for f in (item.fget, item.fset) if f is not None]
-        elif inspect.isclass(item):
-            stack += [value for klass in item.__mro__ if not library_class(klass)
-                      for value in vars(klass).values()]
-        elif isinstance(item, (tuple, list)):
-            stack += list(item)
-        elif not (inspect.isfunction(item) or inspect.ismodule(item) or isinstance(
-                item, (str, bytes, int, float, bool, dict, type(None)))) \
-                and not library_class(type(item)):
-            stack.append(type(item))
-    return found
-
-
-def code_of(obj) -> list:
-    """The code objects of the functions an object is made of (see _parts_of)."""
-    return [item.__code__ for item in _parts_of(obj) if inspect.isfunction(item)]
-
-
-def _named_by(learner) -> list:
-    """What the learner's own functions name: their globals (`LN = module.LayerNorm`, an
-    instance built in a cell, a namespace a string was executed in) and their closures' cells."""
-    named = []
-    for function in (f for f in _parts_of(learner) if inspect.isfunction(f)):
-        if origin(function.__code__).kind != LEARNER:
-            continue
-        for name in function.__code__.co_names:
-            item = function.__globals__.get(name)
-            named += [item, *list(item.values())[:1000]] if isinstance(item, dict) else [item]
-        for cell in function.__closure__ or ():
-            with contextlib.suppress(ValueError):
-                named.append(cell.cell_contents)
-    return [item for item in named if not inspect.ismodule(item)]
-
-
-def _nested(codes) -> set:
-    found, stack = set(), list(codes)
-    while stack:
-        code = stack.pop()
-        if code not in found:
-            found.add(code)
-            stack += [c for c in code.co_consts if inspect.iscode(c)]
-    return found
-
-
-@functools.lru_cache(maxsize=64)
-def allowed_code(parts: tuple) -> frozenset:
-    """The code objects of the parts a check supplies, and of the course functions and classes
-    they name (their own parts), transitively: what the learner's code may run of the course's."""
-    allowed, stack = set(), list(parts)
-    visited: set[int] = set()
-    while stack:
-        part = stack.pop()
-        if id(part) in visited:
-            continue
-        visited.add(id(part))
-        for code in _nested(code_of(part)):
-            if code in allowed:
-                continue
-            allowed.add(code)
-            namespace = getattr(inspect.getmodule(code), "__dict__", {})
-            modules = [namespace[n] for n in code.co_names if inspect.ismodule(namespace.get(n))]
-            for name in code.co_names:   # a global, or an attribute of a module it names (bert.X)
-                for named in [namespace.get(name)] + [getattr(m, name, None) for m in modules]:
-                    named = inspect.unwrap(named) if hasattr(named, "__wrapped__") else named   # lru_cache
-                    if (inspect.isclass(named) or inspect.isfunction(named)) and \
-                            getattr(named, "__module__", "").startswith("graders."):
-                        stack.append(named)
-    return frozenset(allowed)
 
 
 _watches: list["Watch"] = []
@@ -210,8 +119,8 @@ class Watch:
         puts in the learner's class for the time of the check)."""
         if self.tampered:
             return f"{name}: your code is not checkable: {self.tampered[0]}. Remove that from your code."
-        allowed = allowed_code(tuple(parts)) | (_nested([produce.__code__]) if produce is not None else set())
-        for code in code_of(learner) + code_of(_named_by(learner)):
+        allowed = allowed_code(tuple(parts)) | (nested([produce.__code__]) if produce is not None else set())
+        for code in code_of(learner) + code_of(named_by(learner)):
             found = _borrowed(code, allowed)
             if found:
                 return _message(name, found)
@@ -281,10 +190,10 @@ class Watch:
         its inputs with the course's version of that part."""
         edges = self._edges()
         ours = _below(edges, [c for c in edges if c in allowed or origin(c).kind == MACHINE], (COURSE, MACHINE))
-        handed = {code for code in _nested(ours) if "<locals>" in code.co_qualname or code.co_name == "<lambda>"}
+        handed = {code for code in nested(ours) if "<locals>" in code.co_qualname or code.co_name == "<lambda>"}
         for code in ours:
             klass = _class_of(code) if code.co_name == "__init__" and origin(code).kind == COURSE else None
-            handed |= _nested(code_of(klass)) if klass is not None else set()
+            handed |= nested(code_of(klass)) if klass is not None else set()
         return handed
 
     def _through_libraries(self, allowed: set) -> Origin | None:
@@ -371,38 +280,3 @@ def _message(name: str, found: Origin) -> str:
                 "are building. Build it yourself from tensor operations.")
     return (f"{name}: your {name} runs code from {found.where}, the course's own implementation. "
             "Write it yourself in your cells.")
-
-
-@functools.lru_cache(maxsize=None)
-def given_part_names(notebook: str) -> tuple[str, ...]:
-    """The course's classes and functions that `notebook`'s given cells import for the learner
-    (the earlier notebooks' parts, e.g. 05's LayerNorm, Attention and MLP), as module:name."""
-    from graders.judging.testcells import released_course_sources
-
-    names = []
-    for source in sorted(released_course_sources(notebook)):
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        names += [f"{node.module}:{alias.name}" for node in ast.walk(tree)
-                  if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("graders.")
-                  and not node.module.startswith("graders.judging") for alias in node.names]
-    return tuple(sorted(set(names)))
-
-
-def given_parts(notebook: str) -> tuple:
-    """The objects named by given_part_names; a grading kernel, which cannot read the notebook,
-    is handed the names in its session."""
-    import importlib
-
-    from graders.judging.session import current
-
-    names = current().given if current().recording else given_part_names(notebook)
-    parts = []
-    for name in names:
-        module, _, attribute = name.partition(":")
-        found = getattr(importlib.import_module(module), attribute, None)
-        if inspect.isclass(found) or inspect.isfunction(found):
-            parts.append(found)
-    return tuple(parts)
