@@ -63,3 +63,17 @@ def test_every_judge_is_sealed_in_every_kernel():
         if path.is_relative_to(PACKAGE) and "." not in judge.__qualname__ and "<" not in judge.__qualname__:
             # (another test registers a throwaway notebook's exercise outside the package)
             assert (path.relative_to(PACKAGE).as_posix(), judge.__qualname__) in layernorm, key
+
+
+def test_views_unused_for_two_weeks_are_removed_when_a_new_one_is_made(tmp_path):
+    import os
+    import time
+
+    views = tmp_path / "kernel-views"
+    old, recent, current = views / "old", views / "recent", views / "current"
+    for folder in (old, recent, current):
+        (folder / "01_layernorm").mkdir(parents=True)
+    weeks_ago = time.time() - kernel_view.STALE_VIEW_SECONDS - 60
+    os.utime(old, (weeks_ago, weeks_ago))
+    kernel_view._prune_stale_views(current)
+    assert sorted(p.name for p in views.iterdir()) == ["current", "recent"]

@@ -172,6 +172,20 @@ def sealed_source(path: Path, names: set[str]) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
+STALE_VIEW_SECONDS = 14 * 24 * 3600
+
+
+def _prune_stale_views(current: Path) -> None:
+    """Each version and place of the graders gets views of its own; those not used for two weeks
+    (an older version, a checkout since removed) are removed when a new one is made."""
+    import shutil
+    import time
+
+    for other in current.parent.iterdir():
+        if other != current and other.is_dir() and other.stat().st_mtime < time.time() - STALE_VIEW_SECONDS:
+            shutil.rmtree(other, ignore_errors=True)
+
+
 def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path, dict[str, bytes | None]]:
     """The graders package as `notebook`'s grading kernels see it, and the `delivery` of each of
     `grade_ids`. The package is a folder of its own holding every module, each file that `sealed`
@@ -197,7 +211,9 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     for path in sources + sorted(EXERCISES.glob("*.ipynb")):
         digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
     folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / notebook
+    os.utime(folder.parent)   # in use: not stale
     if not folder.is_dir():
+        _prune_stale_views(folder.parent)
         seal = sealed(notebook)
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{notebook}."))
         for path in sources:
