@@ -194,6 +194,7 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     (what decides them), in the course cache, the deliveries beside the folder (never in it: a
     kernel sees the folder); a grading kernel's own cache is a fresh folder."""
     import compileall
+    import contextlib
     import hashlib
     import marshal
     import os
@@ -211,7 +212,8 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     for path in sources + sorted(EXERCISES.glob("*.ipynb")):
         digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
     folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / notebook
-    os.utime(folder.parent)   # in use: not stale
+    with contextlib.suppress(OSError):   # in use: not stale (a cache shared read-only stays as it is)
+        os.utime(folder.parent)
     if not folder.is_dir():
         _prune_stale_views(folder.parent)
         seal = sealed(notebook)
