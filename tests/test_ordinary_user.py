@@ -1,6 +1,8 @@
 """An instructor who is not root gets the same confinement and the same grades (issue 43): the
 example class graded as an ordinary user (uid 65534, no groups), on a notebook with no composite
-and one whose composite's cell receives the course's part (graders.judging.deliveries)."""
+and one whose composite's cell receives the course's part (graders.judging.deliveries), with
+issue 43's cheat families handed in by other students of the same class (one class run: the
+run builds a fresh course cache of its own, the longest part of it)."""
 import csv
 import os
 import shutil
@@ -17,7 +19,7 @@ from test_classroom import EXPECTED
 
 NOBODY = 65534
 NOTEBOOKS = ("01_layernorm", "04_mlp")   # 04: its MLP check's cell receives the course's gelu_new
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("nobody"),
               pytest.mark.skipif(os.geteuid() != 0, reason="run as another user, the whole suite is that test")]
 
 
@@ -49,12 +51,33 @@ def _as_nobody(command: list[str], env: dict) -> subprocess.CompletedProcess:
         os.rmdir(stash)
 
 
-def test_the_example_class_graded_as_an_ordinary_user_gets_its_expected_grades():
+def _cheats() -> dict:
+    """Issue 43's families, each a student handing in 01: the course's bytecode laundered, reached
+    through a wrapper, taken with the profiler switched off, and torch's kernel taken under a
+    computed name."""
+    from test_answer_not_in_kernel import LAUNDERED, PROFILER_OFF, THROUGH_A_WRAPPER
+    from test_integrity import with_forward
+    from test_library_kernels import KERNEL_FORWARD
+
+    forms = {"laundered": LAUNDERED, "wrapper": THROUGH_A_WRAPPER, "profileroff": PROFILER_OFF,
+             "kernel": KERNEL_FORWARD}
+    return {student: with_forward("01_layernorm", "layernorm_answer", forward) for student, forward in forms.items()}
+
+
+@pytest.fixture(scope="session")
+def graded_as_nobody():
+    """The example class (notebooks 01 and 04) and the cheat families (01) graded in one class run
+    as uid 65534: (grades.csv's rows by student, each cheat's report). Session-scoped: a module's
+    fixture is made again when pytest-xdist runs another module's test between two of these."""
     work = Path(tempfile.mkdtemp(prefix="gpt2-ordinary-"))
     try:
         work.chmod(0o755)
         submissions = work / "class"
         example_class.write(submissions)
+        for student, notebook in _cheats().items():
+            target = submissions / "submitted" / student / "01_layernorm" / "01_layernorm.ipynb"   # as write()
+            target.parent.mkdir(parents=True)
+            nbformat.write(notebook, target)
         for where in [work, *work.rglob("*")]:
             os.chown(where, NOBODY, NOBODY)
         env = {"PATH": os.environ["PATH"], "HOME": str(work), "GPT2_COURSE_CACHE": str(work / "cache"),
@@ -66,46 +89,24 @@ def test_the_example_class_graded_as_an_ordinary_user_gets_its_expected_grades()
         assert "NOT CONFINED" not in done.stderr, done.stderr[-3000:]
         with open(work / "grading" / "grades.csv") as f:
             rows = {row["student"]: row for row in csv.DictReader(f)}
-        for student, cells in EXPECTED.items():
-            wanted = {cell: float(points) for cell, points in cells.items() if cell.split("/")[0] in NOTEBOOKS}
-            assert {cell: float(rows[student][cell]) for cell in wanted} == wanted, student
+        reports = {student: (work / "grading" / "reports" / f"{student}.txt").read_text() for student in _cheats()}
+        yield rows, reports
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_the_cheat_families_score_nothing_graded_as_an_ordinary_user():
-    """Issue 43's families, each a student of a class graded as uid 65534: the course's bytecode
-    laundered, reached through a wrapper, taken with the profiler switched off, and torch's kernel
-    taken under a computed name. Each loses LayerNorm's points, and its report names what it ran."""
-    from test_answer_not_in_kernel import LAUNDERED, PROFILER_OFF, THROUGH_A_WRAPPER
-    from test_integrity import with_forward
-    from test_library_kernels import KERNEL_FORWARD
+def test_the_example_class_graded_as_an_ordinary_user_gets_its_expected_grades(graded_as_nobody):
+    rows, _ = graded_as_nobody
+    for student, cells in EXPECTED.items():
+        wanted = {cell: float(points) for cell, points in cells.items() if cell.split("/")[0] in NOTEBOOKS}
+        assert {cell: float(rows[student][cell]) for cell in wanted} == wanted, student
 
-    forms = {"laundered": LAUNDERED, "wrapper": THROUGH_A_WRAPPER, "profileroff": PROFILER_OFF,
-             "kernel": KERNEL_FORWARD}
-    work = Path(tempfile.mkdtemp(prefix="gpt2-ordinary-"))
-    try:
-        work.chmod(0o755)
-        for student, forward in forms.items():
-            (work / "class" / student).mkdir(parents=True)
-            nbformat.write(with_forward("01_layernorm", "layernorm_answer", forward),
-                           work / "class" / student / "01_layernorm.ipynb")
-        for where in [work, *work.rglob("*")]:
-            os.chown(where, NOBODY, NOBODY)
-        env = {"PATH": os.environ["PATH"], "HOME": str(work), "GPT2_COURSE_CACHE": str(work / "cache"),
-               "GPT2_COURSE_WEIGHTS": "synthetic", "OMP_NUM_THREADS": "1"}
-        done = _as_nobody([sys.executable, "-m", "graders.harness.classroom", "--submissions", str(work / "class"),
-                           "--out", str(work / "grading"), "--plain", "--workers", "2",
-                           "--notebooks", "01_layernorm"], env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "NOT CONFINED" not in done.stderr, done.stderr[-3000:]
-        with open(work / "grading" / "grades.csv") as f:
-            rows = {row["student"]: row for row in csv.DictReader(f)}
-        assert {student: float(rows[student]["01_layernorm/layernorm_test"]) for student in forms} == \
-            dict.fromkeys(forms, 0.0)
-        reports = {student: (work / "grading" / "reports" / f"{student}.txt").read_text() for student in forms}
-        assert "torch's own kernel for LayerNorm" in reports["kernel"], reports["kernel"]
-        assert all("graders/reference/components.py (LayerNorm.forward)" in reports[s]
-                   for s in ("laundered", "wrapper", "profileroff")), reports
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+def test_the_cheat_families_score_nothing_graded_as_an_ordinary_user(graded_as_nobody):
+    """Each family loses LayerNorm's points, and its report names what it ran."""
+    rows, reports = graded_as_nobody
+    assert {student: float(rows[student]["01_layernorm/layernorm_test"]) for student in reports} == \
+        dict.fromkeys(reports, 0.0)
+    assert "torch's own kernel for LayerNorm" in reports["kernel"], reports["kernel"]
+    assert all("graders/reference/components.py (LayerNorm.forward)" in reports[s]
+               for s in ("laundered", "wrapper", "profileroff")), reports
