@@ -22,13 +22,13 @@ FULL = {f"{name}/{cell.metadata.nbgrader.grade_id}": cell.metadata.nbgrader.poin
         for name in NAMES for cell in grading.test_cells(grading.source_notebook(name))}
 BUGS = {name: declaration(name).example_bug for name in NAMES}
 NONE = {cell: 0 for cell in FULL}
-UNTOUCHED_BY_CRASHER = [cell for cell in FULL if cell.startswith(example_class.UNTOUCHED_BY_CRASHER + "/")]
+NOT_HANDED_IN_BY_CRASHER = [cell for cell in FULL if cell.split("/")[0] > example_class.CRASHER_STOPS_AFTER]
 EXPECTED = {
     "perfect": FULL,
     "untouched": NONE,
     "partial": {cell: points if cell[:2] <= "03" else 0 for cell, points in FULL.items()},
     "buggy": {**FULL, **{f"{name}/{cell}": 0 for name in NAMES for cell in BUGS[name].costs}},
-    "crasher": {**FULL, "03_attention/attention_test": 0, **{cell: 0 for cell in UNTOUCHED_BY_CRASHER}},
+    "crasher": {**FULL, "03_attention/attention_test": 0, **{cell: 0 for cell in NOT_HANDED_IN_BY_CRASHER}},
 }
 # The tests of the graded example class run on one pytest-xdist worker, which grades it once.
 ONE_GRADING = pytest.mark.xdist_group("classroom")
@@ -77,8 +77,9 @@ def test_reports_say_why_each_point_was_lost(graded_example_class):
     crasher = (reports / "crasher.txt").read_text()
     lost = FULL["03_attention/attention_test"]
     assert f"attention_test: lost {lost:g} (crashed)" in crasher, crasher
-    untouched = [cell.split("/")[1] for cell in UNTOUCHED_BY_CRASHER]
-    assert re.findall(r"- (\w+): lost", crasher) == ["attention_test", *untouched], crasher
+    missing = [cell.split("/")[1] for cell in NOT_HANDED_IN_BY_CRASHER]
+    assert re.findall(r"- (\w+): lost", crasher) == ["attention_test", *missing], crasher
+    assert "07_training.ipynb was not submitted" in crasher, crasher
     assert "not written yet" in (reports / "untouched.txt").read_text()
 
 
@@ -91,7 +92,8 @@ def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class
             hidden_lines |= {line.strip() for line in hidden_source(cell).splitlines() if line.strip()}
     assert hidden_lines
     pages = sorted((graded_example_class / "feedback").rglob("*.html"))
-    assert len(pages) == len(EXPECTED) * len(NAMES)
+    handed_in = sum(name in notebooks for notebooks in example_class.students().values() for name in NAMES)
+    assert len(pages) == handed_in   # a page per notebook handed in
     for page in pages:
         html = page.read_text()
         assert "HIDDEN TESTS" not in html, page
@@ -103,20 +105,17 @@ def test_feedback_shows_verdicts_but_never_hidden_test_code(graded_example_class
 @ONE_GRADING
 @pytest.mark.slow
 def test_the_same_notebook_handed_in_by_two_students_gets_the_same_verdicts_and_page(graded_example_class):
-    """Students who hand in the same notebook (the perfect and the crasher student every one but
-    03 and 07; the untouched, partial and crasher student 07; the untouched and partial student
-    04-12): graded in one two-worker run, wherever and whenever the scheduler put each, every
-    such pair gets the same verdicts, messages, flags and feedback page. 07's graded training
-    runs are graded once here (the perfect student's; the crasher's copy of them was the
-    longest grading of the class)."""
+    """Students who hand in the same notebook (the perfect and the crasher student 01-06 but 03;
+    the untouched and partial student 04-13): graded in one two-worker run, wherever and whenever
+    the scheduler put each, every such pair gets the same verdicts, messages, flags and feedback
+    page. 07's graded training runs are graded once here (the perfect student's)."""
     students = example_class.students()
     pairs = [(name, first, second) for name in NAMES for first, second in itertools.combinations(students, 2)
-             if students[first][name] == students[second][name]]
+             if name in students[first] and students[first][name] == students[second].get(name)]
     perfect_crasher = [name for name, *pair in pairs if pair == ["perfect", "crasher"]]
-    untouched = example_class.UNTOUCHED_BY_CRASHER
-    assert perfect_crasher == [name for name in NAMES if name not in ("03_attention", untouched)]
-    assert {tuple(pair) for name, *pair in pairs if name == untouched} == \
-        {("untouched", "partial"), ("untouched", "crasher"), ("partial", "crasher")}
+    assert perfect_crasher == [name for name in NAMES if name <= example_class.CRASHER_STOPS_AFTER and
+                               name != "03_attention"]
+    assert {tuple(pair) for name, *pair in pairs if name > "03"} == {("untouched", "partial")}
     entries = {(e["student"], e["notebook"]): e
                for e in json.loads((graded_example_class / "results.json").read_text())}
     for name, *pair in pairs:

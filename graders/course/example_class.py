@@ -5,9 +5,9 @@
 - untouched: the released notebooks as they are;
 - partial: solved 01-03 only;
 - buggy: a typical mistake in each notebook (each notebook's declared example bug);
-- crasher: perfect, except that Attention.forward kills its kernel with os._exit, and that it
-  hands in 07 untouched (07's graded training runs, the longest grading, would repeat the
-  perfect student's).
+- crasher: perfect, except that Attention.forward kills its kernel with os._exit; hands in
+  01-06 only (the later notebooks are reported as not handed in; their gradings, 07's training
+  runs the longest, would repeat the perfect student's).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _bugs() -> list[tuple[str, str, str, str]]:
 
 
 BUGS = _bugs()
-UNTOUCHED_BY_CRASHER = "07_training"
+CRASHER_STOPS_AFTER = "06_gpt2"
 CRASH = ("03_attention", "attention_answer", "        x = normalized_resid_pre\n",
          "        import os; os._exit(1)\n        x = normalized_resid_pre\n")
 
@@ -70,7 +70,7 @@ def students() -> dict[str, dict[str, nbformat.NotebookNode]]:
         "untouched": {n: submission(n, False) for n in names},
         "partial": {n: submission(n, n[:2] <= "03") for n in names},
         "buggy": {n: submission(n, True, BUGS) for n in names},
-        "crasher": {n: submission(n, n != UNTOUCHED_BY_CRASHER, [CRASH]) for n in names},
+        "crasher": {n: submission(n, True, [CRASH]) for n in names if n <= CRASHER_STOPS_AFTER},
     }
 
 
