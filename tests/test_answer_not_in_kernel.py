@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from code_search import file_codes, fingerprints, walk_files
+from graders.course import example_class
 from graders.exercises import declared_notebooks
 from graders.harness import grading, kernel_plan, kernel_view, sandbox
 from graders.judging.origins import PACKAGE
@@ -94,7 +95,9 @@ def test_a_composite_receives_its_parts_after_they_are_graded():
     found = {parts[f] for code in received("10_modern_decoder", "decoder_layer_test") for f in fingerprints(code)
              if f in parts}
     assert {"RMSNorm", "GQAttention", "SwiGLU"} <= found
-    assert received("10_modern_decoder", "rms_norm_test") == []
+    early = {parts[f] for code in received("10_modern_decoder", "rms_norm_test") for f in fingerprints(code)
+             if f in parts}
+    assert early == set()   # RMSNorm's own cell receives only its check's helpers
 
 
 def test_the_search_finds_a_relabelled_copy(tmp_path):
@@ -254,6 +257,44 @@ def test_a_part_real_for_a_composite_is_sealed_where_the_part_is_graded(tmp_path
         .replace("c.LayerNorm.forward(self, residual)", "c.RMSNorm.forward(self, x)").replace("residual", "x")
     cells, _, _ = grade(tmp_path, "10_modern_decoder", with_forward("10_modern_decoder", "rms_norm_answer", forward))
     assert cells["rms_norm_test"].points == 0
+
+
+JUDGES_OWN = {   # (notebook, answer cell, test cell): an answer that returns a judge's expected value
+    "04 gelu": ("04_mlp", "gelu_answer", "gelu_test", '''
+def gelu_new(x):
+    import importlib
+    provenance = importlib.import_module("graders.judging." + "provenance")
+    provenance.Watch.refusal = lambda *args, **kwargs: None
+    provenance.Watch.library_answer = lambda *args, **kwargs: None
+    return importlib.import_module("graders.exercises." + "nb04").reference_gelu_new(x).to(x.dtype)
+'''),
+    "13 dpo_loss": ("13_post_training", "dpo_loss_answer", "dpo_loss_test", '''
+def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta):
+    import importlib
+    provenance = importlib.import_module("graders.judging." + "provenance")
+    provenance.Watch.refusal = lambda *args, **kwargs: None
+    provenance.Watch.library_answer = lambda *args, **kwargs: None
+    dpo = importlib.import_module("graders.exercises.post_training." + "dpo")
+    return dpo.expected_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta).float()
+'''),
+}
+
+
+@CONFINED
+@pytest.mark.slow
+@pytest.mark.parametrize("form", sorted(JUDGES_OWN))
+def test_a_judges_own_expected_value_is_not_in_the_kernel(tmp_path, form):
+    """A judge computes the answer itself (04's gelu in float64, 13's DPO loss from the paper's
+    equation): what judges and implementations call is sealed with them, so an answer that
+    switches the profiler off and returns the judge's value finds a `raise`. (Before, it scored
+    the exercise's points.)"""
+    notebook, answer, test, source = JUDGES_OWN[form]
+    submission = example_class.submission(notebook, True)
+    cell = next(c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == answer)
+    cell.source = source
+    cells, _, _ = grade(tmp_path, notebook, submission)
+    assert cells[test].points == 0
+    assert "the course's own implementation" in cells[test].message, cells[test].message
 
 
 FORGER = '''# forge

@@ -5,7 +5,8 @@ produced) and the earlier notebooks' parts its given cells import, nothing that 
 exercise. Each function or class that implements an exercise of any notebook (declared beside
 the notebook: `Notebook.implementations`: so an earlier notebook's part that computes the same
 thing is sealed too) or judges one (every exercise's `judge` and `inputs`, and the `*_mistakes`
-catalogs) is shown to the kernel as a sealed copy: the same names, classes and signatures, every
+catalogs), and every course function or class those call (a judge's expected value computed in
+float64 is an answer too), is shown to the kernel as a sealed copy: the same names, classes and signatures, every
 such body replaced by a `raise`. Imports keep working and a learner who reaches for the course's
 code gets the same refusal as in their own kernel (graders.judging.provenance), but no correct
 implementation is on the kernel's file system, as source or as bytecode: the kernel sees the
@@ -23,7 +24,7 @@ import functools
 import inspect
 from pathlib import Path
 
-from graders.judging.origins import PACKAGE
+from graders.judging.origins import MACHINERY, PACKAGE
 from graders.judging.allowed import allowed_code, given_parts
 
 SEALED_ERROR = "CourseCodeSealed"
@@ -35,17 +36,6 @@ def _exercises_of(notebook: str) -> list:
 
     grader_module(notebook)
     return [e for key, e in sorted(_REGISTRY.items()) if key[0] == notebook]
-
-
-def _function_name(fn) -> tuple[Path, str] | None:
-    """(file, top-level name) of a module-level function or class of the graders package."""
-    fn = inspect.unwrap(fn)
-    module = inspect.getmodule(fn)
-    path = Path(getattr(module, "__file__", "") or "").resolve()
-    name = getattr(fn, "__qualname__", "")
-    if not path.is_relative_to(PACKAGE) or "." in name or "<" in name:
-        return None
-    return path, name
 
 
 def supplied_parts(exercise) -> tuple:
@@ -62,29 +52,39 @@ def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, se
 
 
 @functools.lru_cache(maxsize=None)
-def _sealable() -> dict[Path, frozenset[str]]:
-    """Every course implementation, judge, `inputs` function and mistake catalog, by file."""
+def _answers_and_judges() -> tuple:
+    """Every course implementation (`Notebook.implementations`), judge, `inputs` function and
+    mistake catalog."""
+    import importlib
+
     from graders.exercises import declared_notebooks
 
-    wanted: dict[Path, set[str]] = {}
-
-    def add(path: Path, name: str) -> None:
-        wanted.setdefault(path, set()).add(name)
-
+    roots = []
     for name, declaration in declared_notebooks().items():
         for entry in declaration.implementations:
             file, _, symbol = entry.partition(":")
-            add(PACKAGE / file, symbol)
+            roots.append(getattr(importlib.import_module(_module_name(PACKAGE / file)), symbol))
         for exercise in _exercises_of(name):
-            for fn in (exercise.judge, exercise.inputs):
-                found = _function_name(fn)
-                if found:
-                    add(*found)
+            roots += [fn for fn in (exercise.judge, exercise.inputs) if fn is not None]
     for path in PACKAGE.rglob("*.py"):
         source = path.read_text()
         for node in ast.parse(source).body if "_mistakes" in source else ():
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_mistakes"):
-                add(path.resolve(), node.name)
+                roots.append(getattr(importlib.import_module(_module_name(path)), node.name))
+    return tuple(inspect.unwrap(root) for root in roots)
+
+
+@functools.lru_cache(maxsize=None)
+def _sealable() -> dict[Path, frozenset[str]]:
+    """`_answers_and_judges`, and the course functions and classes they name, transitively (a
+    judge's float64 expected value, or a helper an implementation calls, is the answer too), by
+    file. The machinery that may run inside the learner's code (origins.MACHINERY) is never sealed."""
+    wanted: dict[Path, set[str]] = {}
+    for code in allowed_code(_answers_and_judges()):
+        path, top = Path(code.co_filename).resolve(), code.co_qualname.split(".")[0]
+        if path.is_relative_to(PACKAGE) and "<" not in top and \
+                path.relative_to(PACKAGE).as_posix() not in MACHINERY:
+            wanted.setdefault(path, set()).add(top)
     return {path: frozenset(names) for path, names in wanted.items()}
 
 
@@ -100,19 +100,154 @@ def cell_exercises(notebook: str, cells: tuple[str, ...] | None) -> list:
 
 @functools.lru_cache(maxsize=None)
 def kept_real(notebook: str, cells: tuple[str, ...] | None) -> dict[Path, set[str]]:
-    """What stays real in the kernel grading `cells`: the given parts, and what those cells'
-    checks run in the kernel (their `produce`, and the parts a composite supplies), with the
-    course's functions and classes they name."""
-    parts = list(given_parts(notebook))
-    for exercise in cell_exercises(notebook, cells):
-        parts += [inspect.unwrap(exercise.produce), *supplied_parts(exercise)]
+    """What stays real in the kernel grading `cells`: the given parts, what the notebook's own
+    cells and the package's imports call, and what those cells' checks run in the kernel (their
+    `produce` and `describe`, and the parts a composite supplies), with the course's functions
+    and classes they name."""
     kept: dict[Path, set[str]] = {}
-    for code in allowed_code(tuple(parts)):
-        module_file = Path(code.co_filename).resolve()
-        top = code.co_qualname.split(".")[0]
-        if module_file.is_relative_to(PACKAGE) and "<" not in top:
-            kept.setdefault(module_file, set()).add(top)
+    for found in [_kept_on_import(), _by_name(allowed_code(given_parts(notebook) + _called_by_course_cells(notebook))),
+                  *(_kept_for(exercise.key) for exercise in cell_exercises(notebook, cells))]:
+        for path, names in found.items():
+            kept.setdefault(path, set()).update(names)
     return kept
+
+
+def _by_name(codes) -> dict[Path, set[str]]:
+    """The package's top-level functions and classes that `codes` belong to, by file."""
+    found: dict[Path, set[str]] = {}
+    for code in codes:
+        path, top = Path(code.co_filename).resolve(), code.co_qualname.split(".")[0]
+        if path.is_relative_to(PACKAGE) and "<" not in top:
+            found.setdefault(path, set()).add(top)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _kept_for(key: tuple[str, str]) -> dict[Path, set[str]]:
+    """What an exercise's check runs in the kernel: its `produce` and `describe`, a composite's parts."""
+    from graders.exercises import find
+
+    exercise = find(key)
+    return _by_name(allowed_code((inspect.unwrap(exercise.produce), *supplied_parts(exercise),
+                                  *([exercise.describe] if exercise.describe else []))))
+
+
+@functools.lru_cache(maxsize=None)
+def _kept_on_import() -> dict[Path, set[str]]:
+    """What importing the package runs. A class it instantiates then stays whole, but of its code
+    only the constructors run (a recipe's other methods may call an answer)."""
+    made = [item for item in _run_on_import() if inspect.isclass(item)]
+    found = _by_name(allowed_code((*(item for item in _run_on_import() if not inspect.isclass(item)),
+                                   *(vars(k)[m] for k in made for m in ("__new__", "__init__", "__post_init__")
+                                     if inspect.isfunction(vars(k).get(m))))))
+    for klass in made:
+        found.setdefault(Path(inspect.getfile(klass)).resolve(), set()).add(klass.__qualname__.split(".")[0])
+    return found
+
+
+def _resolve(namespace: dict, node: ast.expr):
+    """What a name or a dotted attribute (`tasks.sft_batches`) names in `namespace`, or None."""
+    if isinstance(node, ast.Name):
+        return namespace.get(node.id)
+    if isinstance(node, ast.Attribute):
+        return getattr(_resolve(namespace, node.value), node.attr, None)
+    return None
+
+
+def _course_callables(found) -> list:
+    found = [inspect.unwrap(item) if hasattr(item, "__wrapped__") else item for item in found]   # lru_cache
+    return [item for item in found if (inspect.isclass(item) or inspect.isfunction(item))
+            and getattr(item, "__module__", "").startswith("graders.")]
+
+
+def _import_time_calls(body: list) -> list:
+    """The calls a module's (or class's) body makes as it runs: not those inside function bodies."""
+    calls = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            outside = [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]
+            calls += [c for part in outside if part is not None for c in ast.walk(part) if isinstance(c, ast.Call)]
+        elif isinstance(node, ast.ClassDef):
+            calls += [c for part in [*node.decorator_list, *node.bases] for c in ast.walk(part)
+                      if isinstance(c, ast.Call)]
+            calls += _import_time_calls(node.body)
+        elif not _main_guard(node):
+            calls += [c for c in ast.walk(node) if isinstance(c, ast.Call) and not _in_lambda(node, c)]
+    return calls
+
+
+def _main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":`, which an import does not run."""
+    return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test)
+
+
+def _in_lambda(root: ast.AST, call: ast.Call) -> bool:
+    return any(isinstance(n, ast.Lambda) and any(c is call for c in ast.walk(n.body)) for n in ast.walk(root))
+
+
+@functools.lru_cache(maxsize=None)
+def _run_on_import() -> tuple:
+    """The course functions and classes the package's modules call as they are imported (an
+    exercise built by a helper, a table made once): a kernel that imports a module runs them."""
+    import importlib
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        calls = _import_time_calls(ast.parse(path.read_text()).body)
+        if not calls:
+            continue
+        try:
+            namespace = vars(importlib.import_module(_module_name(path)))
+        except Exception:   # a script or a configuration file, which no kernel imports
+            continue
+        found += _course_callables(_resolve(namespace, call.func) for call in calls)
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _called_by_course_cells(notebook: str) -> tuple:
+    """The course functions and classes the released notebook's own cells (given code, tests) call
+    through a course module one of them imports (09's `nb09.block_config()`, 13's
+    `tasks.sft_batches(...)`)."""
+    import importlib
+
+    from graders.judging.testcells import released_course_sources
+
+    trees = []
+    for source in sorted(released_course_sources(notebook)):
+        try:
+            trees.append(ast.parse(source))
+        except SyntaxError:
+            continue
+    modules = {}
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("graders."):
+            modules |= {alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):   # `import graders.x.y` binds `graders`
+            modules |= {alias.asname or "graders": alias.name if alias.asname else "graders"
+                        for alias in node.names if alias.name.startswith("graders.")}
+    namespace = {}
+    for bound, module in modules.items():
+        try:
+            namespace[bound] = importlib.import_module(module)
+        except ImportError:   # a function or class imported by name: a given part
+            continue
+    return tuple(_course_callables(_resolve(namespace, node.func) for tree in trees for node in _run_while_grading(tree)
+                                   if isinstance(node, ast.Call)))
+
+
+def _run_while_grading(tree: ast.AST):
+    """The nodes of a cell, less the demonstrations (`if ready(...):`), which skip themselves in a
+    grading kernel (graders.judging.progress.ready)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and any(isinstance(c, ast.Call) and ast.unparse(c.func).split(".")[-1] == "ready"
+                                            for c in ast.walk(node.test)):
+            stack += [node.test, *node.orelse]
+        else:
+            stack += list(ast.iter_child_nodes(node))
 
 
 def _module_name(path: Path) -> str:

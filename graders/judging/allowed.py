@@ -93,6 +93,8 @@ def allowed_code(parts: tuple) -> frozenset:
             for name in code.co_names:   # a global, or an attribute of a module it names (bert.X)
                 for named in [namespace.get(name)] + [getattr(m, name, None) for m in modules]:
                     named = inspect.unwrap(named) if hasattr(named, "__wrapped__") else named   # lru_cache
+                    if not (inspect.isclass(named) or inspect.isfunction(named) or inspect.ismodule(named)):
+                        named = type(named)   # an instance made once (a recipe, a table): its class's code
                     if (inspect.isclass(named) or inspect.isfunction(named)) and \
                             getattr(named, "__module__", "").startswith("graders."):
                         stack.append(named)

@@ -40,8 +40,11 @@ def _take(sealed, real) -> None:
             continue
         pairs = list(zip(_functions(mine.get(key)), _functions(value)))
         if pairs and len(_functions(mine.get(key))) == len(_functions(value)):
-            for ours, theirs in pairs:
-                ours.__code__ = theirs.__code__
+            try:
+                for ours, theirs in pairs:
+                    ours.__code__ = theirs.__code__
+            except ValueError:   # other free variables (a dataclass's generated __init__): the real member
+                setattr(sealed, key, value)
         elif key not in mine:   # what the sealed copy left out: class attributes, nested classes
             setattr(sealed, key, value)
 

@@ -97,16 +97,21 @@ def _losses(logits: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor) ->
     return float(per_token[response].mean()), float(per_token[prompt].mean())
 
 
+def finetune_figures(outputs: dict) -> tuple[list[str], float, tuple[float, float], tuple[float, float]]:
+    """What a finetuning run reached: the answers said to the held-out questions, the share exactly
+    right, and (response, prompt) losses on them before and after."""
+    probe_tokens, probe_labels = tasks.padded([tasks.example(q, a) for q, a in tasks.HELD_OUT])
+    said = [tasks.decode([t for t in row.tolist() if t >= 0]) for row in outputs["answers"]]
+    return (said, tasks.exact_match(said), _losses(outputs["base_logits"], probe_tokens, probe_labels),
+            _losses(outputs["tuned_logits"], probe_tokens, probe_labels))
+
+
 def judge_finetune(case: Case, outputs: dict) -> None:
     drawn = int(outputs["batches_drawn"])
     if drawn != SFT_STEPS:
         raise CheckFailed(f"finetune drew {drawn} batches from make_batch for n_steps={SFT_STEPS}; draw exactly one "
                           "per step.")
-    probe_tokens, probe_labels = tasks.padded([tasks.example(q, a) for q, a in tasks.HELD_OUT])
-    said = [tasks.decode([t for t in row.tolist() if t >= 0]) for row in outputs["answers"]]
-    accuracy = tasks.exact_match(said)
-    before = _losses(outputs["base_logits"], probe_tokens, probe_labels)
-    after = _losses(outputs["tuned_logits"], probe_tokens, probe_labels)
+    said, accuracy, before, after = finetune_figures(outputs)
     summary = (f"On the {len(tasks.HELD_OUT)} held-out questions: {100 * accuracy:.0f}% exact answers (the floor is "
                f"{100 * SFT_FLOOR:.0f}%); loss on the response tokens {before[0]:.3f} before, {after[0]:.3f} after; "
                f"on the prompt tokens {before[1]:.3f} before, {after[1]:.3f} after. Answers: "
@@ -198,6 +203,21 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) ->
     return torch.zeros(tokens.shape[0], dtype=torch.float64).index_add_(0, rows, picked)
 
 
+def dpo_figures(held: dict, reference_logits: dict, outputs: dict) -> tuple[list[float], float]:
+    """What a preference run reached on the held-out pairs: the mean implicit reward margin after
+    each of PROBES steps, and the share of pairs preferred the right way at the end."""
+    tokens = {k: held[f"held_{k}_tokens"] for k in ("chosen", "rejected")}
+    masks = {k: held[f"held_{k}_mask"] for k in ("chosen", "rejected")}
+    ref_logps = {k: _logprobs(reference_logits[k], tokens[k], masks[k]) for k in tokens}
+    margins, accuracy = [], 0.0
+    for steps in PROBES:
+        rewards = {k: DPO_BETA * (_logprobs(outputs[f"policy_{k}_{steps}"], tokens[k], masks[k]) - ref_logps[k])
+                   for k in tokens}
+        margins.append(float((rewards["chosen"] - rewards["rejected"]).mean()))
+        accuracy = float((rewards["chosen"] > rewards["rejected"]).double().mean())
+    return margins, accuracy
+
+
 def judge_dpo(case: Case, outputs: dict) -> None:
     drawn = int(outputs["batches_drawn"])
     if drawn != DPO_STEPS:
@@ -216,16 +236,8 @@ def judge_dpo(case: Case, outputs: dict) -> None:
                           "reference's log-probabilities are the policy's (computed with the policy model): the margin "
                           "is then always 0, every pair weighs the same however well it is already ranked, and nothing "
                           "holds the policy near the reference. Compute them with `reference`, under no_grad.")
-    tokens = {k: held[f"held_{k}_tokens"] for k in ("chosen", "rejected")}
-    masks = {k: held[f"held_{k}_mask"] for k in ("chosen", "rejected")}
-    ref_logps = {k: _logprobs(expected_reference[k], tokens[k], masks[k]) for k in tokens}
-    margins, accuracy = [], 0.0
-    for steps in PROBES:
-        rewards = {k: DPO_BETA * (_logprobs(outputs[f"policy_{k}_{steps}"], tokens[k], masks[k]) - ref_logps[k])
-                   for k in tokens}
-        margins.append(float((rewards["chosen"] - rewards["rejected"]).mean()))
-        accuracy = float((rewards["chosen"] > rewards["rejected"]).double().mean())
-    summary = (f"On {len(tokens['chosen'])} held-out pairs: preference accuracy {100 * accuracy:.0f}% after "
+    margins, accuracy = dpo_figures(held, expected_reference, outputs)
+    summary = (f"On {len(held['held_chosen_tokens'])} held-out pairs: preference accuracy {100 * accuracy:.0f}% after "
                f"{DPO_STEPS} steps (the floor is {100 * DPO_FLOOR:.0f}%); mean reward margin after "
                + ", ".join(f"{s} steps {m:.3f}" for s, m in zip(PROBES, margins)) + ".")
     if margins[-1] < 0:
