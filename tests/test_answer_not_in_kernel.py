@@ -46,37 +46,32 @@ def answers_of(notebook, group) -> set[str]:
     return set().union(*(kernel_plan.answers(notebook)[g] for g in group))
 
 
-def _kernels():
-    """Every kernel that grades an answer the course implements (07's `train` and 10's
-    `generate_greedy` have no course implementation to find)."""
-    for notebook in sorted(declared_notebooks()):
-        yield from [(notebook, group) for group in kernel_plan.kernel_groups(notebook)
-                    if implementations(answers_of(notebook, group))]
-
-
 def received(notebook, grade_id) -> list:
     """The code a kernel receives as test cell `grade_id` starts (graders.judging.deliveries)."""
     data = kernel_view.delivery(notebook, grade_id)
     return [code for _, code, _ in marshal.loads(data)] if data else []
 
 
-@pytest.mark.parametrize("notebook, group", list(_kernels()))
-def test_no_kernel_holds_the_answer_of_a_check_it_grades(notebook, group):
-    """Not in the graders package the kernel sees, nor in what it has received by the time a
-    test cell runs (its own delivery and those of the cells before it)."""
-    wanted = implementations(answers_of(notebook, group))
+@pytest.mark.parametrize("notebook", sorted(declared_notebooks()))
+def test_no_kernel_holds_the_answer_of_a_check_it_grades(notebook):
+    """Not in the graders package a kernel sees, nor in what it has received by the time a test
+    cell runs (its own delivery and those of the cells before it); each kernel of the notebook
+    that grades an answer the course implements (07's `train` and 10's `generate_greedy` have no
+    course implementation to find)."""
     view, _ = kernel_view.kernel_package(notebook)
     assert list(view.rglob("*.pyc")), "the view is compiled: a kernel compiles nothing"
-    found = set()
-    for path in walk_files(str(view), set(wanted)):
-        for code in file_codes(path):
-            found |= {wanted[f] for f in fingerprints(code) if f in wanted}
-    assert found == set()
-    so_far = []
-    for grade_id in group:
-        so_far += received(notebook, grade_id)
-        answers = implementations(kernel_plan.answers(notebook)[grade_id])
-        assert {answers[f] for code in so_far for f in fingerprints(code) if f in answers} == set(), grade_id
+    for group in kernel_plan.kernel_groups(notebook):
+        wanted = implementations(answers_of(notebook, group))
+        found = set()
+        for path in walk_files(str(view), set(wanted)) if wanted else ():
+            for code in file_codes(path):
+                found |= {wanted[f] for f in fingerprints(code) if f in wanted}
+        assert found == set(), group
+        so_far = []
+        for grade_id in group:
+            so_far += received(notebook, grade_id)
+            answers = implementations(kernel_plan.answers(notebook)[grade_id])
+            assert {answers[f] for code in so_far for f in fingerprints(code) if f in answers} == set(), grade_id
 
 
 def test_no_check_needs_its_own_answer_in_its_kernel():
