@@ -39,8 +39,7 @@ def bench_dpo(seed: int) -> float:
     start = time.perf_counter()
     outputs = runs.produce_dpo(ref.train_dpo, case, inputs)
     seconds = time.perf_counter() - start
-    reference = runs._model(runs._weights(inputs, "sft.")).eval()
-    margins, accuracy = runs.dpo_figures(inputs, runs._response_logits(reference, inputs), outputs)
+    margins, accuracy = runs.dpo_figures(inputs, runs.reference_logits(inputs), outputs)
     print(f"train_dpo seed {seed}: {100 * accuracy:.0f}% of held-out pairs preferred (floor "
           f"{100 * runs.DPO_FLOOR:.0f}%); margin after {'/'.join(map(str, runs.PROBES))} steps "
           + " / ".join(f"{m:.2f}" for m in margins) + f" (floor {runs.DPO_MARGIN}); {seconds:.1f} s", flush=True)

@@ -6,8 +6,8 @@ exercise. Each function or class that implements an exercise of any notebook (de
 the notebook: `Notebook.implementations`: so an earlier notebook's part that computes the same
 thing is sealed too) or judges one (every exercise's `judge` and `inputs`, and the `*_mistakes`
 catalogs), and every course function or class those call (a judge's expected value computed in
-float64 is an answer too), is shown to the kernel as a sealed copy: the same names, classes and signatures, every
-such body replaced by a `raise`. Imports keep working and a learner who reaches for the course's
+float64 is an answer too), is shown to the kernel as a sealed copy: the same names, classes and
+signatures, every such body replaced by a `raise`. Imports keep working and a learner who reaches for the course's
 code gets the same refusal as in their own kernel (graders.judging.provenance), but no correct
 implementation is on the kernel's file system, as source or as bytecode: the kernel sees the
 package as a folder of its own (`kernel_package`), compiled from those copies.
@@ -79,13 +79,8 @@ def _sealable() -> dict[Path, frozenset[str]]:
     """`_answers_and_judges`, and the course functions and classes they name, transitively (a
     judge's float64 expected value, or a helper an implementation calls, is the answer too), by
     file. The machinery that may run inside the learner's code (origins.MACHINERY) is never sealed."""
-    wanted: dict[Path, set[str]] = {}
-    for code in allowed_code(_answers_and_judges()):
-        path, top = Path(code.co_filename).resolve(), code.co_qualname.split(".")[0]
-        if path.is_relative_to(PACKAGE) and "<" not in top and \
-                path.relative_to(PACKAGE).as_posix() not in MACHINERY:
-            wanted.setdefault(path, set()).add(top)
-    return {path: frozenset(names) for path, names in wanted.items()}
+    return {path: frozenset(names) for path, names in _by_name(allowed_code(_answers_and_judges())).items()
+            if path.relative_to(PACKAGE).as_posix() not in MACHINERY}
 
 
 def cell_exercises(notebook: str, cells: tuple[str, ...] | None) -> list:

@@ -206,6 +206,11 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) ->
     return torch.zeros(tokens.shape[0], dtype=torch.float64).index_add_(0, rows, picked)
 
 
+def reference_logits(held: dict) -> dict:
+    """The frozen reference's logits on the held-out pairs' responses (what a run must leave as is)."""
+    return _response_logits(_model(_weights(held, "sft.")).eval(), held)
+
+
 def dpo_figures(held: dict, reference_logits: dict, outputs: dict) -> tuple[list[float], float]:
     """What a preference run reached on the held-out pairs: the mean implicit reward margin after
     each of PROBES steps, and the share of pairs preferred the right way at the end."""
@@ -227,8 +232,7 @@ def judge_dpo(case: Case, outputs: dict) -> None:
         raise CheckFailed(f"train_dpo drew {drawn} batches from make_batch for n_steps={DPO_STEPS}; draw exactly one "
                           "per step.")
     held = dpo_inputs(case)
-    reference = _model(_weights(held, "sft.")).eval()
-    expected_reference = _response_logits(reference, held)
+    expected_reference = reference_logits(held)
     if any(not torch.allclose(outputs[f"reference_{k}"], v, atol=1e-4) for k, v in expected_reference.items()):
         raise CheckFailed("train_dpo: the reference model changed during the run. Likely mistake: the reference is "
                           "not frozen (its parameters are in the optimizer, or gradients reach it): DPO measures the "
