@@ -69,6 +69,33 @@ def test_each_example_student_gets_exactly_the_expected_grade_per_test_cell(grad
 
 @ONE_GRADING
 @pytest.mark.slow
+def test_students_with_the_same_file_are_graded_once_each_with_pages_of_their_own(graded_example_class):
+    """The partial student's 01-03 are the perfect student's files and its 04-13 the untouched
+    one's; the crasher's 01, 02 and 04-06 are the perfect student's: one grading each, named in
+    results.json, every student still with a feedback page of their own."""
+    entries = json.loads((graded_example_class / "results.json").read_text())
+    by_file = {}
+    for entry in entries:
+        if entry.get("submission"):
+            by_file.setdefault((entry["notebook"], entry["submission"]["sha256"]), []).append(entry)
+    shared = {(name, tuple(sorted(e["student"] for e in group)))
+              for (name, _), group in by_file.items() if len(group) > 1}
+    assert {("01_layernorm", ("crasher", "partial", "perfect")), ("04_mlp", ("crasher", "perfect")),
+            ("13_post_training", ("partial", "untouched"))} <= shared
+    assert not any(student == "buggy" for _, students in shared for student in students)
+    for group in by_file.values():
+        students = sorted(e["student"] for e in group)
+        for entry in group:
+            assert entry.get("same_file_as", []) == ([s for s in students if s != entry["student"]]
+                                                      if len(group) > 1 else []), entry["student"]
+            assert (entry["cells"], entry["seconds"]) == (group[0]["cells"], group[0]["seconds"])
+            assert (graded_example_class / entry["feedback"]).is_file()
+    pages = {e["feedback"] for group in by_file.values() for e in group}
+    assert len(pages) == sum(len(group) for group in by_file.values())
+
+
+@ONE_GRADING
+@pytest.mark.slow
 def test_reports_say_why_each_point_was_lost(graded_example_class):
     reports = graded_example_class / "reports"
     buggy = (reports / "buggy.txt").read_text()

@@ -40,11 +40,13 @@ EVENTS = "gpt2-grading"   # Dask event topic: a worker names the notebook it sta
 
 # --- One task: runs on a Dask worker --------------------------------------------------------
 
-def grade_task(submission: Submission, limits, kernels_at_once: int = 1) -> dict:
+def grade_task(submission: Submission, limits, kernels_at_once: int = 1, alike: tuple = ()) -> dict:
     """Grade one handed-in notebook (its kernels up to `kernels_at_once` at a time): {"entry":
     its results.json entry (without the submission key), "notebook": the annotated notebook
-    (JSON), "feedback": its feedback page}. Never raises: an unreadable notebook, or the
-    grader's own failure, is reported as such."""
+    (JSON), "feedback": its feedback page, "alike": the same for each of `alike`, other
+    students' submissions of the very same file, which this grading grades too (a verdict
+    depends on the file alone: graders.harness.grading)}. Never raises: an unreadable notebook,
+    or the grader's own failure, is reported as such."""
     import nbformat
 
     from graders.harness import grading
@@ -54,7 +56,8 @@ def grade_task(submission: Submission, limits, kernels_at_once: int = 1) -> dict
 
     _announce("started", submission)
     start = time.perf_counter()
-    name, notebook, page, answered = submission.notebook, None, None, {}
+    members = (submission, *alike)
+    name, pages, answered = submission.notebook, [(None, None)] * len(members), {}
     try:
         nbformat.read(submission.path, as_version=4)
     except Exception as err:  # one fact, instead of "graded as empty" and a note per cell
@@ -69,17 +72,26 @@ def grade_task(submission: Submission, limits, kernels_at_once: int = 1) -> dict
             cells, flags, answered = result.to_json()["cells"], result.flags, answers(executed)
             # `nbgrader generate_feedback` makes the learner's page from the autograded notebook:
             # copy notes stay in the report and the gradebook's comment (as graders.harness.autograde)
-            notebook = annotated(executed, name, cells,
-                                 [note for note in submission.notes + flags if not is_copy_note(note)])
-            page = feedback_html(notebook, name, cells)
+            pages = []
+            for member in members:
+                notebook = annotated(executed, name, cells,
+                                     [note for note in member.notes + flags if not is_copy_note(note)])
+                pages.append((nbformat.writes(notebook), feedback_html(notebook, name, cells)))
         except Exception as err:  # the grader's own failure: reported, never silently zero
             cells, flags = _ungraded(name, "error", f"the grader failed on this notebook: "
                                                     f"{type(err).__name__}: {err}"), []
-    entry = {"student": submission.student, "notebook": name, "notes": submission.notes,
-             "flags": flags, "cells": cells, "seconds": round(time.perf_counter() - start, 1),
-             "answers": answered}   # for the class-wide copy check (graders.harness.copies.review_class)
+            pages = [(None, None)] * len(members)
+    seconds = round(time.perf_counter() - start, 1)
     _announce("finished", submission)
-    return {"entry": entry, "notebook": nbformat.writes(notebook) if notebook else None, "feedback": page}
+    done = []
+    for member, (notebook, page) in zip(members, pages):
+        # "answers": for the class-wide copy check (graders.harness.copies.review_class)
+        entry = {"student": member.student, "notebook": name, "notes": member.notes, "flags": flags,
+                 "cells": cells, "seconds": seconds, "answers": answered}
+        if alike:   # who handed in the same file (results.json only: a learner's page names nobody)
+            entry["same_file_as"] = sorted(m.student for m in members if m is not member)
+        done.append({"entry": entry, "notebook": notebook, "feedback": page})
+    return {**done[0], "alike": done[1:]}
 
 
 def _announce(what: str, submission: Submission) -> None:
@@ -196,28 +208,36 @@ def _grade_on_cluster(todo: list[Submission], limits, workers: int, scheduler: s
     # The workers keep the cores busy; a lone local worker may run a notebook's kernels two at a time.
     kernels_at_once = 2 if cluster and workers == 1 else 1
     progress = Progress(len(todo))
+    same_file: dict[tuple[str, str], list[Submission]] = {}
+    for submission in todo:   # graded once per distinct file
+        same_file.setdefault((submission.notebook, submission.sha256 or submission.student), []).append(submission)
     try:
         client.subscribe_topic(EVENTS, progress.announced)
-        futures = {client.submit(grade_task, s, limits, kernels_at_once, pure=False,
-                                 key=f"grade-{s.student}-{s.notebook}"): s for s in todo}
+        futures = {client.submit(grade_task, first, limits, kernels_at_once, tuple(alike), pure=False,
+                                 key=f"grade-{first.student}-{first.notebook}"): [first, *alike]
+                   for first, *alike in same_file.values()}
         for future in as_completed(futures):
-            submission = futures[future]
+            members = futures[future]
             try:
                 done = future.result()
             except Exception as err:  # the worker died under it: reported like a grader failure
-                done = {"entry": {"student": submission.student, "notebook": submission.notebook,
-                                  "notes": submission.notes, "flags": [], "seconds": None,
-                                  "cells": _ungraded(submission.notebook, "error",
-                                                     f"the grader failed on this notebook: "
-                                                     f"{type(err).__name__}: {err}")},
-                        "notebook": None, "feedback": None}
-            progress.finished(done["entry"])
-            save(submission, done)
+                done = {**_died(members[0], err), "alike": [_died(member, err) for member in members[1:]]}
+            for member, each in zip(members, [done, *done["alike"]]):
+                progress.finished(each["entry"])
+                save(member, each)
     finally:
         progress.close()
         client.close()
         if cluster:
             cluster.close()
+
+
+def _died(submission: Submission, err: Exception) -> dict:
+    return {"entry": {"student": submission.student, "notebook": submission.notebook, "notes": submission.notes,
+                      "flags": [], "seconds": None,
+                      "cells": _ungraded(submission.notebook, "error", f"the grader failed on this notebook: "
+                                                                       f"{type(err).__name__}: {err}")},
+            "notebook": None, "feedback": None}
 
 
 class Progress:
