@@ -79,6 +79,16 @@ def test_no_check_needs_its_own_answer_in_its_kernel():
             if kernel_plan.self_answering(nb)} == {}
 
 
+def test_the_kernel_plan_kept_beside_the_views_is_what_planning_gives():
+    """08 is graded in two kernels: the plan each grading reads is the one planned afresh."""
+    kernel_plan.kernel_groups.cache_clear()
+    for notebook in ("08_sampling", "10_modern_decoder"):
+        groups = kernel_plan.kernel_groups(notebook)
+        stored = json.loads((kernel_view.views_folder() / f"{notebook}.kernels.json").read_text())
+        assert stored == [list(group) for group in groups] and groups == kernel_plan._planned(notebook)
+    assert len(kernel_plan.kernel_groups("08_sampling")) == 2
+
+
 def test_a_composite_receives_its_parts_after_they_are_graded():
     """10's DecoderLayer check runs the course's RMSNorm, attention and SwiGLU: the kernel receives
     them as that cell starts, after the parts' own cells (and the search finds them there: the

@@ -30,7 +30,7 @@ from graders.harness.cells import (cell_error, is_test_cell, learner_code, nbgra
 from graders.harness.copies import copy_flags
 from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
-from graders.exercises import declared_notebooks, find
+from graders.exercises import declaration, find
 from graders.judging.allowed import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
@@ -146,7 +146,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     # Made here, not in the kernels' threads (ast.parse is not thread-safe in Python 3.11).
     view, deliveries = kernel_package(name, tuple(g for group in groups for g in group))
     view = None if unavailable else view
-    without = library_paths(getattr(declared_notebooks().get(name), "without_libraries", ()))
+    without = library_paths(declaration(name).without_libraries if wanted else ())   # 00 declares nothing
     taken: list[dict[str, dict]] = [{} for _ in groups]
     given = given_part_names(name)   # parsed here: the kernels' threads parse nothing (see copy_flags below)
 

@@ -15,9 +15,14 @@ a course implementation by the notebook's name for it (`Notebook.renamed`, else 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import os
+import tempfile
+from pathlib import Path
 
-from graders.harness.kernel_view import kept_real
+from graders.harness.kernel_view import kept_real, views_folder
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,7 +67,21 @@ def _clash(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=None)
 def kernel_groups(notebook: str) -> tuple[tuple[str, ...], ...]:
-    """The test cells (grade_ids) each kernel grades, in notebook order."""
+    """The test cells (grade_ids) each kernel grades, in notebook order: planned once per place
+    and version of the graders and notebooks, and kept beside the kernel views (planning imports
+    every notebook's graders and reads what they call, about a second)."""
+    stored = views_folder() / f"{notebook}.kernels.json"
+    with contextlib.suppress(OSError, ValueError):
+        return tuple(tuple(group) for group in json.loads(stored.read_text()))
+    groups = _planned(notebook)
+    with contextlib.suppress(OSError):   # a cache shared read-only: planned again next time
+        staging = Path(tempfile.mkstemp(dir=stored.parent, prefix=f".{notebook}.")[1])
+        staging.write_text(json.dumps(groups))
+        os.replace(staging, stored)
+    return groups
+
+
+def _planned(notebook: str) -> tuple[tuple[str, ...], ...]:
     groups: list[tuple[str, ...]] = []
     for grade_id in answers(notebook):
         for i, group in enumerate(groups):

@@ -316,6 +316,27 @@ def _prune_stale_views(current: Path) -> None:
             shutil.rmtree(other, ignore_errors=True)
 
 
+def _package_sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def views_folder() -> Path:
+    """The course cache's folder for this place and version of the graders and the notebooks
+    (source and released): the kernel views, their deliveries and the kernel plans."""
+    import hashlib
+
+    from graders.layout import EXERCISES, SOLUTIONS
+    from graders.reference.paths import cache_dir
+
+    # The compiled view and the deliveries name the package's own files (a code object's file is
+    # how provenance tells the course's code from the learner's): a checkout elsewhere that shares
+    # the cache needs a view of its own.
+    digest = hashlib.sha256(str(PACKAGE).encode() + b"\0")
+    for path in _package_sources() + sorted(EXERCISES.glob("*.ipynb")) + sorted(SOLUTIONS.glob("*.ipynb")):
+        digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
+    return cache_dir("kernel-views", digest.hexdigest()[:16])
+
+
 def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path, dict[str, bytes | None]]:
     """The graders package as `notebook`'s grading kernels see it, and the `delivery` of each of
     `grade_ids`. The package is a folder of its own holding every module, each file that `sealed`
@@ -325,23 +346,13 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     kernel sees the folder); a grading kernel's own cache is a fresh folder."""
     import compileall
     import contextlib
-    import hashlib
     import marshal
     import os
     import shutil
     import tempfile
 
-    from graders.layout import EXERCISES
-    from graders.reference.paths import cache_dir
-
-    sources = sorted(p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    # The compiled view and the deliveries name the package's own files (a code object's file is
-    # how provenance tells the course's code from the learner's): a checkout elsewhere that shares
-    # the cache needs a view of its own.
-    digest = hashlib.sha256(str(PACKAGE).encode() + b"\0")
-    for path in sources + sorted(EXERCISES.glob("*.ipynb")):
-        digest.update(str(path.relative_to(PACKAGE.parent)).encode() + b"\0" + path.read_bytes())
-    folder = cache_dir("kernel-views", digest.hexdigest()[:16]) / notebook
+    sources = _package_sources()
+    folder = views_folder() / notebook
     with contextlib.suppress(OSError):   # in use: not stale (a cache shared read-only stays as it is)
         os.utime(folder.parent)
     if not folder.is_dir():
