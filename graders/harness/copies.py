@@ -24,6 +24,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+# Imported with this module, not at the first comparison: copydetect imports matplotlib (about
+# 0.6 s), which, done beside a running grading kernel (graders.harness.grading), held up the
+# grader's messages to that kernel.
+from copydetect import CodeFingerprint, compare_files
+
 PACKAGE = Path(__file__).resolve().parents[1]
 REVIEW = "its points stand, please review it"
 
@@ -66,8 +71,6 @@ class Code:
 
 def fingerprint(text: str, boilerplate=None):
     """copydetect's fingerprint of Python code; `boilerplate`: hashes that count for nobody."""
-    from copydetect import CodeFingerprint
-
     return CodeFingerprint("answer.py", NOISE, 1, boilerplate=boilerplate, fp=io.StringIO(text),
                            language="python")
 
@@ -75,8 +78,6 @@ def fingerprint(text: str, boilerplate=None):
 def shared(answer, source) -> tuple[float, float, int]:
     """(share of `answer`'s code found in `source`, share of `source`'s found in `answer`,
     characters of normalised code shared), between two fingerprints."""
-    from copydetect import compare_files
-
     if not answer.token_coverage or not source.token_coverage:
         return 0.0, 0.0, 0
     overlap, (of_answer, of_source), _ = compare_files(answer, source)
