@@ -1,6 +1,8 @@
 """Notebook 12's graders: correct variants (in other styles) pass, each catalogued mistake fails with
 its name, an unlisted one is localised, and the library versions are refused."""
 import functools
+import queue
+import threading
 
 import pytest
 import torch
@@ -800,6 +802,31 @@ def test_adamw_library_kernels_and_copies_are_refused():
     fails_with(nb12.check_adamw, Fused, expected=["aten::_fused_adamw_", "torch's fused AdamW step"])
     fails_with(nb12.check_adamw, Foreach, expected="aten::_foreach_mul_")
     fails_with(nb12.check_adamw, Pasted, expected=["torch.optim.adam.", "compiled from a copy of its source"])
+
+
+def test_a_library_kernel_on_a_thread_started_before_the_check_is_refused():
+    """The norms computed by torch's multi-tensor kernel on a worker thread that waits on a queue:
+    the dispatch mode sees its own thread only, torch's profiler every thread."""
+    requests, replies = queue.Queue(), queue.Queue()
+
+    def worker():
+        while (grads := requests.get()) is not None:
+            replies.put(torch._foreach_norm(grads))
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+
+    def clip_grad_norm(parameters, max_norm):
+        params = [p for p in parameters if p.grad is not None]
+        requests.put([p.grad for p in params])
+        total = torch.stack(replies.get()).norm()
+        for p in params:
+            p.grad.mul_(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        return total
+    try:
+        fails_with(nb12.check_clip_grad_norm, clip_grad_norm, expected=["aten::_foreach_norm", "on another thread"])
+    finally:
+        requests.put(None)
+        thread.join()
 
 
 def test_clipping_library_kernels_and_copies_are_refused():

@@ -5,6 +5,9 @@ builtin, through torch.ops.aten, or as torch's Python reference (torch._refs). E
 right answer; each check fails and names the kernel or routine. The same forms, written by hand,
 pass (the catalogs' correct variants)."""
 import importlib
+import queue
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -67,6 +70,48 @@ def test_layernorm_by_hand_in_the_same_shape_passes():
         centred = x - x.mean(-1, keepdim=True)
         return centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
     nb01.check_layernorm(_layernorm(by_hand))
+
+
+def test_layernorm_run_on_a_thread_started_before_the_check_fails():
+    """A worker thread, started before the check and waiting on a queue, runs torch's kernel for
+    the learner's forward: the watch sees every thread."""
+    requests, replies = queue.Queue(), queue.Queue()
+
+    def worker():
+        while (x := requests.get()) is not None:
+            replies.put(LAYER_NORMS["native builtin"](*x))
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+
+    def elsewhere(x, eps):
+        requests.put((x, eps))
+        return replies.get()
+    try:
+        with pytest.raises(CheckFailed, match="runs aten::native_layer_norm, torch's own kernel"):
+            nb01.check_layernorm(_layernorm(elsewhere))
+    finally:
+        requests.put(None)
+        thread.join()
+
+
+def test_a_layernorm_that_stops_the_watch_fails():
+    stop = taken(TORCH.autograd, "_disable", "_profiler")
+
+    def unwatched(x, eps):
+        stop()
+        return LAYER_NORMS["native builtin"](x, eps)
+    with pytest.raises(CheckFailed, match="switched off the check's watch of torch's operators"):
+        nb01.check_layernorm(_layernorm(unwatched))
+
+
+def test_the_watch_works_under_the_learners_own_profiler():
+    def by_hand(x, eps):
+        centred = x - x.mean(-1, keepdim=True)
+        return centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    with torch.profiler.profile():
+        nb01.check_layernorm(_layernorm(by_hand))
+    with torch.profiler.profile(), pytest.raises(CheckFailed, match="runs aten::native_layer_norm"):
+        nb01.check_layernorm(_layernorm(LAYER_NORMS["native builtin"]))
 
 
 # --- 02 and 06: the embeddings and the unembedding ------------------------------------------------

@@ -7,8 +7,9 @@ names the operator to torch's autograd profiler, composite operators included
 (`aten::rms_norm`, `aten::scaled_dot_product_attention`). `refused` keeps that profiler on
 while the learner's code runs and fails the check when an operator that `Forbidden.kernels`
 declares for the exercise ran. The profiler starts in milliseconds (a TorchDispatchMode, as
-graders.judging.library_ops uses for notebook 12, first imports torch's compiler). It sees the
-calling thread only, as the course's other watches do.
+graders.judging.library_ops uses for notebook 12, first imports torch's compiler). It watches
+every thread, so that a thread the learner's code started before the check (a worker waiting on
+a queue, a thread pool) does not run the kernel unseen.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import contextlib
 import os
 import sys
 
-import torch
+from torch._C._profiler import _ExperimentalConfig
 from torch.autograd import profiler
 
 from graders.judging.compare import CheckFailed
@@ -47,40 +48,67 @@ def _native_stderr_quiet():
         os.close(null)
 
 
+class OperatorWatch:
+    """Torch's profiler of every thread, on while the learner's code runs: `stop` gives each
+    operator that ran, as (its name, whether on another thread than the watching one), or None
+    when the learner's code stopped the profiler on the way."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.profile = profiler.profile(experimental_config=_ExperimentalConfig(profile_all_threads=True))
+
+    def start(self) -> None:
+        try:
+            with _native_stderr_quiet():
+                self.profile.__enter__()
+        except RuntimeError:   # the learner's own profiling session, around the check
+            raise CheckFailed(f"{self.what}: torch's profiler is already on, so the check cannot watch your code. "
+                              "Run the check outside your profiling.") from None
+        with profiler.record_function(START):
+            pass
+
+    def stop(self) -> list[tuple[str, bool]] | None:
+        # Stopped by the learner's code, the profiler records neither mark nor anything else: its
+        # results are then empty (its state is not asked, which a profiler of every thread does
+        # not keep in this one).
+        with profiler.record_function(END):
+            pass
+        with _native_stderr_quiet():
+            self.profile.__exit__(None, None, None)
+        results = getattr(self.profile, "kineto_results", None)
+        events = [(event.name(), event.start_thread_id()) for event in results.events()] if results else []
+        names = [name for name, _ in events]
+        if START not in names or END not in names:
+            return None
+        watching = events[names.index(START)][1]
+        return [(name, thread != watching) for name, thread in events]
+
+
+def switched_off(what: str) -> CheckFailed:
+    return CheckFailed(f"{what}: your code switched off the check's watch of torch's operators while it ran. "
+                       "Remove that from your code.")
+
+
 @contextlib.contextmanager
 def refused(forbidden, what: str):
     """Run the body (the learner's code) with the profiler on; afterwards raise CheckFailed naming
     the first of `forbidden.kernels` that ran, or the watch switched off. A refusal comes before
     the body's own failure: a kernel that crashed on the way is still torch's."""
-    watch = profiler.profile()
-    try:
-        with _native_stderr_quiet():
-            watch.__enter__()
-    except RuntimeError:   # the learner's own profiling session, around the check
-        raise CheckFailed(f"{what}: torch's profiler is already on, so the check cannot watch your code. Run the "
-                          "check outside your profiling.") from None
-    with profiler.record_function(START):
-        pass
+    watch = OperatorWatch(what)
+    watch.start()
     failure = None
     try:
         yield
     except CheckFailed as failed:
         failure = failed
     finally:
-        on = torch.autograd._profiler_enabled()
-        if on:
-            with profiler.record_function(END):
-                pass
-            with _native_stderr_quiet():
-                watch.__exit__(None, None, None)
-    ops = [event.name() for event in watch.kineto_results.events()] if on else []
-    if START not in ops or END not in ops:
-        raise CheckFailed(f"{what}: your code switched off the check's watch of torch's operators while it ran. "
-                          "Remove that from your code.")
-    ran = next((op for op in ops if any(matches(k, op) for k in forbidden.kernels)), None)
+        ops = watch.stop()
+    if ops is None:
+        raise switched_off(what)
+    ran = next((op for op, _ in ops if any(matches(k, op) for k in forbidden.kernels)), None)
     if ran is not None:
         raise CheckFailed(f"{what}: your {what} runs {ran}, torch's own kernel for {forbidden.what}, however it is "
-                          f"called (a torch function, a Tensor method, torch.ops.aten, torch._C). Write it "
-                          f"yourself {forbidden.instead}.")
+                          f"called (a torch function, a Tensor method, torch.ops.aten, torch._C, another "
+                          f"thread). Write it yourself {forbidden.instead}.")
     if failure is not None:
         raise failure

@@ -6,8 +6,9 @@ An operator reached another way passes both: torch.ops.aten._log_softmax, torch.
 method, a fused kernel, or torch's own Python source compiled again under another file name. Every
 tensor operation reaches torch's dispatcher, so `refused` watches there: while the learner's code
 runs, a TorchDispatchMode records each aten operator and the Python functions on the stack when
-it runs. Afterwards the check fails when one of them is declared (`LibraryOps`) as computing
-the exercise's answer:
+it runs, and torch's profiler the operators of every other thread (graders.judging.kernels).
+Afterwards the check fails when one of them is declared (`LibraryOps`) as computing the
+exercise's answer:
 - an aten operator, by name or by family ("_foreach_", torch's multi-tensor kernels);
 - a function of a library module, whether it ran from the library's file or from a copy compiled
   from its source (code compiled from a library file's source is the library's code).
@@ -24,8 +25,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
+from graders.judging import kernels
 from graders.judging.compare import CheckFailed
-from graders.judging.kernels import matches
+from graders.judging.kernels import OperatorWatch, matches
 from graders.judging.origins import file_functions, fingerprint
 
 
@@ -116,6 +118,8 @@ def refused(rule: LibraryOps, name: str):
     """Run the body (the learner's code) under an OpWatch; afterwards raise CheckFailed naming the
     first library routine of `rule` that ran, or the watch switched off. A refusal comes before
     the body's own failure: a library kernel that crashed on the way is still the library's."""
+    threads = OperatorWatch(name)   # the operators of the other threads (a dispatch mode sees its own)
+    threads.start()
     watch = OpWatch()
     watch.outermost = sys._getframe(2)   # the caller of the with statement: the check's own code
     failure = None
@@ -130,10 +134,13 @@ def refused(rule: LibraryOps, name: str):
             ([] if watch in _get_current_dispatch_mode_stack() else ["the watch was off torch's stack at the end"])
         with contextlib.suppress(Exception):   # a stack the learner's code left unbalanced
             watch.__exit__(None, None, None)
+        ops = threads.stop()
     if switched_off:
         raise CheckFailed(f"{name}: your code switched off the check's watch of torch's operators while it "
                           f"ran ({switched_off[0]}). Remove that from your code.")
-    refusal = library_routine(rule, name, watch)
+    if ops is None:
+        raise kernels.switched_off(name)
+    refusal = library_routine(rule, name, watch) or _on_another_thread(rule, name, ops)
     if refusal:
         raise CheckFailed(refusal)
     if failure is not None:
@@ -156,6 +163,15 @@ def library_routine(rule: LibraryOps, name: str, watch: OpWatch) -> str | None:
             return (f"{name}: your {name} runs aten::{op} ({what}), torch's own kernel for part of {rule.what}, "
                     "however it is called (a torch function, a Tensor method, torch.ops.aten, torch._C). "
                     f"Write it yourself {rule.instead}.")
+    return None
+
+
+def _on_another_thread(rule: LibraryOps, name: str, ops: list[tuple[str, bool]]) -> str | None:
+    for op, elsewhere in ops:
+        what = rule.op(op.removeprefix("aten::")) if elsewhere else None
+        if what:
+            return (f"{name}: your {name} runs {op} ({what}) on another thread, torch's own kernel for part of "
+                    f"{rule.what}. Write it yourself {rule.instead}.")
     return None
 
 
