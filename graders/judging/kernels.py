@@ -51,7 +51,8 @@ def _native_stderr_quiet():
 class OperatorWatch:
     """Torch's profiler of every thread, on while the learner's code runs: `stop` gives each
     operator that ran, as (its name, whether on another thread than the watching one), or None
-    when the learner's code stopped the profiler on the way."""
+    when the learner's code stopped the profiler on the way. One at a time: a second watch inside
+    a first ends the first's profiling session with its own."""
 
     def __init__(self, what: str):
         self.what = what
@@ -76,7 +77,8 @@ class OperatorWatch:
         with _native_stderr_quiet():
             self.profile.__exit__(None, None, None)
         results = getattr(self.profile, "kineto_results", None)
-        events = [(event.name(), event.start_thread_id()) for event in results.events()] if results else []
+        events = [(event.name(), event.start_thread_id()) for event in results.events()] \
+            if results is not None else []
         names = [name for name, _ in events]
         if START not in names or END not in names:
             return None
