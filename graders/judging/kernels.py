@@ -86,9 +86,9 @@ class OperatorWatch:
         return [(name, thread != watching) for name, thread in events]
 
 
-def switched_off(what: str) -> CheckFailed:
-    return CheckFailed(f"{what}: your code switched off the check's watch of torch's operators while it ran. "
-                       "Remove that from your code.")
+def switched_off(what: str, how: str = "") -> CheckFailed:
+    return CheckFailed(f"{what}: your code switched off the check's watch of torch's operators while it ran"
+                       f"{f' ({how})' if how else ''}. Remove that from your code.")
 
 
 @contextlib.contextmanager

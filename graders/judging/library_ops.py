@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from graders.judging import kernels
 from graders.judging.compare import CheckFailed
-from graders.judging.kernels import OperatorWatch, matches
+from graders.judging.kernels import OperatorWatch, matches, switched_off
 from graders.judging.origins import file_functions, fingerprint
 
 
@@ -130,26 +129,24 @@ def refused(rule: LibraryOps, name: str):
     except CheckFailed as failed:
         failure = failed
     finally:
-        switched_off = [f"it calls {called}" for called in watch.switched[:1]] or \
+        how = [f"it calls {called}" for called in watch.switched[:1]] or \
             ([] if watch in _get_current_dispatch_mode_stack() else ["the watch was off torch's stack at the end"])
         with contextlib.suppress(Exception):   # a stack the learner's code left unbalanced
             watch.__exit__(None, None, None)
         ops = threads.stop()
-    if switched_off:
-        raise CheckFailed(f"{name}: your code switched off the check's watch of torch's operators while it "
-                          f"ran ({switched_off[0]}). Remove that from your code.")
-    if ops is None:
-        raise kernels.switched_off(name)
-    refusal = library_routine(rule, name, watch) or _on_another_thread(rule, name, ops)
+    if how or ops is None:
+        raise switched_off(name, *how)
+    refusal = library_routine(rule, name, watch, [op.removeprefix("aten::") for op, elsewhere in ops if elsewhere])
     if refusal:
         raise CheckFailed(refusal)
     if failure is not None:
         raise failure
 
 
-def library_routine(rule: LibraryOps, name: str, watch: OpWatch) -> str | None:
+def library_routine(rule: LibraryOps, name: str, watch: OpWatch, elsewhere: list[str] = ()) -> str | None:
     """Which of `rule`'s library routines the watch saw run (None: none did): its Python functions
-    first (the outermost, the one the learner's code called), then its kernels."""
+    first (the outermost, the one the learner's code called), then its kernels, this thread's and
+    then `elsewhere`'s (the operators other threads ran meanwhile)."""
     index = _source_index(rule.sources)
     for code in reversed(watch.codes.values()):   # the outermost first
         found = index.get(fingerprint(code))
@@ -157,21 +154,12 @@ def library_routine(rule: LibraryOps, name: str, watch: OpWatch) -> str | None:
             copied = "" if _same_file(code.co_filename, found) else ", compiled from a copy of its source"
             return (f"{name}: your {name} runs {found.replace(':', '.')}{copied}: torch's own implementation "
                     f"of {rule.what}. Write it yourself {rule.instead}.")
-    for op in watch.ops:
+    for op, where in [*((op, "") for op in watch.ops), *((op, " on another thread") for op in elsewhere)]:
         what = rule.op(op)
         if what:
-            return (f"{name}: your {name} runs aten::{op} ({what}), torch's own kernel for part of {rule.what}, "
-                    "however it is called (a torch function, a Tensor method, torch.ops.aten, torch._C). "
-                    f"Write it yourself {rule.instead}.")
-    return None
-
-
-def _on_another_thread(rule: LibraryOps, name: str, ops: list[tuple[str, bool]]) -> str | None:
-    for op, elsewhere in ops:
-        what = rule.op(op.removeprefix("aten::")) if elsewhere else None
-        if what:
-            return (f"{name}: your {name} runs {op} ({what}) on another thread, torch's own kernel for part of "
-                    f"{rule.what}. Write it yourself {rule.instead}.")
+            return (f"{name}: your {name} runs aten::{op} ({what}){where}, torch's own kernel for part of "
+                    f"{rule.what}, however it is called (a torch function, a Tensor method, torch.ops.aten, "
+                    f"torch._C). Write it yourself {rule.instead}.")
     return None
 
 
