@@ -18,11 +18,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
-import tempfile
-from pathlib import Path
 
 from graders.harness.kernel_view import kept_real, views_folder
+from graders.reference.paths import atomic_write
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,9 +73,7 @@ def kernel_groups(notebook: str) -> tuple[tuple[str, ...], ...]:
         return tuple(tuple(group) for group in json.loads(stored.read_text()))
     groups = _planned(notebook)
     with contextlib.suppress(OSError):   # a cache shared read-only: planned again next time
-        staging = Path(tempfile.mkstemp(dir=stored.parent, prefix=f".{notebook}.")[1])
-        staging.write_text(json.dumps(groups))
-        os.replace(staging, stored)
+        atomic_write(stored, lambda path: path.write_text(json.dumps(groups)))
     return groups
 
 

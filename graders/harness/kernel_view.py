@@ -341,8 +341,8 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     """The graders package as `notebook`'s grading kernels see it, and the `delivery` of each of
     `grade_ids`. The package is a folder of its own holding every module, each file that `sealed`
     names as its sealed copy, compiled (so that no kernel compiles, nor finds a real module's
-    bytecode). Both are made once per place and version of the graders and the released notebooks
-    (what decides them), in the course cache, the deliveries beside the folder (never in it: a
+    bytecode). Both are made once per place and version of the graders and the notebooks
+    (`views_folder`: what decides them), in the course cache, the deliveries beside the folder (never in it: a
     kernel sees the folder); a grading kernel's own cache is a fresh folder."""
     import compileall
     import contextlib
@@ -350,6 +350,8 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     import os
     import shutil
     import tempfile
+
+    from graders.reference.paths import atomic_write
 
     sources = _package_sources()
     folder = views_folder() / notebook
@@ -377,7 +379,5 @@ def kernel_package(notebook: str, grade_ids: tuple[str, ...] = ()) -> tuple[Path
     known = marshal.loads(made.read_bytes()) if made.is_file() else {}
     if not set(grade_ids) <= known.keys():
         known |= {grade_id: delivery(notebook, grade_id) for grade_id in grade_ids}
-        staging = Path(tempfile.mkstemp(dir=folder.parent, prefix=f".{notebook}.")[1])
-        staging.write_bytes(marshal.dumps(known))
-        os.replace(staging, made)
+        atomic_write(made, lambda path: path.write_bytes(marshal.dumps(known)))
     return folder, {grade_id: known[grade_id] for grade_id in grade_ids}
