@@ -26,10 +26,11 @@ def _notebook(student="perfect", name=LN):
     return nbformat.writes(example_class.students()[student][name])
 
 
-def _handed_in_by(student, kind="perfect"):
-    """`kind`'s notebook with a line of the student's own: a file nobody else hands in (students
-    with the very same file are graded in one grading: graders.harness.classroom)."""
-    notebook = example_class.students()[kind][LN]
+def _handed_in_by(student, buggy=False):
+    """The perfect (or the buggy) student's notebook with a line of the student's own: a file
+    nobody else hands in (students with the very same file are graded in one grading:
+    graders.harness.classroom)."""
+    notebook = example_class.submission(LN, True, example_class.BUGS if buggy else ())
     notebook.cells.append(nbformat.v4.new_markdown_cell(f"Handed in by {student}."))
     return nbformat.writes(notebook)
 
@@ -118,7 +119,7 @@ def test_an_interrupted_run_keeps_its_work_resumes_and_merges_a_second_batch(tmp
     # busy machine where this process wakes late (with three, all were once done before it).
     students = ("alice", "bob", "carol", "erin", "frank", "grace")
     for student in students:
-        _write(first / student / f"{LN}.ipynb", _handed_in_by(student, "perfect" if student != "bob" else "buggy"))
+        _write(first / student / f"{LN}.ipynb", _handed_in_by(student, buggy=student == "bob"))
     # Ctrl-C as at an instructor's terminal: a test suite started in the background (as CI may be)
     # inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt.
     run = subprocess.Popen(_grade_command(first, out), cwd=ROOT, stdout=subprocess.PIPE,
