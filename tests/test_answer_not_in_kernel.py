@@ -92,10 +92,12 @@ def test_the_kernel_plan_kept_beside_the_views_is_what_planning_gives():
 def test_a_composite_receives_its_parts_after_they_are_graded():
     """10's DecoderLayer check runs the course's RMSNorm, attention and SwiGLU: the kernel receives
     them as that cell starts, after the parts' own cells (and the search finds them there: the
-    test above can fail)."""
-    (group,) = kernel_plan.kernel_groups("10_modern_decoder")
+    test above can fail). SwiGLU is graded in a kernel apart, which stops after it: it refuses
+    F.linear, which the model's unembedding may use (graders.harness.kernel_plan)."""
+    groups = kernel_plan.kernel_groups("10_modern_decoder")
+    (group,) = [g for g in groups if "decoder_layer_test" in g]
     layer = group.index("decoder_layer_test")
-    assert {"rms_norm_test", "gqa_test", "swiglu_test"} <= set(group[:layer])
+    assert {"rms_norm_test", "gqa_test"} <= set(group[:layer]) and ("swiglu_test",) in groups
     parts = implementations({"RMSNorm", "GQAttention", "SwiGLU"})
     found = {parts[f] for code in received("10_modern_decoder", "decoder_layer_test") for f in fingerprints(code)
              if f in parts}

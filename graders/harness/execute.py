@@ -45,7 +45,7 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         demonstrations: bool = True, given: tuple[str, ...] = (),
         view: Path | None = None, tests: set[str] | None = None, stop: bool = False,
         around_test_cells: tuple | None = None, deliveries: Path | None = None,
-        without: tuple[Path, ...] = ()) -> dict[int, str]:
+        without: tuple[Path, ...] = (), refused_kernels: tuple = ()) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
@@ -59,9 +59,11 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     cell after the last of them. `around_test_cells` is a pair of callables, each given a test
     cell's grade_id, called as it starts and when it has run; the kernel takes what the first
     leaves in `deliveries` (graders.judging.deliveries). A confined kernel has the installed
-    packages and modules `without` empty.
+    packages and modules `without` empty, and torch's kernels `refused_kernels` (pattern, refusal)
+    taken out of its dispatcher (graders.judging.kernel_bans).
     """
-    session = Session(records, inputs_dir, demonstrations and records is None, tuple(given), deliveries)
+    session = Session(records, inputs_dir, demonstrations and records is None, tuple(given), deliveries,
+                      tuple(refused_kernels))
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
         # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
         # rewrite would start the next kernel as root. Found by this kernel's manager only (not

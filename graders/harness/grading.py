@@ -34,7 +34,7 @@ from graders.exercises import declaration, find
 from graders.judging.allowed import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
-from graders.harness.kernel_plan import kernel_groups
+from graders.harness.kernel_plan import kernel_groups, refused_kernels
 from graders.harness.kernel_view import kernel_package
 from graders.harness.sandbox import confinement_unavailable, kernel_files, library_paths, unconfined_notice
 
@@ -168,7 +168,8 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
         return run(copies[number], records, home, limits, None if files is None else [*files, handed], inputs,
                    given=given, view=view, tests=set(groups[number]),
                    stop=number > 0,   # later kernels stop at their last test cell
-                   around_test_cells=(hand_over, take), deliveries=handed, without=without)
+                   around_test_cells=(hand_over, take), deliveries=handed, without=without,
+                   refused_kernels=refused_kernels(name, groups[number]))
 
     sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
 

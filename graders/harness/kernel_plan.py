@@ -10,6 +10,11 @@ side, each in a sandbox and with folders of its own, and only the records of the
 grades count from it (graders.harness.grading). A check that makes its own answer real cannot be
 graded without it and is listed by `self_answering`, which a test keeps empty.
 
+A kernel is also started with the torch kernels its graded exercises refuse taken out of its
+dispatcher, for its whole life (graders.judging.kernel_bans): an exercise that refuses a kernel
+another's correct answers may run (`Exercise.may_run`: 04's MLP may call F.gelu, which gelu_new
+refuses) is graded in a kernel apart, which stops after it.
+
 A check's answer is named by what its test cell passes it (`check_rope(rope_cos_sin, apply_rope)`);
 a course implementation by the notebook's name for it (`Notebook.renamed`, else its own name).
 """
@@ -77,16 +82,59 @@ def kernel_groups(notebook: str) -> tuple[tuple[str, ...], ...]:
     return groups
 
 
+@functools.lru_cache(maxsize=None)
+def _graded(notebook: str) -> dict[str, tuple]:
+    """{grade_id: the exercises its checks grade}."""
+    from graders.exercises import find
+    from graders.harness.manifest import notebook_checks
+
+    return {grade_id: tuple(find(key) for key, _ in checks) for grade_id, checks in notebook_checks(notebook).items()
+            if not isinstance(checks, Exception)}
+
+
+def refused_kernels(notebook: str, cells: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(operator pattern, refusal): the torch kernels that the exercises `cells` grade refuse, which
+    the kernel grading them has taken out of its dispatcher (graders.judging.kernel_bans)."""
+    bans: dict[str, str] = {}
+    for grade_id in cells:
+        for exercise in _graded(notebook).get(grade_id, ()):
+            for pattern, refusal in exercise.kernel_bans():
+                bans.setdefault(pattern, refusal)
+    return tuple(bans.items())
+
+
+def _refuses_what_others_run(notebook: str, grade_id: str, others: tuple[str, ...]) -> bool:
+    """Whether `grade_id`'s exercises refuse a kernel that a correct answer of one of `others` may run."""
+    from graders.judging.kernels import matches
+
+    may_run = [op for other in others for exercise in _graded(notebook).get(other, ()) for op in exercise.may_run]
+    return any(matches(pattern, op) for pattern, _ in refused_kernels(notebook, (grade_id,)) for op in may_run)
+
+
 def _planned(notebook: str) -> tuple[tuple[str, ...], ...]:
+    """Each test cell in the first kernel where nothing clashes; then each that refuses a kernel
+    another of its kernel may run (04's gelu_new, whose MLP may call F.gelu) in a kernel apart,
+    which stops after it (a refusal is armed for a kernel's whole life)."""
+    def place(grade_id: str, into: list[tuple[str, ...]], refusals: bool = True) -> None:
+        for i, group in enumerate(into):
+            joined = group + (grade_id,)
+            if not _clash(notebook, joined) and not (refusals and any(
+                    _refuses_what_others_run(notebook, g, tuple(o for o in joined if o != g)) for g in joined)):
+                into[i] = joined
+                return
+        into.append((grade_id,))
+
     groups: list[tuple[str, ...]] = []
     for grade_id in answers(notebook):
-        for i, group in enumerate(groups):
-            if not _clash(notebook, group + (grade_id,)):
-                groups[i] = group + (grade_id,)
-                break
-        else:
-            groups.append((grade_id,))
-    return tuple(groups)
+        place(grade_id, groups, refusals=False)
+    apart: list[tuple[str, ...]] = []
+    for i, group in enumerate(groups):
+        for grade_id in group:
+            others = tuple(g for g in groups[i] if g != grade_id)
+            if _refuses_what_others_run(notebook, grade_id, others):
+                groups[i] = others
+                place(grade_id, apart)
+    return tuple(group for group in groups + apart if group)
 
 
 def self_answering(notebook: str) -> dict[str, frozenset[str]]:

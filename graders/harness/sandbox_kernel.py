@@ -152,6 +152,22 @@ def probe() -> str | None:
     return None
 
 
+def forbid_exec() -> None:
+    """From now on, neither this process nor any it starts can run a program: a grading kernel's
+    code cannot hand its work to a fresh Python, which would have torch's kernels that this one
+    refused (graders.judging.kernel_bans) and none of its watches. A seccomp filter (libseccomp,
+    through pyseccomp) is kept for the process's life and inherited: nothing undoes it. A forked
+    child, which runs no new program, keeps the refusals."""
+    import errno
+
+    import pyseccomp
+
+    rules = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+    for call in ("execve", "execveat"):
+        rules.add_rule(pyseccomp.ERRNO(errno.EPERM), call)
+    rules.load()
+
+
 def main() -> None:
     limit = _memory_mb() * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -176,7 +192,10 @@ def main() -> None:
 
     from graders.judging.session import Session, install
 
-    install(Session.from_json(session))
+    session = Session.from_json(session)
+    install(session)
+    if session.recording:
+        forbid_exec()
     kernelapp.launch_new_instance(argv=args)
 
 

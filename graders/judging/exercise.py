@@ -29,6 +29,7 @@ import torch
 from graders.judging import allowed, progress, provenance, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
+from graders.judging.kernel_bans import in_own_words
 from graders.judging.learner import Forbidden, renamed_submodules_loaded
 from graders.judging.origins import compiled_names
 from graders.judging.stubs import untouched
@@ -58,6 +59,13 @@ class Exercise:
     # checks of their own); the notebook's given parts are allowed in every check.
     supplies: tuple = ()
     describe: Callable[[Case], str] | None = None
+    # Torch's kernels for parts of the answer, beside `forbidden`'s: graders.judging.library_ops's
+    # LibraryOps (notebook 12), watched by the check itself.
+    library_ops: tuple = ()
+    # Torch kernels that a correct answer of this exercise (or its check's own code) may run though
+    # another exercise of the notebook refuses them (04's MLP may call F.gelu): the kernel plan
+    # grades the two in different kernels (graders.judging.kernel_bans).
+    may_run: tuple[str, ...] = ()
     defined_at: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -75,6 +83,13 @@ class Exercise:
     def key(self) -> tuple[str, str]:
         return (self.notebook, self.name)
 
+    def kernel_bans(self) -> list[tuple[str, str]]:
+        """(operator pattern, refusal) for each torch kernel this exercise refuses, "{op}" standing for
+        the operator: what a kernel that grades it takes out of torch's dispatcher."""
+        return [*((kernel, forbidden.kernel_refusal(self.name, "aten::{op}"))
+                  for forbidden in self.forbidden for kernel in forbidden.kernels),
+                *(ban for rule in self.library_ops for ban in rule.kernel_bans(self.name))]
+
     def case(self, **fields) -> Case:
         """The case a check function's keyword arguments ask for, with this exercise's defaults."""
         return Case(**{**self.defaults, **fields})
@@ -90,7 +105,7 @@ class Exercise:
                 try:
                     outputs, failure = self.produce(learner, case, inputs), None
                 except CheckFailed as failed:
-                    outputs, failure = None, failed
+                    outputs, failure = None, in_own_words(failed, self.kernel_bans())
             refusal = watch.refusal(self.name, answers or learner, self.allowed_parts(),
                                     inspect.unwrap(self.produce)) or watch.library_answer(self.name, self.forbidden)
             if refusal:

@@ -109,8 +109,6 @@ def refused(forbidden, what: str):
         raise switched_off(what)
     ran = next((op for op, _ in ops if any(matches(k, op) for k in forbidden.kernels)), None)
     if ran is not None:
-        raise CheckFailed(f"{what}: your {what} runs {ran}, torch's own kernel for {forbidden.what}, however it is "
-                          f"called (a torch function, a Tensor method, torch.ops.aten, torch._C, another "
-                          f"thread). Write it yourself {forbidden.instead}.")
+        raise CheckFailed(forbidden.kernel_refusal(what, ran))
     if failure is not None:
         raise failure

@@ -35,6 +35,16 @@ class Forbidden:
     # Torch's operators that compute the answer, as its dispatcher names them ("aten::gelu", or a
     # family "aten::_scaled_dot_product_*"): refused however they are called (graders.judging.kernels).
     kernels: Sequence[str] = field(default_factory=tuple)
+    # What those kernels compute, where it is a part the learner calls rather than `what` itself
+    # (04's MLP, which calls gelu_new, refuses the GELU kernel).
+    kernels_compute: str = ""
+
+    def kernel_refusal(self, what: str, op: str) -> str:
+        """The check's words for a kernel of `kernels` that ran (`what`: the check's name for the code)."""
+        return (f"{what}: your {what} runs {op}, torch's own kernel for {self.kernels_compute or self.what}, "
+                f"however it is called (a torch "
+                f"function, a Tensor method, torch.ops.aten, torch._C, another thread). Write it yourself "
+                f"{self.instead}.")
 
 
 ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")

@@ -5,10 +5,11 @@ The word scan and the tripwires (graders.judging.learner) see names, and the pro
 An operator reached another way passes both: torch.ops.aten._log_softmax, torch._C._nn, a Tensor
 method, a fused kernel, or torch's own Python source compiled again under another file name. Every
 tensor operation reaches torch's dispatcher, so `refused` watches there: while the learner's code
-runs, a TorchDispatchMode records each aten operator and the Python functions on the stack when
-it runs, and torch's profiler the operators of every other thread (graders.judging.kernels).
-Afterwards the check fails when one of them is declared (`LibraryOps`) as computing the
-exercise's answer:
+runs, torch's profiler records each aten operator of every thread, in the order they start
+(graders.judging.kernels), and a TorchDispatchMode the Python functions on the stack when one
+runs. Afterwards the check fails when one of them is declared (`LibraryOps`) as computing the
+exercise's answer (a grading kernel has those operators taken out of its dispatcher too:
+graders.judging.kernel_bans):
 - an aten operator, by name or by family ("_foreach_", torch's multi-tensor kernels);
 - a function of a library module, whether it ran from the library's file or from a copy compiled
   from its source (code compiled from a library file's source is the library's code).
@@ -42,6 +43,16 @@ class LibraryOps:
         """What the aten operator `name` ("_log_softmax") is, if this exercise refuses it."""
         return next((what for pattern, what in self.ops if matches(pattern, name)), None)
 
+    def refusal(self, name: str, op: str, what: str, where: str = "") -> str:
+        """The check's words for the kernel `op` ("_log_softmax"), which is `what`, that ran."""
+        return (f"{name}: your {name} runs aten::{op} ({what}){where}, torch's own kernel for part of {self.what}, "
+                f"however it is called (a torch function, a Tensor method, torch.ops.aten, torch._C). Write it "
+                f"yourself {self.instead}.")
+
+    def kernel_bans(self, name: str) -> list[tuple[str, str]]:
+        """(operator pattern, refusal) for graders.judging.kernel_bans, "{op}" standing for the operator."""
+        return [(f"aten::{pattern}", self.refusal(name, "{op}", what)) for pattern, what in self.ops]
+
 
 @functools.lru_cache(maxsize=None)
 def _source_index(sources: tuple[str, ...]) -> dict[tuple, str]:
@@ -59,17 +70,15 @@ def _source_index(sources: tuple[str, ...]) -> dict[tuple, str]:
 
 
 class OpWatch(TorchDispatchMode):
-    """Records the aten operators that run, and the code of the Python frames they run under."""
+    """Records the code of the Python frames the aten operators run under."""
 
     def __init__(self):
         super().__init__()
-        self.ops: dict[str, None] = {}
         self.codes: dict[int, object] = {}
         self.switched: list[str] = []       # the switches the learner's code called
         self.outermost = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.setdefault(func._schema.name.removeprefix("aten::"), None)
         frame = sys._getframe(1)
         while frame is not None and frame is not self.outermost:
             self.codes.setdefault(id(frame.f_code), frame.f_code)   # kept: its id is not reused
@@ -136,17 +145,18 @@ def refused(rule: LibraryOps, name: str):
         ops = threads.stop()
     if how or ops is None:
         raise switched_off(name, *how)
-    refusal = library_routine(rule, name, watch, [op.removeprefix("aten::") for op, elsewhere in ops if elsewhere])
+    refusal = library_routine(rule, name, watch, ops)
     if refusal:
         raise CheckFailed(refusal)
     if failure is not None:
         raise failure
 
 
-def library_routine(rule: LibraryOps, name: str, watch: OpWatch, elsewhere: list[str] = ()) -> str | None:
+def library_routine(rule: LibraryOps, name: str, watch: OpWatch, ops: list[tuple[str, bool]] = ()) -> str | None:
     """Which of `rule`'s library routines the watch saw run (None: none did): its Python functions
-    first (the outermost, the one the learner's code called), then its kernels, this thread's and
-    then `elsewhere`'s (the operators other threads ran meanwhile)."""
+    first (the outermost, the one the learner's code called), then its kernels among `ops` (the
+    profiler's (operator, on another thread), in the order they started: the outermost first, as a
+    grading kernel's dispatcher refuses it, graders.judging.kernel_bans)."""
     index = _source_index(rule.sources)
     for code in reversed(watch.codes.values()):   # the outermost first
         found = index.get(fingerprint(code))
@@ -154,12 +164,10 @@ def library_routine(rule: LibraryOps, name: str, watch: OpWatch, elsewhere: list
             copied = "" if _same_file(code.co_filename, found) else ", compiled from a copy of its source"
             return (f"{name}: your {name} runs {found.replace(':', '.')}{copied}: torch's own implementation "
                     f"of {rule.what}. Write it yourself {rule.instead}.")
-    for op, where in [*((op, "") for op in watch.ops), *((op, " on another thread") for op in elsewhere)]:
-        what = rule.op(op)
+    for op, elsewhere in ops:
+        what = rule.op(op.removeprefix("aten::"))
         if what:
-            return (f"{name}: your {name} runs aten::{op} ({what}){where}, torch's own kernel for part of "
-                    f"{rule.what}, however it is called (a torch function, a Tensor method, torch.ops.aten, "
-                    f"torch._C). Write it yourself {rule.instead}.")
+            return rule.refusal(name, op.removeprefix("aten::"), what, " on another thread" if elsewhere else "")
     return None
 
 

@@ -37,6 +37,9 @@ class Session:
     demonstrations: bool = True
     given: tuple = ()                # a grading kernel's notebook's given parts (provenance)
     deliveries: Path | None = None   # ... and receives the course code a test cell's checks run here
+    # ... and has these torch kernels (pattern, refusal) taken out of its dispatcher, for good
+    # (graders.judging.kernel_bans), before any learner code runs
+    refused_kernels: tuple = ()
 
     @property
     def recording(self) -> bool:
@@ -49,6 +52,7 @@ class Session:
     def from_json(cls, text: str) -> "Session":
         fields = json.loads(text)
         fields["given"] = tuple(fields.get("given", ()))
+        fields["refused_kernels"] = tuple(tuple(ban) for ban in fields.get("refused_kernels", ()))
         return cls(**{k: (Path(v) if k in ("records", "inputs", "deliveries") and v else v) for k, v in fields.items()})
 
 
@@ -65,6 +69,10 @@ def install(session: Session) -> None:
     """Called by the kernel's launcher, before any learner code runs."""
     global _session
     _session = session
+    if session.refused_kernels:
+        from graders.judging.kernel_bans import arm
+
+        arm(session.refused_kernels)
 
 
 def enter_cell(grade_id: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from graders.exercises.diagnosis import compare, diagnosis_first, judge_generated
+from graders.exercises.library_kernels import LINEAR_KERNELS
 from graders.exercises.divergence import first_divergence
 from graders.exercises.modern import layer_flow, model_flow
 from graders.exercises.modern import reference as ref
@@ -236,7 +237,7 @@ def judge_model(case: Case, outputs: dict) -> None:
 
 model_exercise = Exercise(NOTEBOOK, "ModernDecoder", with_course_functions(produce_model, ROPE_PARTS),
                           diagnosis_first(judge_model),
-                          forbidden=(FORBIDDEN,), defaults=DEFAULTS)
+                          forbidden=(FORBIDDEN,), defaults=DEFAULTS, may_run=LINEAR_KERNELS)   # F.linear for W_U
 check_modern_decoder = model_exercise.checker(
     "Grade `ModernDecoder` against transformers' LlamaForCausalLM (whole, and through its cache).")
 
@@ -338,6 +339,7 @@ def _whole_sequence_with_cache(fed: list[int], cached: list[int]) -> str | None:
 
 
 generate_exercise = Exercise(NOTEBOOK, "generate_greedy", produce_generate, judge_generate,
-                             forbidden=(FORBIDDEN,), defaults={**DEFAULTS, "batch": 2, "seq": 5})
+                             forbidden=(FORBIDDEN,), defaults={**DEFAULTS, "batch": 2, "seq": 5},
+                             may_run=LINEAR_KERNELS)
 check_generate_greedy = generate_exercise.checker(
     "Grade `generate_greedy` with a KV cache against LlamaForCausalLM's greedy continuation.")

@@ -10,6 +10,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from graders.exercises.library_kernels import CROSS_ENTROPY_RUNS
 from graders.exercises.post_training import reference as ref
 from graders.exercises.post_training.gpt import GPTConfig, jittered_gpt
 from graders.judging.cases import Case
@@ -330,7 +331,7 @@ def _judge_merge(case: Case, outputs: dict, expected: dict, where: str) -> None:
                           "x W + b.")
 
 
-exercise = Exercise(NOTEBOOK, "LoRA", produce, judge, forbidden=(FORBIDDEN,),
+exercise = Exercise(NOTEBOOK, "LoRA", produce, judge, forbidden=(FORBIDDEN,), may_run=CROSS_ENTROPY_RUNS,
                     defaults={"text": None, "batch": 2, "seq": 12},
                     describe=lambda case: f"GPT-2 with LoRA r={settings(case)[0]}, alpha={settings(case)[1]:g}")
 check_lora = exercise.checker(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from graders.exercises.library_kernels import CROSS_ENTROPY_RUNS
 from graders.exercises.post_training import reference as ref
 from graders.exercises.post_training import tasks
 from graders.exercises.post_training.gpt import GPT, greedy
@@ -134,7 +135,8 @@ def judge_finetune(case: Case, outputs: dict) -> None:
 
 finetune_exercise = Exercise(NOTEBOOK, "finetune", produce_finetune, judge_finetune,
                              inputs=sft_inputs, supplies=tuple(SFT_PARTS.values()) + (CountingBatches,),
-                             defaults={"text": None}, describe=lambda case: f"the course's batches (seed {case.seed})")
+                             defaults={"text": None}, describe=lambda case: f"the course's batches (seed {case.seed})",
+                             may_run=CROSS_ENTROPY_RUNS)   # a loop may call F.cross_entropy
 check_finetune = finetune_exercise.checker(
     "Finetune the course's base model with the learner's `finetune` and grade exact answers to held-out questions.")
 

@@ -372,6 +372,6 @@ def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[in
 
 
 exercise = Exercise(NOTEBOOK, "AdamW", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
-                    supplies=WATCH_PARTS)
+                    supplies=WATCH_PARTS, library_ops=(LIBRARY_OPS,))
 check_adamw = exercise.checker(
     "Grade your `AdamW` against torch.optim.AdamW, step by step, on two parameter groups.")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises.training.runs import one_thread
+from graders.exercises.library_kernels import CLIP_GRAD_RUNS, CROSS_ENTROPY_RUNS, SOFTMAX_RUNS
 from graders.exercises.training_step.loss import NOTEBOOK
 from graders.exercises.training_step.readers import items_of, shown, whole_number
 from graders.judging.cases import Case
@@ -266,7 +267,9 @@ def _judge_in_memory(outputs: dict, key: str, what: str) -> None:
             "process would have to.")
 
 
-exercise = Exercise(NOTEBOOK, "checkpoints", produce, judge, defaults={"text": None})
+exercise = Exercise(NOTEBOOK, "checkpoints", produce, judge, defaults={"text": None},
+                    # the training step it runs: the course's model, F.cross_entropy, clip_grad_norm_
+                    may_run=SOFTMAX_RUNS + CROSS_ENTROPY_RUNS + CLIP_GRAD_RUNS)
 check_checkpoints = exercise.checker(
     "Grade `save_checkpoint` and `load_checkpoint` by stopping a run, resuming it, and comparing bit "
     "for bit with a run that never stopped.", learner=lambda save, load: (save, load))

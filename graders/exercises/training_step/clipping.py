@@ -180,6 +180,6 @@ def _one_factor(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor) ->
 
 
 exercise = Exercise(NOTEBOOK, "clip_grad_norm", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
-                    supplies=WATCH_PARTS)
+                    supplies=WATCH_PARTS, library_ops=(LIBRARY_OPS,))
 check_clip_grad_norm = exercise.checker(
     "Grade `clip_grad_norm(parameters, max_norm)` against torch.nn.utils.clip_grad_norm_.")

@@ -40,6 +40,7 @@ LIBRARY_OPS = LibraryOps(
     "the cross-entropy",
     ops=(("_log_softmax", "log-softmax"), ("log_softmax", "log-softmax"), ("_softmax", "softmax"),
          ("softmax", "softmax"), ("_safe_softmax", "softmax"), ("logsumexp", "logsumexp"),
+         ("_sparse_log_softmax", "log-softmax of a sparse tensor"), ("_sparse_softmax", "softmax of a sparse tensor"),
          *((name, "the negative log-likelihood loss") for name in ("nll_loss_forward", "nll_loss", "nll_loss_nd",
                                                                     "nll_loss2d_forward")),
          ("cross_entropy_loss", "the cross-entropy loss")),
@@ -297,6 +298,7 @@ def _constant_relation(outputs: dict, expected: dict, labels: list[str]) -> str 
 
 
 exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,), supplies=WATCH_PARTS,
+                    library_ops=(LIBRARY_OPS,),
                     defaults={"text": None, "batch": 3, "seq": 8})
 check_cross_entropy = exercise.checker(
     "Grade `cross_entropy(logits, targets, ignore_index)` against F.cross_entropy, ordinary and huge "

@@ -19,6 +19,7 @@ import functools
 
 import torch
 
+from graders.exercises.library_kernels import SOFTMAX_RUNS
 from graders.exercises.training_step.loss import NOTEBOOK
 from graders.exercises.training_step.readers import described_keys, items_of, shown, whole_number
 from graders.judging.cases import Case
@@ -283,6 +284,7 @@ def _measured_modules() -> tuple:
 
 
 exercise = Exercise(NOTEBOOK, "saved_activation_bytes", produce, judge, forbidden=(FORBIDDEN,),
-                    defaults={"text": None, "batch": 2, "seq": 8}, supplies=(*_measured_modules(), _pack_hooks))
+                    defaults={"text": None, "batch": 2, "seq": 8}, supplies=(*_measured_modules(), _pack_hooks),
+                    may_run=SOFTMAX_RUNS)   # the course's model it measures
 check_saved_activation_bytes = exercise.checker(
     "Grade `saved_activation_bytes(model, *inputs)` against a measurement with saved_tensors_hooks.")
