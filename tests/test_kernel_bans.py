@@ -161,16 +161,31 @@ def test_an_exercise_refusing_what_another_runs_is_graded_apart():
 # --- in a grading kernel, every in-kernel watch switched off ---------------------------------------
 
 # What a learner's cell can do to the checks' own code in its kernel: replace every watch (the
-# kernel watch, notebook 12's dispatch-mode watch) by one that watches nothing.
+# kernel watch, notebook 12's dispatch-mode watch, the tripwires, the profiler of Python calls)
+# by one that watches nothing.
 SWITCH_OFF = textwrap.dedent("""
     import contextlib as _contextlib, importlib as _importlib, sys as _sys
     _importlib.import_module("gra" + "ders.exercises.{module}")
     @_contextlib.contextmanager
     def _unwatched(*args, **kwargs):
         yield None
+    class _Blind:
+        def __init__(self, *args, **kwargs):
+            pass
+        def __enter__(self):
+            return self
+        def __exit__(self, *args):
+            return False
+        def refusal(self, *args, **kwargs):
+            return None
+        library_answer = refusal
     for _module in list(_sys.modules.values()):
-        if getattr(_module, "__name__", "").startswith("gra" + "ders.") and hasattr(_module, "ref" + "used"):
-            setattr(_module, "ref" + "used", _unwatched)
+        if getattr(_module, "__name__", "").startswith("gra" + "ders."):
+            for _watch in ("ref" + "used", "_trip" + "wires"):
+                if hasattr(_module, _watch):
+                    setattr(_module, _watch, _unwatched)
+            if hasattr(_module, "Wat" + "ch") and _module.__name__.endswith("provenance"):
+                setattr(_module, "Wat" + "ch", _Blind)
 """)
 # Torch's own kernel for the answer, taken under a computed name when the cell runs.
 FORMS = {
@@ -253,14 +268,9 @@ def _defined(form: str, name: str):
 
 
 def _watches_off(monkeypatch):
-    import contextlib
-
-    @contextlib.contextmanager
-    def unwatched(*args, **kwargs):
-        yield None
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("graders.") and hasattr(module, "refused"):
-            monkeypatch.setattr(module, "refused", unwatched)
+    """SWITCH_OFF in this process, undone when the test ends."""
+    exec(SWITCH_OFF.replace("{module}", "nb01").replace("setattr(_module", "_patch(_module"),
+         {"_patch": monkeypatch.setattr})
 
 
 @pytest.mark.parametrize("key", FORMS, ids=[f"{k[0]}-{k[5]}" for k in FORMS])
@@ -338,3 +348,52 @@ def test_a_worker_process_started_before_the_check_cannot_compute_the_answer(tmp
     cells, _, executed = grade(tmp_path, "04_mlp", submission)
     assert cells["gelu_test"].points == 0
     assert printed(executed, "# worker").startswith("not started: [Errno 1] Operation not permitted")
+
+
+# Torch's Python clipping (its per-gradient path runs ordinary operators, which no dispatcher
+# refusal touches), called, and compiled again from the bytecode torch ships beside it.
+PYTHON_ROUTES = {
+    "called": """
+        import importlib
+        _clip = getattr(importlib.import_module("torch.nn.utils." + "clip_grad"), "clip_grad_norm" + "_")
+
+        def clip_grad_norm(parameters, max_norm):
+            return _clip(list(parameters), max_norm, foreach=False)
+        """,
+    "from its bytecode": """
+        import importlib.util, marshal
+        _compiled = importlib.util.cache_from_source(importlib.util.find_spec("torch.nn.utils." + "clip_grad").origin)
+        _laundered = {"__name__": "laundered"}
+        with open(_compiled, "rb") as _file:
+            exec(marshal.loads(_file.read()[16:]), _laundered)
+
+        def clip_grad_norm(parameters, max_norm):
+            return _laundered["clip_grad_norm" + "_"](list(parameters), max_norm, foreach=False)
+        """,
+}
+
+
+@pytest.mark.parametrize("form", PYTHON_ROUTES)
+def test_torchs_python_clipping_is_right_once_the_watches_are_off(form, monkeypatch):
+    from graders.exercises import nb12
+
+    with pytest.raises(CheckFailed, match="clip_grad"):
+        nb12.check_clip_grad_norm(_defined(PYTHON_ROUTES[form], "clip_grad_norm"))
+    _watches_off(monkeypatch)
+    nb12.check_clip_grad_norm(_defined(PYTHON_ROUTES[form], "clip_grad_norm"))
+
+
+@CONFINED
+@pytest.mark.slow
+@pytest.mark.parametrize("form", PYTHON_ROUTES)
+def test_torchs_python_routines_are_sealed_in_the_kernel_that_grades_them(form, tmp_path):
+    """With every in-kernel watch off, torch's clip_grad_norm_ (called, or its shipped bytecode
+    run again) is a sealed copy in the kernel grading 12's clipping (graders.harness.library_seals);
+    the kernel grading 12's checkpoints, whose course code runs clip_grad_norm_, has the real one."""
+    submission = example_class.submission("12_training_step", True)
+    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "clip_answer"]
+    cell.source = SWITCH_OFF.format(module="nb12") + textwrap.dedent(PYTHON_ROUTES[form])
+    cells, _, _ = grade(tmp_path, "12_training_step", submission)
+    assert cells["clip_test"].points == 0
+    assert "torch.nn.utils.clip_grad.clip_grad_norm_ is taken out of this grading kernel" in cells["clip_test"].message
+    assert all(c.points == c.max_points for g, c in cells.items() if g != "clip_test"), cells

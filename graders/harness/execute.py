@@ -45,7 +45,7 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
         demonstrations: bool = True, given: tuple[str, ...] = (),
         view: Path | None = None, tests: set[str] | None = None, stop: bool = False,
         around_test_cells: tuple | None = None, deliveries: Path | None = None,
-        without: tuple[Path, ...] = (), refused_kernels: tuple = ()) -> dict[int, str]:
+        without: tuple[Path, ...] = (), refused_kernels: tuple = (), sealed: list = ()) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
@@ -60,7 +60,8 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
     cell's grade_id, called as it starts and when it has run; the kernel takes what the first
     leaves in `deliveries` (graders.judging.deliveries). A confined kernel has the installed
     packages and modules `without` empty, and torch's kernels `refused_kernels` (pattern, refusal)
-    taken out of its dispatcher (graders.judging.kernel_bans).
+    taken out of its dispatcher (graders.judging.kernel_bans), and the library modules of `sealed`
+    (graders.harness.library_seals) sealed.
     """
     session = Session(records, inputs_dir, demonstrations and records is None, tuple(given), deliveries,
                       tuple(refused_kernels))
@@ -79,7 +80,8 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             if os.geteuid() == 0:   # the kernel is this uid on the host too (sandbox_kernel)
                 for folder in (workdir, records, sockets):
                     os.chown(folder, uid, uid)
-            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view, without))
+            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view, without,
+                                                        sealed))
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
             return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop,

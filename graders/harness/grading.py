@@ -34,7 +34,8 @@ from graders.exercises import declaration, find
 from graders.judging.allowed import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
-from graders.harness.kernel_plan import kernel_groups, refused_kernels
+from graders.harness.kernel_plan import graded_exercises, kernel_groups, refused_kernels
+from graders.harness.library_seals import sealed_mounts
 from graders.harness.kernel_view import kernel_package
 from graders.harness.sandbox import confinement_unavailable, kernel_files, library_paths, unconfined_notice
 
@@ -149,6 +150,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     without = library_paths(declaration(name).without_libraries if wanted else ())   # 00 declares nothing
     taken: list[dict[str, dict]] = [{} for _ in groups]
     given = given_part_names(name)   # parsed here: the kernels' threads parse nothing (see copy_flags below)
+    sealed = [[] if files is None else sealed_mounts(graded_exercises(name, group)) for group in groups]
 
     def run_kernel(number: int) -> dict[int, str]:
         # Each kernel has folders of its own: none sees, nor can prepare, another's.
@@ -169,7 +171,7 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
                    given=given, view=view, tests=set(groups[number]),
                    stop=number > 0,   # later kernels stop at their last test cell
                    around_test_cells=(hand_over, take), deliveries=handed, without=without,
-                   refused_kernels=refused_kernels(name, groups[number]))
+                   refused_kernels=refused_kernels(name, groups[number]), sealed=sealed[number])
 
     sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
 

@@ -92,6 +92,11 @@ def _graded(notebook: str) -> dict[str, tuple]:
             if not isinstance(checks, Exception)}
 
 
+def graded_exercises(notebook: str, cells: tuple[str, ...]) -> list:
+    """The exercises the test cells `cells` grade."""
+    return [exercise for grade_id in cells for exercise in _graded(notebook).get(grade_id, ())]
+
+
 def refused_kernels(notebook: str, cells: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """(operator pattern, refusal): the torch kernels that the exercises `cells` grade refuse, which
     the kernel grading them has taken out of its dispatcher (graders.judging.kernel_bans)."""

@@ -109,12 +109,13 @@ def kernel_files(inputs_dir: Path) -> list[Path]:
 
 
 def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sockets: Path,
-                 view: Path | None, without: tuple[Path, ...] = ()) -> dict:
+                 view: Path | None, without: tuple[Path, ...] = (), sealed: list = ()) -> dict:
     """What a confined kernel sees (graders.harness.sandbox_kernel.bwrap_argv): the system and
     Python read-only, the graders package as `view` (its notebook's kernel view:
     graders.harness.kernel_view), `files`, its own folder, records and sockets; a fresh /tmp and course
     cache; nothing else of the course folder. The installed packages (folders) and modules (files)
-    `without` are there empty."""
+    `without` are there empty, and the `sealed` mounts (graders.harness.library_seals) show sealed
+    copies of library modules."""
     from graders.reference.paths import cache_dir
 
     package = Path(__file__).resolve().parents[1]
@@ -128,4 +129,5 @@ def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sock
     if view is not None:
         mounts.append((str(package), "view", str(view)))
     mounts += [(str(p), "tmp" if p.is_dir() else "empty") for p in without]
+    mounts += [tuple(m) for m in sealed]
     return {"uid": uid, "cwd": str(workdir), "sockets": str(sockets), "mounts": sorted(mounts)}

@@ -1,0 +1,117 @@
+"""Torch's Python routines for a kernel's graded answers, sealed in its file system.
+
+An exercise declares the library code that computes its answer (`Forbidden.library_code`,
+`LibraryOps.sources`: torch.optim's Adam, clip_grad_norm_, F.multi_head_attention_forward, ...).
+In the learner's process a profiler refuses it (graders.judging.provenance), which the learner's
+code can switch off; and such routines compute from ordinary operators, which no dispatcher
+refusal (graders.judging.kernel_bans) touches. So a confined kernel that grades the exercise sees
+each such module as a sealed copy, its routines' bodies replaced by a raise, in place of the file
+and of its compiled copy (which would otherwise give the real code to `marshal`). Modules that
+torch's own import runs, or whose functions run as it imports (a decorator, a table), keep those.
+
+Torch's reference implementations (torch._refs, torch._decomp, torch._prims: packages that torch
+itself uses as it loads and traces) are not sealed: their Python remains the profiler's to refuse.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import py_compile
+from pathlib import Path
+
+from graders.harness.kernel_view import _import_time_calls, views_folder
+from graders.reference.paths import atomic_write
+
+SEALED = "RuntimeError"
+
+
+def _file_of(module: str) -> Path | None:
+    """The source file of a plain torch module (not a package's __init__), or None."""
+    if not module.startswith("torch."):
+        return None
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py") or spec.submodule_search_locations:
+        return None
+    return Path(spec.origin)
+
+
+def _called_on_import(tree: ast.Module) -> set[str]:
+    """The module's own names that run as it is imported: called, or applied as a decorator."""
+    decorators = [d for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  for d in node.decorator_list]
+    return {node.id for node in [*(c.func for c in _import_time_calls(tree.body)), *decorators]
+            if isinstance(node, ast.Name)}
+
+
+def seals(exercises) -> dict[Path, frozenset[str]]:
+    """{torch module file: the top-level functions and classes to seal} for `exercises`."""
+    wanted: dict[Path, set[str] | None] = {}
+    for exercise in exercises:
+        specs = [s for f in exercise.forbidden for s in f.library_code] + \
+                [s for rule in exercise.library_ops for s in rule.sources]
+        for spec in specs:
+            module, _, qualname = spec.partition(":")
+            path = _file_of(module)
+            if path is None:
+                continue
+            if not qualname:
+                wanted[path] = None   # all of it
+            elif wanted.get(path, set()) is not None:
+                wanted.setdefault(path, set()).add(qualname.partition(".")[0])
+    found = {}
+    for path, names in wanted.items():
+        tree = ast.parse(path.read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        found[path] = frozenset((defined if names is None else names & defined) - _called_on_import(tree))
+    return {path: names for path, names in found.items() if names}
+
+
+def _sealed_source(path: Path, module: str, names: frozenset[str]) -> str:
+    tree = ast.parse(path.read_text())
+
+    def raising(qualname: str) -> list[ast.stmt]:
+        message = (f"{module}.{qualname} is taken out of this grading kernel: a check it grades refuses it "
+                   "(write the exercise yourself)")
+        return ast.parse(f"raise {SEALED}({message!r})").body
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
+            node.body = raising(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name in names:
+            for method in node.body:
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    method.body = raising(f"{node.name}.{method.name}")
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def sealed_mounts(exercises) -> list[tuple[str, str, str]]:
+    """The sandbox plan's mounts (graders.harness.sandbox_kernel.bwrap_argv) showing each sealed
+    module at its place: its source and, when torch ships one, its compiled copy. Made once per
+    version of the graders and of torch (the course cache's views folder), each sealed file
+    compiled beside its copy, so that a kernel compiles nothing."""
+    mounts = []
+    for path, names in sorted(seals(exercises).items()):
+        name = _module_name(path)
+        key = hashlib.sha256(str(path).encode() + path.read_bytes() + "\0".join(sorted(names)).encode()).hexdigest()[:16]
+        folder = views_folder() / "library" / key
+        source, compiled = folder / path.name, folder / (path.stem + ".pyc")
+        if not compiled.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            if not source.is_file():
+                atomic_write(source, lambda p: p.write_text(_sealed_source(path, name, names)))
+            atomic_write(compiled, lambda p: py_compile.compile(str(source), cfile=str(p), dfile=str(path),
+                                                                 doraise=True))
+            for where in (folder.parent, folder, source, compiled):   # readable by the kernel's own uid
+                where.chmod(0o755 if where.is_dir() else 0o644)
+        mounts.append((str(path), "ro", str(source)))
+        cached = Path(importlib.util.cache_from_source(str(path)))
+        if cached.exists():
+            mounts.append((str(cached), "ro", str(compiled)))
+    return mounts
+
+
+def _module_name(path: Path) -> str:
+    import torch
+
+    return "torch." + ".".join(path.relative_to(Path(torch.__file__).parent).with_suffix("").parts)
