@@ -38,8 +38,8 @@ def _file_of(module: str) -> Path | None:
 
 def _called_on_import(tree: ast.Module) -> set[str]:
     """The module's own names that run as it is imported: called, or applied as a decorator."""
-    decorators = [d for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  for d in node.decorator_list]
+    defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    decorators = [d for node in ast.walk(tree) if isinstance(node, defined) for d in node.decorator_list]
     return {node.id for node in [*(c.func for c in _import_time_calls(tree.body)), *decorators]
             if isinstance(node, ast.Name)}
 
@@ -93,8 +93,8 @@ def sealed_mounts(exercises) -> list[tuple[str, str, str]]:
     mounts = []
     for path, names in sorted(seals(exercises).items()):
         name = _module_name(path)
-        key = hashlib.sha256(str(path).encode() + path.read_bytes() + "\0".join(sorted(names)).encode()).hexdigest()[:16]
-        folder = views_folder() / "library" / key
+        key = hashlib.sha256(str(path).encode() + path.read_bytes() + "\0".join(sorted(names)).encode())
+        folder = views_folder() / "library" / key.hexdigest()[:16]
         source, compiled = folder / path.name, folder / (path.stem + ".pyc")
         if not compiled.is_file():
             folder.mkdir(parents=True, exist_ok=True)
