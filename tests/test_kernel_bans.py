@@ -397,3 +397,52 @@ def test_torchs_python_routines_are_sealed_in_the_kernel_that_grades_them(form, 
     assert cells["clip_test"].points == 0
     assert "torch.nn.utils.clip_grad.clip_grad_norm_ is taken out of this grading kernel" in cells["clip_test"].message
     assert all(c.points == c.max_points for g, c in cells.items() if g != "clip_test"), cells
+
+
+# Torch's reference implementations (torch._refs, the decomposition table): layer norm from
+# ordinary operators, which no dispatcher refusal touches.
+REFERENCE_ROUTES = {
+    "torch._refs": """
+        import importlib
+        _normalise = getattr(importlib.import_module("torch." + "_refs"), "native_" + "layer" + "_norm")
+        """,
+    "torch._decomp's table": """
+        import importlib
+        _table = importlib.import_module("torch." + "_decomp").decomposition_table
+        _normalise = _table[getattr(torch.ops.aten, "native_" + "layer" + "_norm").default]
+        """,
+}
+REFERENCE_LAYERNORM = """
+    class LayerNorm(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+            self.w, self.b = nn.Parameter(torch.ones(cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
+
+        def forward(self, residual):
+            return _normalise(residual, [residual.shape[-1]], self.w, self.b, self.cfg.layer_norm_eps)[0]
+    """
+
+
+@pytest.mark.parametrize("route", REFERENCE_ROUTES)
+def test_torchs_reference_layernorm_is_right_once_the_watches_are_off(route, monkeypatch):
+    from graders.exercises import nb01
+
+    form = textwrap.dedent(REFERENCE_ROUTES[route]) + textwrap.dedent(REFERENCE_LAYERNORM)
+    with pytest.raises(CheckFailed, match="library version|torch's own"):
+        nb01.check_layernorm(_defined(form, "LayerNorm"))
+    _watches_off(monkeypatch)
+    nb01.check_layernorm(_defined(form, "LayerNorm"))
+
+
+@CONFINED
+@pytest.mark.slow
+@pytest.mark.parametrize("route", REFERENCE_ROUTES)
+def test_torchs_reference_implementations_are_sealed_in_the_kernel_that_grades_them(route, tmp_path):
+    submission = example_class.submission("01_layernorm", True)
+    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "layernorm_answer"]
+    cell.source = (SWITCH_OFF.format(module="nb01") + textwrap.dedent(REFERENCE_ROUTES[route])
+                   + textwrap.dedent(REFERENCE_LAYERNORM))
+    cells, _, _ = grade(tmp_path, "01_layernorm", submission)
+    assert cells["layernorm_test"].points == 0
+    assert "native_layer_norm is taken out of this grading kernel" in cells["layernorm_test"].message

@@ -9,15 +9,20 @@ each such module as a sealed copy, its routines' bodies replaced by a raise, in 
 and of its compiled copy (which would otherwise give the real code to `marshal`). Modules that
 torch's own import runs, or whose functions run as it imports (a decorator, a table), keep those.
 
-Torch's reference implementations (torch._refs, torch._decomp, torch._prims: packages that torch
-itself uses as it loads and traces) are not sealed: their Python remains the profiler's to refuse.
+Torch's reference implementations (torch._refs, torch._decomp, torch._prims) compute most
+answers from ordinary operators, and torch runs some of their code as it loads (registering
+decompositions, defining primitives): of those packages, what runs while torch and the graders
+load (recorded once per torch, `_run_while_loading`) stays real, and the rest is sealed.
 """
 from __future__ import annotations
 
 import ast
 import hashlib
 import importlib.util
+import json
 import py_compile
+import subprocess
+import sys
 from pathlib import Path
 
 from graders.harness.kernel_view import _import_time_calls, views_folder
@@ -26,14 +31,45 @@ from graders.reference.paths import atomic_write
 SEALED = "RuntimeError"
 
 
-def _file_of(module: str) -> Path | None:
-    """The source file of a plain torch module (not a package's __init__), or None."""
-    if not module.startswith("torch."):
-        return None
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py") or spec.submodule_search_locations:
-        return None
-    return Path(spec.origin)
+def _files_of(module: str) -> list[Path]:
+    """The source files of a torch module: a plain module's, or every one of a package's."""
+    spec = importlib.util.find_spec(module) if module.startswith("torch.") else None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return []
+    if spec.submodule_search_locations:
+        return sorted(p for folder in spec.submodule_search_locations for p in Path(folder).rglob("*.py"))
+    return [Path(spec.origin)]
+
+
+# Run in a fresh Python: the torch functions (file, top-level name) that run while torch, the
+# graders and a few ordinary operators (autograd included) load and run.
+_LOADING = """
+import json, sys, threading
+seen = set()
+def profile(frame, event, arg):
+    if event == "call" and "/torch/_" in frame.f_code.co_filename:
+        seen.add((frame.f_code.co_filename, frame.f_code.co_qualname.split(".")[0]))
+sys.setprofile(profile)
+threading.setprofile(profile)
+import torch
+import graders.judging.exercise, graders.judging.library_ops, graders.exercises
+x = torch.randn(3, 5, requires_grad=True)
+(x.softmax(-1) * x.tanh()).sum().backward()
+sys.setprofile(None)
+print(json.dumps(sorted(seen)))
+"""
+
+
+def _run_while_loading() -> frozenset[tuple[str, str]]:
+    """What of torch runs as a kernel loads (`_LOADING`), recorded once per torch and graders."""
+    import torch
+
+    stored = views_folder() / "library" / f"loading-{torch.__version__}.json"
+    if not stored.is_file():
+        done = subprocess.run([sys.executable, "-c", _LOADING], capture_output=True, text=True, check=True)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(stored, lambda p: p.write_text(done.stdout.splitlines()[-1]))
+    return frozenset(tuple(item) for item in json.loads(stored.read_text()))
 
 
 def _called_on_import(tree: ast.Module) -> set[str]:
@@ -52,18 +88,20 @@ def seals(exercises) -> dict[Path, frozenset[str]]:
                 [s for rule in exercise.library_ops for s in rule.sources]
         for spec in specs:
             module, _, qualname = spec.partition(":")
-            path = _file_of(module)
-            if path is None:
-                continue
-            if not qualname:
-                wanted[path] = None   # all of it
-            elif wanted.get(path, set()) is not None:
-                wanted.setdefault(path, set()).add(qualname.partition(".")[0])
+            for path in _files_of(module):
+                if not qualname:
+                    wanted[path] = None   # all of it
+                elif wanted.get(path, set()) is not None:
+                    wanted.setdefault(path, set()).add(qualname.partition(".")[0])
+    if not wanted:
+        return {}
+    loading = _run_while_loading()
     found = {}
     for path, names in wanted.items():
         tree = ast.parse(path.read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-        found[path] = frozenset((defined if names is None else names & defined) - _called_on_import(tree))
+        kept = _called_on_import(tree) | {name for file, name in loading if file == str(path)}
+        found[path] = frozenset((defined if names is None else names & defined) - kept)
     return {path: names for path, names in found.items() if names}
 
 
