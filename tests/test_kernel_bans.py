@@ -446,3 +446,17 @@ def test_torchs_reference_implementations_are_sealed_in_the_kernel_that_grades_t
     cells, _, _ = grade(tmp_path, "01_layernorm", submission)
     assert cells["layernorm_test"].points == 0
     assert "native_layer_norm is taken out of this grading kernel" in cells["layernorm_test"].message
+
+
+def test_a_sealed_module_keeps_what_runs_as_torch_loads():
+    """clip_grad's `_no_grad` decorates its functions as the module loads, and torch._decomp's
+    `register_decomposition` decorates other modules' functions as torch loads: both stay real,
+    or torch would not load in the kernel; the routines that compute answers are sealed."""
+    from graders.harness.library_seals import seals
+
+    (clip,) = seals(["torch.nn.utils.clip_grad"]).values()
+    assert "clip_grad_norm_" in clip and "_get_total_norm" in clip and "_no_grad" not in clip
+    references = {path.as_posix().split("/torch/")[1]: names
+                  for path, names in seals(["torch._refs", "torch._decomp"]).items()}
+    assert "native_layer_norm" in references["_refs/__init__.py"]
+    assert "register_decomposition" not in references["_decomp/__init__.py"]

@@ -80,19 +80,23 @@ def _called_on_import(tree: ast.Module) -> set[str]:
             if isinstance(node, ast.Name)}
 
 
-def seals(exercises) -> dict[Path, frozenset[str]]:
-    """{torch module file: the top-level functions and classes to seal} for `exercises`."""
+def library_code(exercises) -> list[str]:
+    """What `exercises` declare as library code that computes their answers ("module[:Qualname]")."""
+    return sorted({spec for exercise in exercises
+                   for spec in [*(s for f in exercise.forbidden for s in f.library_code),
+                                *(s for rule in exercise.library_ops for s in rule.sources)]})
+
+
+def seals(specs: list[str]) -> dict[Path, frozenset[str]]:
+    """{torch module file: the top-level functions and classes to seal} for library code `specs`."""
     wanted: dict[Path, set[str] | None] = {}
-    for exercise in exercises:
-        specs = [s for f in exercise.forbidden for s in f.library_code] + \
-                [s for rule in exercise.library_ops for s in rule.sources]
-        for spec in specs:
-            module, _, qualname = spec.partition(":")
-            for path in _files_of(module):
-                if not qualname:
-                    wanted[path] = None   # all of it
-                elif wanted.get(path, set()) is not None:
-                    wanted.setdefault(path, set()).add(qualname.partition(".")[0])
+    for spec in specs:
+        module, _, qualname = spec.partition(":")
+        for path in _files_of(module):
+            if not qualname:
+                wanted[path] = None   # all of it
+            elif wanted.get(path, set()) is not None:
+                wanted.setdefault(path, set()).add(qualname.partition(".")[0])
     if not wanted:
         return {}
     loading = _run_while_loading()
@@ -124,12 +128,28 @@ def _sealed_source(path: Path, module: str, names: frozenset[str]) -> str:
 
 
 def sealed_mounts(exercises) -> list[tuple[str, str, str]]:
-    """The sandbox plan's mounts (graders.harness.sandbox_kernel.bwrap_argv) showing each sealed
-    module at its place: its source and, when torch ships one, its compiled copy. Made once per
-    version of the graders and of torch (the course cache's views folder), each sealed file
-    compiled beside its copy, so that a kernel compiles nothing."""
+    """The sandbox plan's mounts (graders.harness.sandbox_kernel.bwrap_argv) showing each module
+    sealed for `exercises` at its place: its source and, when torch ships one, its compiled copy.
+    Made once per version of the graders and of torch (the course cache's views folder), each
+    sealed file compiled beside its copy, so that a kernel compiles nothing (and a grading reads
+    no torch source)."""
+    import torch
+
+    specs = library_code(exercises)
+    if not specs:
+        return []
+    key = hashlib.sha256(json.dumps([specs, torch.__version__, torch.__file__]).encode()).hexdigest()[:16]
+    stored = views_folder() / "library" / f"mounts-{key}.json"
+    if not stored.is_file():
+        mounts = _made(seals(specs))
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(stored, lambda p: p.write_text(json.dumps(mounts)))
+    return [tuple(mount) for mount in json.loads(stored.read_text())]
+
+
+def _made(sealing: dict[Path, frozenset[str]]) -> list[tuple[str, str, str]]:
     mounts = []
-    for path, names in sorted(seals(exercises).items()):
+    for path, names in sorted(sealing.items()):
         name = _module_name(path)
         key = hashlib.sha256(str(path).encode() + path.read_bytes() + "\0".join(sorted(names)).encode())
         folder = views_folder() / "library" / key.hexdigest()[:16]
