@@ -185,15 +185,15 @@ def _processes_naming(marker: str) -> list[str]:
 
 
 # 4 and 5. Learner code runs as a uid of its own with no groups, without network (it cannot
-# reach the grader's Dask cluster or anything else on this machine), sees only its own processes
-# (a PID namespace), and whatever it leaves running dies with its kernel.
+# reach the grader's Dask cluster or anything else on this machine), cannot start a program,
+# sees only its own processes (a PID namespace), and whatever it leaves running (a forked child)
+# dies with its kernel.
 @pytest.mark.slow
 def test_learner_code_runs_unprivileged_offline_and_alone(tmp_path):
-    import secrets
     import socket
     import time
 
-    marker = f"left-behind-{secrets.token_hex(6)}"
+    marker = str(tmp_path / "work")   # in the kernel's command line, and so in its forked child's
     with socket.create_server(("127.0.0.1", 0)) as grader_service:
         who = ("# who\nimport os, socket, subprocess\n"
                "print(os.getuid(), os.geteuid(), os.getgid(), len(os.getgroups()))\n"
@@ -202,16 +202,25 @@ def test_learner_code_runs_unprivileged_offline_and_alone(tmp_path):
                "    print('connected')\n"
                "except OSError as err:\n"
                "    print('offline')\n"
-               f"subprocess.Popen(['sh', '-c', 'sleep 600', {marker!r}], start_new_session=True)\n"
+               "try:\n"
+               "    subprocess.Popen(['sh', '-c', 'sleep 600'], start_new_session=True)\n"
+               "    print('started')\n"
+               "except PermissionError:\n"
+               "    print('no-programs')\n"
+               "if os.fork() == 0:\n"
+               "    os.setsid()\n"
+               "    import time\n"
+               "    time.sleep(600)\n"
+               "    os._exit(0)\n"
                "seen = [open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')\n"
                "        for p in os.listdir('/proc') if p.isdigit()]\n"
                "ours = {b'sleep', b'graders.harness.sandbox_kernel', b'-c'}   # a zombie has no command line\n"
                "print(os.getpid(), [b' '.join(c).decode()[:80] for c in seen\n"
                "                    if c != [b''] and not ours & set(c) and not c[0].endswith(b'bwrap')])\n")
         cells, _, executed = grade(tmp_path, "01_layernorm", crafted("01_layernorm", extra={"setup": [who]}))
-    uid, euid, gid, groups, network, pid, others = printed(executed, "# who").split(maxsplit=6)
+    uid, euid, gid, groups, network, programs, pid, others = printed(executed, "# who").split(maxsplit=7)
     assert int(uid) == int(euid) >= sandbox.SANDBOX_UIDS[0] and int(gid) == int(uid) and groups == "0"
-    assert network == "offline"
+    assert network == "offline" and programs == "no-programs"
     assert int(pid) < 10 and others.strip() == "[]", f"the kernel saw processes other than its own: {others}"
     deadline = time.monotonic() + 10   # killed with the kernel's PID namespace; gone from /proc a moment later
     while _processes_naming(marker) and time.monotonic() < deadline:

@@ -161,8 +161,8 @@ def test_an_exercise_refusing_what_another_runs_is_graded_apart():
 # --- in a grading kernel, every in-kernel watch switched off ---------------------------------------
 
 # What a learner's cell can do to the checks' own code in its kernel: replace every watch (the
-# kernel watch, notebook 12's dispatch-mode watch, the tripwires, the profiler of Python calls)
-# by one that watches nothing.
+# kernel watch, notebook 12's dispatch-mode watch, the tripwires, 11's look through an answer's
+# objects, the profiler of Python calls) by one that watches nothing.
 SWITCH_OFF = textwrap.dedent("""
     import contextlib as _contextlib, importlib as _importlib, sys as _sys
     _importlib.import_module("gra" + "ders.exercises.{module}")
@@ -181,7 +181,7 @@ SWITCH_OFF = textwrap.dedent("""
         library_answer = refusal
     for _module in list(_sys.modules.values()):
         if getattr(_module, "__name__", "").startswith("gra" + "ders."):
-            for _watch in ("ref" + "used", "_trip" + "wires"):
+            for _watch in ("ref" + "used", "_trip" + "wires", "refuse_library" + "_parts"):
                 if hasattr(_module, _watch):
                     setattr(_module, _watch, _unwatched)
             if hasattr(_module, "Wat" + "ch") and _module.__name__.endswith("provenance"):
@@ -460,3 +460,35 @@ def test_a_sealed_module_keeps_what_runs_as_torch_loads():
                   for path, names in seals(["torch._refs", "torch._decomp"]).items()}
     assert "native_layer_norm" in references["_refs/__init__.py"]
     assert "register_decomposition" not in references["_decomp/__init__.py"]
+
+
+# GPT-2's own tokenizer (tiktoken's compiled encoder, as the course builds it offline) for 11's decode.
+TIKTOKEN_DECODE = """
+    import importlib
+    _encoding = getattr(importlib.import_module("graders.reference." + "tokenizer"), "gpt2" + "_encoding")
+
+    def decode(ids):
+        return _encoding().decode(ids)
+    """
+
+
+def test_tiktoken_decoding_is_right_once_the_watches_are_off(monkeypatch):
+    from graders.exercises import nb11
+
+    with pytest.raises(CheckFailed, match="tiktoken|library"):
+        nb11.check_decode(_defined(TIKTOKEN_DECODE, "decode"))
+    _watches_off(monkeypatch)
+    nb11.check_decode(_defined(TIKTOKEN_DECODE, "decode"))
+
+
+@CONFINED
+@pytest.mark.slow
+def test_a_grading_kernel_of_11_holds_no_tokenizer_library(tmp_path):
+    """tiktoken and HF tokenizers are not in 11's grading kernels (`Notebook.without_libraries`):
+    with every watch off, decoding with tiktoken scores 0; the solution keeps every point."""
+    submission = example_class.submission("11_tokenizer", True)
+    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "decode_answer"]
+    cell.source = SWITCH_OFF.format(module="nb11") + textwrap.dedent(TIKTOKEN_DECODE)
+    cells, _, _ = grade(tmp_path, "11_tokenizer", submission)
+    assert cells["decode_test"].points == 0
+    assert all(c.points == c.max_points for g, c in cells.items() if g != "decode_test"), cells

@@ -53,15 +53,35 @@ def _as_nobody(command: list[str], env: dict) -> subprocess.CompletedProcess:
 
 def _cheats() -> dict:
     """Issue 43's families, each a student handing in 01: the course's bytecode laundered, reached
-    through a wrapper, taken with the profiler switched off, and torch's kernel taken under a
-    computed name."""
+    through a wrapper, taken with the profiler switched off, torch's kernel taken under a computed
+    name, that kernel and torch's reference layer norm with every in-kernel watch switched off; and
+    one handing in 04 whose gelu_new asks a worker Python started before the check."""
+    import textwrap
+
     from test_answer_not_in_kernel import LAUNDERED, PROFILER_OFF, THROUGH_A_WRAPPER
     from test_integrity import with_forward
+    from test_kernel_bans import FORMS, REFERENCE_LAYERNORM, REFERENCE_ROUTES, SWITCH_OFF, WORKER
     from test_library_kernels import KERNEL_FORWARD
 
     forms = {"laundered": LAUNDERED, "wrapper": THROUGH_A_WRAPPER, "profileroff": PROFILER_OFF,
              "kernel": KERNEL_FORWARD}
-    return {student: with_forward("01_layernorm", "layernorm_answer", forward) for student, forward in forms.items()}
+    cheats = {student: ("01_layernorm", with_forward("01_layernorm", "layernorm_answer", forward))
+              for student, forward in forms.items()}
+    kernel = next(form for key, form in FORMS.items() if key[0] == "01_layernorm")
+    for student, answer in (("watchesoff", textwrap.dedent(kernel)),
+                            ("references", textwrap.dedent(REFERENCE_ROUTES["torch._refs"])
+                             + textwrap.dedent(REFERENCE_LAYERNORM))):
+        cheats[student] = ("01_layernorm", _answered("01_layernorm", "layernorm_answer",
+                                                     SWITCH_OFF.format(module="nb01") + answer, solved=True))
+    cheats["worker"] = ("04_mlp", _answered("04_mlp", "gelu_answer", WORKER, solved=False))
+    return cheats
+
+
+def _answered(name: str, grade_id: str, source: str, solved: bool):
+    notebook = example_class.submission(name, solved)
+    (cell,) = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+    cell.source = source
+    return notebook
 
 
 @pytest.fixture(scope="session")
@@ -74,8 +94,8 @@ def graded_as_nobody():
         work.chmod(0o755)
         submissions = work / "class"
         example_class.write(submissions)
-        for student, notebook in _cheats().items():
-            target = submissions / "submitted" / student / "01_layernorm" / "01_layernorm.ipynb"   # as write()
+        for student, (name, notebook) in _cheats().items():
+            target = submissions / "submitted" / student / name / f"{name}.ipynb"   # as write()
             target.parent.mkdir(parents=True)
             nbformat.write(notebook, target)
         for where in [work, *work.rglob("*")]:
@@ -103,10 +123,12 @@ def test_the_example_class_graded_as_an_ordinary_user_gets_its_expected_grades(g
 
 
 def test_the_cheat_families_score_nothing_graded_as_an_ordinary_user(graded_as_nobody):
-    """Each family loses LayerNorm's points, and its report names what it ran."""
+    """Each family loses the points of the exercise it answers, and its report names what it ran."""
     rows, reports = graded_as_nobody
-    assert {student: float(rows[student]["01_layernorm/layernorm_test"]) for student in reports} == \
-        dict.fromkeys(reports, 0.0)
-    assert "torch's own kernel for LayerNorm" in reports["kernel"], reports["kernel"]
+    lost = {student: float(rows[student]["04_mlp/gelu_test" if student == "worker" else "01_layernorm/layernorm_test"])
+            for student in reports}
+    assert lost == dict.fromkeys(reports, 0.0)
+    assert all("torch's own kernel for LayerNorm" in reports[s] for s in ("kernel", "watchesoff")), reports
+    assert "native_layer_norm is taken out of this grading kernel" in reports["references"], reports["references"]
     assert all("graders/reference/components.py (LayerNorm.forward)" in reports[s]
                for s in ("laundered", "wrapper", "profileroff")), reports

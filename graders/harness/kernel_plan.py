@@ -12,8 +12,9 @@ graded without it and is listed by `self_answering`, which a test keeps empty.
 
 A kernel is also started with the torch kernels its graded exercises refuse taken out of its
 dispatcher, for its whole life (graders.judging.kernel_bans): an exercise that refuses a kernel
-another's correct answers may run (`Exercise.may_run`: 04's MLP may call F.gelu, which gelu_new
-refuses) is graded in a kernel apart, which stops after it.
+another's correct answers or check may run (`Exercise.may_run`: 12's checkpoint check runs the
+course's training step, with F.cross_entropy, which 12's loss refuses) is graded in a kernel
+apart, which stops after it.
 
 A check's answer is named by what its test cell passes it (`check_rope(rope_cos_sin, apply_rope)`);
 a course implementation by the notebook's name for it (`Notebook.renamed`, else its own name).
@@ -101,10 +102,9 @@ def refused_kernels(notebook: str, cells: tuple[str, ...]) -> tuple[tuple[str, s
     """(operator pattern, refusal): the torch kernels that the exercises `cells` grade refuse, which
     the kernel grading them has taken out of its dispatcher (graders.judging.kernel_bans)."""
     bans: dict[str, str] = {}
-    for grade_id in cells:
-        for exercise in _graded(notebook).get(grade_id, ()):
-            for pattern, refusal in exercise.kernel_bans():
-                bans.setdefault(pattern, refusal)
+    for exercise in graded_exercises(notebook, cells):
+        for pattern, refusal in exercise.kernel_bans():
+            bans.setdefault(pattern, refusal)
     return tuple(bans.items())
 
 
@@ -112,14 +112,14 @@ def _refuses_what_others_run(notebook: str, grade_id: str, others: tuple[str, ..
     """Whether `grade_id`'s exercises refuse a kernel that a correct answer of one of `others` may run."""
     from graders.judging.kernels import matches
 
-    may_run = [op for other in others for exercise in _graded(notebook).get(other, ()) for op in exercise.may_run]
+    may_run = [op for exercise in graded_exercises(notebook, others) for op in exercise.may_run]
     return any(matches(pattern, op) for pattern, _ in refused_kernels(notebook, (grade_id,)) for op in may_run)
 
 
 def _planned(notebook: str) -> tuple[tuple[str, ...], ...]:
     """Each test cell in the first kernel where nothing clashes; then each that refuses a kernel
-    another of its kernel may run (04's gelu_new, whose MLP may call F.gelu) in a kernel apart,
-    which stops after it (a refusal is armed for a kernel's whole life)."""
+    another of its kernel may run (12's loss, whose checkpoint check runs F.cross_entropy) in a
+    kernel apart, which stops after it (a refusal is armed for a kernel's whole life)."""
     def place(grade_id: str, into: list[tuple[str, ...]], refusals: bool = True) -> None:
         for i, group in enumerate(into):
             joined = group + (grade_id,)

@@ -63,8 +63,8 @@ class Exercise:
     # LibraryOps (notebook 12), watched by the check itself.
     library_ops: tuple = ()
     # Torch kernels that a correct answer of this exercise (or its check's own code) may run though
-    # another exercise of the notebook refuses them (04's MLP may call F.gelu): the kernel plan
-    # grades the two in different kernels (graders.judging.kernel_bans).
+    # another exercise of the notebook refuses them (12's checkpoint check runs F.cross_entropy):
+    # the kernel plan grades the two in different kernels (graders.judging.kernel_bans).
     may_run: tuple[str, ...] = ()
     defined_at: str = field(default="", compare=False)
 

@@ -9,7 +9,8 @@ every dispatch key that holds a kernel for it (CPU, the composite keys, nested a
 tensors, autograd, vmap), so that no route (a torch function, a Tensor method, torch.ops.aten,
 `_op_dk`, another layout, another thread) reaches the original. Torch keeps a replaced kernel
 only while the registration lives: the registration is never released, and nothing in Python
-refers to it (it is not an object the garbage collector lists), so no code can undo it.
+refers to it (it is not an object the garbage collector lists), so no Python code can undo it
+(code that rewrites its own process's memory can: the README's "not protected").
 
 Only a kernel's graded exercises' refusals are armed, for its whole life: an exercise whose
 correct answers may run another's refused kernel is graded in another kernel

