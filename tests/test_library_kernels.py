@@ -183,6 +183,29 @@ def test_gelu_new_by_torchs_kernel_fails(form):
         nb04.check_gelu_new(GELUS[form])
 
 
+GELU_KERNEL = taken(torch._C._nn, "ge", "lu")
+
+
+class MLPWithTorchsGelu(nn.Module):
+    """A right MLP, with torch's GELU kernel (its tanh form: gelu_new) for gelu_new."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.W_in, self.b_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp)), nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.W_out, self.b_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
+
+    def forward(self, normalized_resid_mid):
+        pre = normalized_resid_mid @ self.W_in + self.b_in
+        return GELU_KERNEL(pre, approximate="tanh") @ self.W_out + self.b_out
+
+
+def test_an_mlp_running_torchs_gelu_fails_naming_gelu_new():
+    """04's text says the MLP calls gelu_new and that torch's GELU is refused there too (a grading
+    kernel of 04 has that kernel taken out: graders.judging.kernel_bans)."""
+    with pytest.raises(CheckFailed, match="MLP: your MLP runs aten::gelu, torch's own kernel for gelu_new"):
+        nb04.check_mlp(MLPWithTorchsGelu)
+
+
 # --- 09: the post-norm block -----------------------------------------------------------------------
 
 ENCODER_LAYER = taken(nn, "Transformer", "EncoderLayer")
