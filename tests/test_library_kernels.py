@@ -192,7 +192,8 @@ class MLPWithTorchsGelu(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.W_in, self.b_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp)), nn.Parameter(torch.zeros(cfg.d_mlp))
-        self.W_out, self.b_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
 
     def forward(self, normalized_resid_mid):
         pre = normalized_resid_mid @ self.W_in + self.b_in
