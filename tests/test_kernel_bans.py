@@ -187,20 +187,21 @@ SWITCH_OFF = textwrap.dedent("""
             if hasattr(_module, "Wat" + "ch") and _module.__name__.endswith("provenance"):
                 setattr(_module, "Wat" + "ch", _Blind)
 """)
+# A LayerNorm whose forward is `_normalise`, torch's layer norm as some route reaches it.
+LAYERNORM_BY = """
+    class LayerNorm(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+            self.w, self.b = nn.Parameter(torch.ones(cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
+
+        def forward(self, residual):
+            return _normalise(residual, [residual.shape[-1]], self.w, self.b, self.cfg.layer_norm_eps)[0]
+    """
 # Torch's own kernel for the answer, taken under a computed name when the cell runs.
 FORMS = {
-    ("01_layernorm", "layernorm_answer", "layernorm_test", "nb01", "check_layernorm", "LayerNorm"): """
-        _kernel = getattr(torch, "native_" + "layer" + "_norm")
-
-        class LayerNorm(nn.Module):
-            def __init__(self, cfg):
-                super().__init__()
-                self.cfg = cfg
-                self.w, self.b = nn.Parameter(torch.ones(cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
-
-            def forward(self, residual):
-                return _kernel(residual, (residual.shape[-1],), self.w, self.b, self.cfg.layer_norm_eps)[0]
-        """,
+    ("01_layernorm", "layernorm_answer", "layernorm_test", "nb01", "check_layernorm", "LayerNorm"):
+        '_normalise = getattr(torch, "native_" + "layer" + "_norm")\n' + textwrap.dedent(LAYERNORM_BY),
     ("04_mlp", "gelu_answer", "gelu_test", "nb04", "check_gelu_new", "gelu_new"): """
         _kernel = getattr(torch._C._nn, "ge" + "lu")
 
@@ -267,6 +268,25 @@ def _defined(form: str, name: str):
     return namespace[name]
 
 
+def refused_then_right(check, form: str, name: str, refusal: str, monkeypatch) -> None:
+    """In this process (nothing armed, nothing sealed): `check` refuses `name` as `form` defines
+    it, matching `refusal`, and passes it with every watch switched off, so that a grading
+    kernel's 0 for the same form is the kernel's own doing."""
+    with pytest.raises(CheckFailed, match=refusal):
+        check(_defined(form, name))
+    _watches_off(monkeypatch)
+    check(_defined(form, name))
+
+
+def answered(notebook: str, grade_id: str, source: str, solved: bool = True):
+    """The example class's submission of `notebook` (solved or not) with the answer cell
+    `grade_id` holding `source`."""
+    submission = example_class.submission(notebook, solved)
+    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+    cell.source = source
+    return submission
+
+
 def _watches_off(monkeypatch):
     """SWITCH_OFF in this process, undone when the test ends."""
     exec(SWITCH_OFF.replace("{module}", "nb01").replace("setattr(_module", "_patch(_module"),
@@ -275,16 +295,11 @@ def _watches_off(monkeypatch):
 
 @pytest.mark.parametrize("key", FORMS, ids=[f"{k[0]}-{k[5]}" for k in FORMS])
 def test_each_form_is_a_right_answer_that_only_the_refusal_stops(key, monkeypatch):
-    """In this process (nothing armed): the check refuses the form, and with the watches switched
-    off it passes, so a grading kernel's 0 below is the armed refusal's doing."""
     import importlib
 
     notebook, _, _, module, check, name = key
     check_fn = getattr(importlib.import_module(f"graders.exercises.{module}"), check)
-    with pytest.raises(CheckFailed, match="torch's own kernel"):
-        check_fn(_defined(FORMS[key], name))
-    _watches_off(monkeypatch)
-    check_fn(_defined(FORMS[key], name))
+    refused_then_right(check_fn, FORMS[key], name, "torch's own kernel", monkeypatch)
 
 
 @CONFINED
@@ -342,10 +357,7 @@ def test_a_worker_process_started_before_the_check_cannot_compute_the_answer(tmp
     """A fresh Python started by the learner's cell would have torch's kernels and none of the
     watches: a grading kernel cannot start a program (the same worker, in a learner's own kernel,
     starts and answers: test_each_form... above shows such a GELU is right)."""
-    submission = example_class.submission("04_mlp", False)
-    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "gelu_answer"]
-    cell.source = WORKER
-    cells, _, executed = grade(tmp_path, "04_mlp", submission)
+    cells, _, executed = grade(tmp_path, "04_mlp", answered("04_mlp", "gelu_answer", WORKER, solved=False))
     assert cells["gelu_test"].points == 0
     assert printed(executed, "# worker").startswith("not started: [Errno 1] Operation not permitted")
 
@@ -377,10 +389,7 @@ PYTHON_ROUTES = {
 def test_torchs_python_clipping_is_right_once_the_watches_are_off(form, monkeypatch):
     from graders.exercises import nb12
 
-    with pytest.raises(CheckFailed, match="clip_grad"):
-        nb12.check_clip_grad_norm(_defined(PYTHON_ROUTES[form], "clip_grad_norm"))
-    _watches_off(monkeypatch)
-    nb12.check_clip_grad_norm(_defined(PYTHON_ROUTES[form], "clip_grad_norm"))
+    refused_then_right(nb12.check_clip_grad_norm, PYTHON_ROUTES[form], "clip_grad_norm", "clip_grad", monkeypatch)
 
 
 @CONFINED
@@ -390,10 +399,8 @@ def test_torchs_python_routines_are_sealed_in_the_kernel_that_grades_them(form, 
     """With every in-kernel watch off, torch's clip_grad_norm_ (called, or its shipped bytecode
     run again) is a sealed copy in the kernel grading 12's clipping (graders.harness.library_seals);
     the kernel grading 12's checkpoints, whose course code runs clip_grad_norm_, has the real one."""
-    submission = example_class.submission("12_training_step", True)
-    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "clip_answer"]
-    cell.source = SWITCH_OFF.format(module="nb12") + textwrap.dedent(PYTHON_ROUTES[form])
-    cells, _, _ = grade(tmp_path, "12_training_step", submission)
+    source = SWITCH_OFF.format(module="nb12") + textwrap.dedent(PYTHON_ROUTES[form])
+    cells, _, _ = grade(tmp_path, "12_training_step", answered("12_training_step", "clip_answer", source))
     assert cells["clip_test"].points == 0
     assert "torch.nn.utils.clip_grad.clip_grad_norm_ is taken out of this grading kernel" in cells["clip_test"].message
     assert all(c.points == c.max_points for g, c in cells.items() if g != "clip_test"), cells
@@ -412,38 +419,23 @@ REFERENCE_ROUTES = {
         _normalise = _table[getattr(torch.ops.aten, "native_" + "layer" + "_norm").default]
         """,
 }
-REFERENCE_LAYERNORM = """
-    class LayerNorm(nn.Module):
-        def __init__(self, cfg):
-            super().__init__()
-            self.cfg = cfg
-            self.w, self.b = nn.Parameter(torch.ones(cfg.d_model)), nn.Parameter(torch.zeros(cfg.d_model))
-
-        def forward(self, residual):
-            return _normalise(residual, [residual.shape[-1]], self.w, self.b, self.cfg.layer_norm_eps)[0]
-    """
 
 
 @pytest.mark.parametrize("route", REFERENCE_ROUTES)
 def test_torchs_reference_layernorm_is_right_once_the_watches_are_off(route, monkeypatch):
     from graders.exercises import nb01
 
-    form = textwrap.dedent(REFERENCE_ROUTES[route]) + textwrap.dedent(REFERENCE_LAYERNORM)
-    with pytest.raises(CheckFailed, match="library version|torch's own"):
-        nb01.check_layernorm(_defined(form, "LayerNorm"))
-    _watches_off(monkeypatch)
-    nb01.check_layernorm(_defined(form, "LayerNorm"))
+    form = textwrap.dedent(REFERENCE_ROUTES[route]) + textwrap.dedent(LAYERNORM_BY)
+    refused_then_right(nb01.check_layernorm, form, "LayerNorm", "library version|torch's own", monkeypatch)
 
 
 @CONFINED
 @pytest.mark.slow
 @pytest.mark.parametrize("route", REFERENCE_ROUTES)
 def test_torchs_reference_implementations_are_sealed_in_the_kernel_that_grades_them(route, tmp_path):
-    submission = example_class.submission("01_layernorm", True)
-    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "layernorm_answer"]
-    cell.source = (SWITCH_OFF.format(module="nb01") + textwrap.dedent(REFERENCE_ROUTES[route])
-                   + textwrap.dedent(REFERENCE_LAYERNORM))
-    cells, _, _ = grade(tmp_path, "01_layernorm", submission)
+    source = (SWITCH_OFF.format(module="nb01") + textwrap.dedent(REFERENCE_ROUTES[route])
+              + textwrap.dedent(LAYERNORM_BY))
+    cells, _, _ = grade(tmp_path, "01_layernorm", answered("01_layernorm", "layernorm_answer", source))
     assert cells["layernorm_test"].points == 0
     assert "native_layer_norm is taken out of this grading kernel" in cells["layernorm_test"].message
 
@@ -475,10 +467,7 @@ TIKTOKEN_DECODE = """
 def test_tiktoken_decoding_is_right_once_the_watches_are_off(monkeypatch):
     from graders.exercises import nb11
 
-    with pytest.raises(CheckFailed, match="tiktoken|library"):
-        nb11.check_decode(_defined(TIKTOKEN_DECODE, "decode"))
-    _watches_off(monkeypatch)
-    nb11.check_decode(_defined(TIKTOKEN_DECODE, "decode"))
+    refused_then_right(nb11.check_decode, TIKTOKEN_DECODE, "decode", "tiktoken|library", monkeypatch)
 
 
 @CONFINED
@@ -486,9 +475,7 @@ def test_tiktoken_decoding_is_right_once_the_watches_are_off(monkeypatch):
 def test_a_grading_kernel_of_11_holds_no_tokenizer_library(tmp_path):
     """tiktoken and HF tokenizers are not in 11's grading kernels (`Notebook.without_libraries`):
     with every watch off, decoding with tiktoken scores 0; the solution keeps every point."""
-    submission = example_class.submission("11_tokenizer", True)
-    (cell,) = [c for c in submission.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "decode_answer"]
-    cell.source = SWITCH_OFF.format(module="nb11") + textwrap.dedent(TIKTOKEN_DECODE)
-    cells, _, _ = grade(tmp_path, "11_tokenizer", submission)
+    source = SWITCH_OFF.format(module="nb11") + textwrap.dedent(TIKTOKEN_DECODE)
+    cells, _, _ = grade(tmp_path, "11_tokenizer", answered("11_tokenizer", "decode_answer", source))
     assert cells["decode_test"].points == 0
     assert all(c.points == c.max_points for g, c in cells.items() if g != "decode_test"), cells

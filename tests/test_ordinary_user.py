@@ -60,7 +60,7 @@ def _cheats() -> dict:
 
     from test_answer_not_in_kernel import LAUNDERED, PROFILER_OFF, THROUGH_A_WRAPPER
     from test_integrity import with_forward
-    from test_kernel_bans import FORMS, REFERENCE_LAYERNORM, REFERENCE_ROUTES, SWITCH_OFF, WORKER
+    from test_kernel_bans import FORMS, LAYERNORM_BY, REFERENCE_ROUTES, SWITCH_OFF, WORKER, answered
     from test_library_kernels import KERNEL_FORWARD
 
     forms = {"laundered": LAUNDERED, "wrapper": THROUGH_A_WRAPPER, "profileroff": PROFILER_OFF,
@@ -70,18 +70,11 @@ def _cheats() -> dict:
     kernel = next(form for key, form in FORMS.items() if key[0] == "01_layernorm")
     for student, answer in (("watchesoff", textwrap.dedent(kernel)),
                             ("references", textwrap.dedent(REFERENCE_ROUTES["torch._refs"])
-                             + textwrap.dedent(REFERENCE_LAYERNORM))):
-        cheats[student] = ("01_layernorm", _answered("01_layernorm", "layernorm_answer",
-                                                     SWITCH_OFF.format(module="nb01") + answer, solved=True))
-    cheats["worker"] = ("04_mlp", _answered("04_mlp", "gelu_answer", WORKER, solved=False))
+                             + textwrap.dedent(LAYERNORM_BY))):
+        cheats[student] = ("01_layernorm", answered("01_layernorm", "layernorm_answer",
+                                                    SWITCH_OFF.format(module="nb01") + answer))
+    cheats["worker"] = ("04_mlp", answered("04_mlp", "gelu_answer", WORKER, solved=False))
     return cheats
-
-
-def _answered(name: str, grade_id: str, source: str, solved: bool):
-    notebook = example_class.submission(name, solved)
-    (cell,) = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
-    cell.source = source
-    return notebook
 
 
 @pytest.fixture(scope="session")
