@@ -202,6 +202,18 @@ LAYERNORM_BY = """
 FORMS = {
     ("01_layernorm", "layernorm_answer", "layernorm_test", "nb01", "check_layernorm", "LayerNorm"):
         '_normalise = getattr(torch, "native_" + "layer" + "_norm")\n' + textwrap.dedent(LAYERNORM_BY),
+    ("02_embeddings", "embed_answer", "embed_test", "nb02", "check_embed", "Embed"): """
+        _kernel = getattr(torch, "embed" + "ding")
+
+        class Embed(nn.Module):
+            def __init__(self, cfg):
+                super().__init__()
+                self.cfg = cfg
+                self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+
+            def forward(self, tokens):
+                return _kernel(self.W_E, tokens)
+        """,
     ("04_mlp", "gelu_answer", "gelu_test", "nb04", "check_gelu_new", "gelu_new"): """
         _kernel = getattr(torch._C._nn, "ge" + "lu")
 
@@ -479,3 +491,49 @@ def test_a_grading_kernel_of_11_holds_no_tokenizer_library(tmp_path):
     cells, _, _ = grade(tmp_path, "11_tokenizer", answered("11_tokenizer", "decode_answer", source))
     assert cells["decode_test"].points == 0
     assert all(c.points == c.max_points for g, c in cells.items() if g != "decode_test"), cells
+
+
+# 03's Attention (the solution's class, its masking included) with torch's attention kernel in its
+# forward.
+SDPA_FORWARD = """
+        x = normalized_resid_pre[:, None]
+        q, k, v = (x @ w + b[:, None]
+                   for w, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V)))
+        return (_attend(q, k, v, is_causal=True) @ self.W_O).sum(dim=1) + self.b_O
+"""
+SDPA = '_attend = getattr(torch._C._nn, "scaled_dot_product" + "_attention")\n'
+IN_PROCESS = "from __future__ import annotations\nimport math\n"   # what the notebook's setup gives the cell
+
+
+def _attention_by_kernel():
+    """The solved 03 and its answer cell, whose forward's body is SDPA_FORWARD."""
+    import re
+
+    notebook = example_class.submission("03_attention", True)
+    (cell,) = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "attention_answer"]
+    body = re.compile(r"        x = normalized_resid_pre\n.*?        return \(z @ self\.W_O\)[^\n]*\n", re.S)
+    assert body.search(cell.source), "the solution's forward has changed: change SDPA_FORWARD's place too"
+    cell.source = body.sub(SDPA_FORWARD.lstrip("\n"), cell.source, count=1)
+    return notebook, cell
+
+
+def test_attention_by_torchs_kernel_is_right_once_the_watches_are_off(monkeypatch):
+    from graders.exercises import nb03
+
+    _, cell = _attention_by_kernel()
+    refused_then_right(nb03.check_attention, IN_PROCESS + SDPA + cell.source, "Attention",
+                       "aten::scaled_dot_product_attention", monkeypatch)
+
+
+@CONFINED
+@pytest.mark.slow
+def test_attention_by_torchs_kernel_scores_nothing_with_every_watch_switched_off(tmp_path):
+    from graders.exercises import nb03
+
+    notebook, cell = _attention_by_kernel()
+    with pytest.raises(CheckFailed) as refused:
+        nb03.check_attention(_defined(IN_PROCESS + SDPA + cell.source, "Attention"))
+    cell.source = SWITCH_OFF.format(module="nb03") + SDPA + cell.source
+    cells, _, _ = grade(tmp_path, "03_attention", notebook)
+    assert cells["attention_test"].points == 0 and cells["attention_test"].message == str(refused.value)
+    assert all(c.points == c.max_points for g, c in cells.items() if g != "attention_test"), cells
