@@ -18,3 +18,17 @@ def test_a_confined_grading_says_nothing_of_it(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(classroom, "grade_class", lambda *args, **kwargs: [])
     classroom.main(["--submissions", str(tmp_path), "--out", str(tmp_path / "out"), "--plain"])
     assert "NOT CONFINED" not in capsys.readouterr().err
+
+
+def test_a_machine_without_libseccomp_is_named_and_its_kernels_still_start(monkeypatch):
+    """A grading kernel starts no program (a seccomp filter, graders.harness.sandbox_kernel): where
+    libseccomp cannot be loaded, the probe says so and how to install it, so grading says NOT
+    CONFINED at its start, and an unconfined kernel starts without the filter."""
+    import sys
+
+    from graders.harness import sandbox_kernel
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)   # its import fails, as without libseccomp
+    assert "libseccomp cannot be loaded" in sandbox_kernel.probe()
+    assert "apt install libseccomp2" in sandbox_kernel.probe()
+    sandbox_kernel.forbid_exec()   # returns: no filter, no error

@@ -142,6 +142,10 @@ def probe() -> str | None:
     if shutil.which("true") is None:
         return "no `true` program to probe with"
     try:
+        import pyseccomp  # noqa: F401 (a grading kernel starts no program: forbid_exec)
+    except (ImportError, OSError, RuntimeError) as err:
+        return f"libseccomp cannot be loaded ({err}): install it (Debian and Ubuntu: `apt install libseccomp2`)"
+    try:
         bwrap()
     except Exception as err:   # the wheel without its binary
         return f"bubblewrap is missing ({err})"
@@ -157,10 +161,14 @@ def forbid_exec() -> None:
     code cannot hand its work to a fresh Python, which would have torch's kernels that this one
     refused (graders.judging.kernel_bans) and none of its watches. A seccomp filter (libseccomp,
     through pyseccomp) is kept for the process's life and inherited: nothing undoes it. A forked
-    child, which runs no new program, keeps the refusals."""
+    child, which runs no new program, keeps the refusals. Without libseccomp, `probe` has had the
+    harness say NOT CONFINED, and an unconfined kernel goes without it too."""
     import errno
 
-    import pyseccomp
+    try:
+        import pyseccomp
+    except (ImportError, OSError, RuntimeError):   # no libseccomp on this machine
+        return
 
     rules = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
     for call in ("execve", "execveat"):
