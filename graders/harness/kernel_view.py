@@ -155,7 +155,7 @@ def _course_callables(found) -> list:
             and getattr(item, "__module__", "").startswith("graders.")]
 
 
-def _import_time_calls(body: list) -> list:
+def import_time_calls(body: list) -> list:
     """The calls a module's (or class's) body makes as it runs: not those inside function bodies."""
     calls = []
     for node in body:
@@ -165,7 +165,7 @@ def _import_time_calls(body: list) -> list:
         elif isinstance(node, ast.ClassDef):
             calls += [c for part in [*node.decorator_list, *node.bases] for c in ast.walk(part)
                       if isinstance(c, ast.Call)]
-            calls += _import_time_calls(node.body)
+            calls += import_time_calls(node.body)
         elif not _main_guard(node):
             calls += [c for c in ast.walk(node) if isinstance(c, ast.Call) and not _in_lambda(node, c)]
     return calls
@@ -188,7 +188,7 @@ def _run_on_import() -> tuple:
 
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        calls = _import_time_calls(ast.parse(path.read_text()).body)
+        calls = import_time_calls(ast.parse(path.read_text()).body)
         if not calls:
             continue
         try:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from graders.harness.kernel_view import _import_time_calls, views_folder
+from graders.harness.kernel_view import import_time_calls, views_folder
 from graders.reference.paths import atomic_write
 
 SEALED = "RuntimeError"
@@ -76,7 +76,7 @@ def _called_on_import(tree: ast.Module) -> set[str]:
     """The module's own names that run as it is imported: called, or applied as a decorator."""
     defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     decorators = [d for node in ast.walk(tree) if isinstance(node, defined) for d in node.decorator_list]
-    return {node.id for node in [*(c.func for c in _import_time_calls(tree.body)), *decorators]
+    return {node.id for node in [*(c.func for c in import_time_calls(tree.body)), *decorators]
             if isinstance(node, ast.Name)}
 
 
