@@ -271,6 +271,21 @@ def delivery(notebook: str, grade_id: str) -> bytes | None:
     return marshal.dumps(found) if found else None
 
 
+def seal_bodies(tree: ast.Module, names, raising, methods_only: bool) -> None:
+    """In `tree`, give the top-level functions `names`, and every method of the top-level classes
+    `names`, the body `raising(qualname, function)`; with `methods_only`, such a class keeps nothing
+    else (its attributes could hold an answer)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
+            node.body = raising(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name in names:
+            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            for method in methods:
+                method.body = raising(f"{node.name}.{method.name}", method)
+            if methods_only:
+                node.body = methods or [ast.Pass()]
+
+
 def sealed_source(path: Path, names: set[str]) -> str:
     """`path`'s module with the bodies of `names` (top-level functions, and classes' methods)
     replaced by a raise that names them."""
@@ -285,20 +300,10 @@ def sealed_source(path: Path, names: set[str]) -> str:
         # delivery (graders.judging.deliveries) can hand the method its real code.
         return body + (ast.parse("__class__").body if uses_class else [])
 
-    body = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
-            node.body = raising(node.name)
-        elif isinstance(node, ast.ClassDef) and node.name in names:
-            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-            for method in methods:
-                method.body = raising(f"{node.name}.{method.name}", method)
-            node.body = methods or [ast.Pass()]
-        body.append(node)
-    at = next((i for i, n in enumerate(body) if not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+    seal_bodies(tree, names, raising, methods_only=True)
+    at = next((i for i, n in enumerate(tree.body) if not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
                and not (i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))), 0)
-    body[at:at] = ast.parse(f"from graders.judging.provenance import {SEALED_ERROR}").body
-    tree.body = body
+    tree.body[at:at] = ast.parse(f"from graders.judging.provenance import {SEALED_ERROR}").body
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 

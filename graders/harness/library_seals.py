@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from graders.harness.kernel_view import import_time_calls, views_folder
+from graders.harness.kernel_view import import_time_calls, seal_bodies, views_folder
 from graders.reference.paths import atomic_write
 
 SEALED = "RuntimeError"
@@ -112,18 +112,12 @@ def seals(specs: list[str]) -> dict[Path, frozenset[str]]:
 def _sealed_source(path: Path, module: str, names: frozenset[str]) -> str:
     tree = ast.parse(path.read_text())
 
-    def raising(qualname: str) -> list[ast.stmt]:
+    def raising(qualname: str, method=None) -> list[ast.stmt]:
         message = (f"{module}.{qualname} is taken out of this grading kernel: a check it grades refuses it "
                    "(write the exercise yourself)")
         return ast.parse(f"raise {SEALED}({message!r})").body
 
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
-            node.body = raising(node.name)
-        elif isinstance(node, ast.ClassDef) and node.name in names:
-            for method in node.body:
-                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    method.body = raising(f"{node.name}.{method.name}")
+    seal_bodies(tree, names, raising, methods_only=False)   # torch's own class statements stay
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
@@ -148,11 +142,11 @@ def sealed_mounts(exercises) -> list[tuple[str, str, str]]:
 
 
 def _made(sealing: dict[Path, frozenset[str]]) -> list[tuple[str, str, str]]:
-    mounts = []
+    mounts, library = [], views_folder() / "library"
     for path, names in sorted(sealing.items()):
         name = _module_name(path)
         key = hashlib.sha256(str(path).encode() + path.read_bytes() + "\0".join(sorted(names)).encode())
-        folder = views_folder() / "library" / key.hexdigest()[:16]
+        folder = library / key.hexdigest()[:16]
         source, compiled = folder / path.name, folder / (path.stem + ".pyc")
         if not compiled.is_file():
             folder.mkdir(parents=True, exist_ok=True)

@@ -42,9 +42,8 @@ class Forbidden:
     def kernel_refusal(self, what: str, op: str) -> str:
         """The check's words for a kernel of `kernels` that ran (`what`: the check's name for the code)."""
         return (f"{what}: your {what} runs {op}, torch's own kernel for {self.kernels_compute or self.what}, "
-                f"however it is called (a torch "
-                f"function, a Tensor method, torch.ops.aten, torch._C, another thread). Write it yourself "
-                f"{self.instead}.")
+                f"however it is called (a torch function, a Tensor method, torch.ops.aten, torch._C, another "
+                f"thread). Write it yourself {self.instead}.")
 
 
 ALWAYS_FORBIDDEN_WORDS = ("transformer_lens", "transformers", "HookedTransformer", "TransformerBridge")

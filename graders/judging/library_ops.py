@@ -165,9 +165,10 @@ def library_routine(rule: LibraryOps, name: str, watch: OpWatch, ops: list[tuple
             return (f"{name}: your {name} runs {found.replace(':', '.')}{copied}: torch's own implementation "
                     f"of {rule.what}. Write it yourself {rule.instead}.")
     for op, elsewhere in ops:
-        what = rule.op(op.removeprefix("aten::"))
+        op = op.removeprefix("aten::")
+        what = rule.op(op)
         if what:
-            return rule.refusal(name, op.removeprefix("aten::"), what, " on another thread" if elsewhere else "")
+            return rule.refusal(name, op, what, " on another thread" if elsewhere else "")
     return None
 
 
