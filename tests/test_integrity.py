@@ -229,6 +229,44 @@ def test_learner_code_runs_unprivileged_offline_and_alone(tmp_path):
     assert cells["layernorm_test"].points == 5
 
 
+# A notebook cannot fill the machine under the class graded beside it: its scratch folders are
+# memory of a bounded size, no file it writes (records included) grows past a bound, and the
+# packages its kernel goes without are empty and read-only.
+@CONFINED
+@pytest.mark.slow
+def test_a_kernel_can_fill_neither_memory_nor_disk(tmp_path):
+    from graders.harness.sandbox_kernel import FILE_MB, SCRATCH_MB
+    from graders.reference.paths import cache_dir
+
+    hidden = sandbox.library_paths(("transformers",))[0]
+    fill = ("# fill\nimport errno, json, os\n"
+            "def outcome(action):\n"
+            "    try:\n"
+            "        action()\n"
+            "        return 'written'\n"
+            "    except OSError as err:\n"
+            "        return errno.errorcode[err.errno]\n"
+            "def flood(folder):\n"
+            "    with open(os.path.join(folder, 'flood'), 'wb') as f:\n"
+            "        for _ in range(4 * SCRATCH_MB):\n"
+            "            f.write(bytes(2**20))\n"
+            "    os.remove(os.path.join(folder, 'flood'))\n"
+            "def far(folder):   # a sparse file: past the bound without writing a byte before it\n"
+            "    with open(os.path.join(folder, 'far'), 'wb') as f:\n"
+            "        f.seek(FILE_MB * 2**20)\n"
+            "        f.write(b'x')\n"
+            f"SCRATCH_MB, FILE_MB = {SCRATCH_MB}, {FILE_MB}\n"
+            f"scratch = ['/tmp', '/dev/shm', {str(cache_dir())!r}, os.getcwd()]\n"
+            "print(json.dumps({'sizes': [os.statvfs(p).f_blocks * os.statvfs(p).f_frsize // 2**20 for p in scratch],\n"
+            "                  'floods': [outcome(lambda: flood(p)) for p in scratch],\n"
+            f"                  'records': outcome(lambda: far({str(tmp_path / 'work' / 'records-0')!r})),\n"
+            f"                  'hidden': outcome(lambda: open(os.path.join({str(hidden)!r}, 'x.py'), 'w'))}}))\n")
+    cells, _, executed = grade(tmp_path, "01_layernorm", crafted("01_layernorm", extra={"setup": [fill]}))
+    assert json.loads(printed(executed, "# fill")) == {
+        "sizes": [SCRATCH_MB] * 4, "floods": ["ENOSPC"] * 4, "records": "EFBIG", "hidden": "EROFS"}
+    assert cells["layernorm_test"].points == 5
+
+
 # 4 and 5. The judge reads only regular files in the records folder: a symlink to a file the
 # kernel cannot read, or a FIFO that would block, counts as no record.
 def test_records_that_are_not_regular_files_are_ignored(tmp_path):

@@ -112,22 +112,22 @@ def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sock
                  view: Path | None, without: tuple[Path, ...] = (), sealed: list = ()) -> dict:
     """What a confined kernel sees (graders.harness.sandbox_kernel.bwrap_argv): the system and
     Python read-only, the graders package as `view` (its notebook's kernel view:
-    graders.harness.kernel_view), `files`, its own folder, records and sockets; a fresh /tmp and course
-    cache; nothing else of the course folder. The installed packages (folders) and modules (files)
-    `without` are there empty, and the `sealed` mounts (graders.harness.library_seals) show sealed
-    copies of library modules."""
+    graders.harness.kernel_view), `files`, its records and sockets; a fresh home (`workdir`), /tmp
+    and course cache in memory of a bounded size; nothing else of the course folder. The installed
+    packages (folders) and modules (files) `without` are there empty and read-only, and the `sealed`
+    mounts (graders.harness.library_seals) show sealed copies of library modules."""
     from graders.reference.paths import cache_dir
 
     package = Path(__file__).resolve().parents[1]
     system = [(p, "link" if os.path.islink(p) else "ro")
               for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
               if os.path.lexists(p)]
-    mounts = system + [("/tmp", "tmp"), ("/dev/shm", "tmp"), (str(cache_dir()), "tmp")]
+    mounts = system + [(str(p), "scratch") for p in ("/tmp", "/dev/shm", cache_dir(), workdir)]
     mounts += [(str(p), "ro") for p in {Path(sys.base_prefix).resolve(), Path(sys.prefix),
                                         package.parent / "data", *files} if p.exists()]
-    mounts += [(str(workdir), "rw"), (str(records), "rw"), (str(sockets), "rw")]
+    mounts += [(str(records), "rw"), (str(sockets), "rw")]
     if view is not None:
         mounts.append((str(package), "view", str(view)))
-    mounts += [(str(p), "tmp" if p.is_dir() else "empty") for p in without]
+    mounts += [(str(p), "void" if p.is_dir() else "empty") for p in without]
     mounts += [tuple(m) for m in sealed]
     return {"uid": uid, "cwd": str(workdir), "sockets": str(sockets), "mounts": sorted(mounts)}

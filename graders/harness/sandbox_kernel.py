@@ -24,6 +24,11 @@ import sys
 import tempfile
 
 MEMORY_ENV = "GPT2_COURSE_SANDBOX_MEMORY_MB"
+# What a confined kernel may write: each of its scratch folders (home, /tmp, /dev/shm, course cache)
+# is memory of this size at most, and no file it writes, records included, grows past FILE_MB. So
+# one notebook cannot fill the machine's memory or disk under the class being graded beside it.
+SCRATCH_MB = 512
+FILE_MB = 1024
 SESSION_ARG = "--session"
 PLAN_ENV = "GPT2_COURSE_SANDBOX_PLAN"
 CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE, PR_SET_NO_NEW_PRIVS = 0x00020000, 0x1000, 0x4000, 0x40000, 38
@@ -43,19 +48,21 @@ def _memory_mb() -> int:
 
 def bwrap_argv(plan: dict, command: list[str]) -> list[str]:
     """bubblewrap's command line for `plan`: `plan["mounts"]` lists (path, kind) or (path, kind,
-    source), each shown at `path`: "ro" bound read-only, "rw" bound writable (the kernel's own
-    folders), "link" a copy of a symlink (/bin -> usr/bin), "tmp" a fresh tmpfs, "empty" an empty
-    file (/dev/null) in place of a file, and "view" the folder `source` shown read-only at `path`
-    (the graders package as the notebook's kernel view).
+    source), each shown at `path`: "ro" bound read-only, "rw" bound writable (the kernel's records
+    and sockets), "link" a copy of a symlink (/bin -> usr/bin), "scratch" a fresh writable tmpfs of
+    SCRATCH_MB, "void" an empty read-only folder, "empty" an empty file (/dev/null) in place of a
+    file, and "view" the folder `source` shown read-only at `path` (the graders package as the
+    notebook's kernel view).
     /dev, /proc (this PID namespace's own) and /sys come from bubblewrap."""
     argv = [plan.get("bwrap") or bwrap(), *NAMESPACES, "--uid", str(plan["uid"]), "--gid", str(plan["uid"]),
             "--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys"]
-    size = str(_memory_mb() * 1024 * 1024)
     for path, kind, *source in sorted(plan["mounts"], key=lambda m: m[0].rstrip("/").count("/")):
         if kind == "link":
             argv += ["--symlink", os.readlink(path), path]
-        elif kind == "tmp":
-            argv += ["--perms", "0700", "--size", size, "--tmpfs", path]
+        elif kind == "scratch":
+            argv += ["--perms", "0700", "--size", str(SCRATCH_MB * 2**20), "--tmpfs", path]
+        elif kind == "void":
+            argv += ["--size", str(2**20), "--tmpfs", path, "--remount-ro", path]
         elif kind == "empty":
             argv += ["--ro-bind", "/dev/null", path]
         else:
@@ -179,6 +186,7 @@ def forbid_exec() -> None:
 def main() -> None:
     limit = _memory_mb() * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_MB * 2**20, FILE_MB * 2**20))
     args = sys.argv[1:]
     if args == ["--probe"]:
         plan = _probe_plan()
