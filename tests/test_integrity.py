@@ -267,6 +267,32 @@ def test_a_kernel_can_fill_neither_memory_nor_disk(tmp_path):
     assert cells["layernorm_test"].points == 5
 
 
+# Its records and sockets are the host's disk: a kernel that floods them is stopped and its cell
+# says why; nothing it wrote there is left.
+@CONFINED
+@pytest.mark.slow
+def test_a_kernel_flooding_the_graders_disk_is_stopped(tmp_path):
+    import time
+
+    from graders.harness.disk_watch import MAX_ENTRIES
+
+    records = tmp_path / "work" / "records-0"
+    flood = ("# flood\nimport os, time\n"
+             "_forward = LayerNorm.forward\n"
+             "def flooding_forward(self, x):\n"
+             f"    for i in range({MAX_ENTRIES + 1000}):\n"
+             f"        open(os.path.join({str(records)!r}, f'junk-{{i}}'), 'w').close()\n"
+             "    time.sleep(100)\n"
+             "    return _forward(self, x)\n"
+             "LayerNorm.forward = flooding_forward\n")
+    start = time.monotonic()
+    cells, _, _ = grade(tmp_path, "01_layernorm", crafted("01_layernorm", extra={"layernorm_answer": [flood]}))
+    assert time.monotonic() - start < 60, "the flood was not stopped before the cell's time limit"
+    assert (cells["layernorm_test"].status, cells["layernorm_test"].message) == \
+        ("crashed", f"stopped: this cell wrote more than {MAX_ENTRIES:,} files to the grader's disk")
+    assert list(records.iterdir()) == []
+
+
 # 4 and 5. The judge reads only regular files in the records folder: a symlink to a file the
 # kernel cannot read, or a FIFO that would block, counts as no record.
 def test_records_that_are_not_regular_files_are_ignored(tmp_path):

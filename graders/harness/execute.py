@@ -3,7 +3,8 @@
 The kernel's session (graders.judging.session) is made here and handed to the kernel at its
 start: a grading kernel's test cells record what the learner's code produced. A kernel that dies (os._exit, a
 segfault, memory) is restarted; the cell that killed it is skipped and the learner's other
-cells are replayed, so only the affected tests are lost.
+cells are replayed, so only the affected tests are lost. So is a confined kernel that floods the
+host folders it writes (graders.harness.disk_watch), after those folders are emptied.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import copy
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 import nbformat
 
 from graders.harness.cells import KERNEL_NAME, is_test_cell, nbgrader_meta
+from graders.harness.disk_watch import DiskWatch
 from graders.harness.limits import TimeLimits
 from graders.harness.sandbox_kernel import SESSION_ARG
 from graders.judging.session import Session
@@ -85,7 +88,7 @@ def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
             # The kernel has no network: it talks to this process over Unix sockets.
             config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
             return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop,
-                                around_test_cells)
+                                around_test_cells, watched=(records, sockets))
         # Unix sockets in this private folder rather than TCP on localhost: no other user can
         # connect, and the kernel has no plain-text TCP to warn about.
         config = {"KernelManager": {"transport": "ipc", "ip": str(Path(private) / "kernel")}}
@@ -99,7 +102,8 @@ def _test_cell_prelude(grade_id: str) -> str:
 
 
 def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, specs: Path, tests=None,
-                 stop=False, around_test_cells=None) -> dict[int, str]:
+                 stop=False, around_test_cells=None, watched: tuple[Path, ...] = ()) -> dict[int, str]:
+    """`watched`: the host folders a confined kernel writes (graders.harness.disk_watch)."""
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
     from nbclient import NotebookClient
@@ -148,19 +152,39 @@ def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, sp
             on_cell_executed=lambda cell, cell_index, execute_reply: ended(order[cell_index]),
             config=Config(config),
         )
+
+        def stop_kernel() -> None:   # its launcher is bubblewrap, which takes the kernel with it
+            process = getattr(manager.provisioner, "process", None)
+            if process is not None:
+                process.kill()
+        watch = DiskWatch(list(watched), stop_kernel) if watched else contextlib.nullcontext()
         try:
-            client.execute(env=env, cwd=str(workdir))
+            with watch:
+                client.execute(env=env, cwd=str(workdir))
         except DeadKernelError:
             died = current["index"]
-            ended(died)   # what its checks recorded before the kernel died still counts
-            problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
-                             "segfault, or running out of memory)"
+            if getattr(watch, "exceeded", None):   # none of its records count; the others were taken
+                for folder in watched:
+                    _empty(folder)
+                problems[died] = f"stopped: this cell wrote {watch.exceeded} to the grader's disk"
+            else:
+                ended(died)   # what its checks recorded before the kernel died still counts
+                problems[died] = "crashed: the kernel died while running this cell (os._exit, a " \
+                                 "segfault, or running out of memory)"
             done.update(i for i in order if i < died and i in test_indices)
             _copy_outputs(batch, order, notebook, problems, limits)
             continue
         _copy_outputs(batch, order, notebook, problems, limits)
         break
     return problems
+
+
+def _empty(folder: Path) -> None:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _copy_outputs(batch, order, notebook, problems, limits: TimeLimits) -> None:
