@@ -12,10 +12,12 @@ answer varies, as it does once a template puts markers between them.
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import string
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -24,15 +26,15 @@ from graders.exercises.post_training.chat import CHAT_VOCAB, IM_END_ID, chat_enc
 from graders.exercises.post_training.gpt import GPT, GPTConfig, seeded_gpt
 from graders.reference.vocab import CompactVocab
 
-VERSION = "2"                          # part of the cached models' file names: bump when the recipe changes
+VERSION = "3"                          # part of the cached models' file names: bump when the recipe changes
 LETTERS = string.ascii_lowercase[:-1]  # a..y: each has a next letter
 QUESTIONS = ([(f"the letter after {x}", chr(ord(x) + 1)) for x in LETTERS]
              + [(f"the number after {n}", str(n + 1)) for n in range(30)])
 HELD_OUT = QUESTIONS[1::4]             # never in a finetuning or preference batch
 TRAINING = [q for i, q in enumerate(QUESTIONS) if i % 4 != 1]
 SEQ = 16                               # every conversation fits, padded
-PRETRAIN = dict(steps=1500, batch=32, seq=48, lr=1e-2, warmup=50)
-SFT = dict(steps=400, batch=16)     # the recipe (r, alpha, lr) is reference.finetune's
+PRETRAIN = dict(steps=1500, batch=32, seq=48, lr=3e-3, warmup=50)
+SFT = dict(steps=400, batch=16, seed=1)     # the recipe (r, alpha, lr) is reference.finetune's
 
 
 def wrong_answer(question: str, answer: str, rng: random.Random) -> str:
@@ -178,18 +180,35 @@ def pretrain() -> GPT:
     return model.eval()
 
 
-def _cached(name: str, make) -> GPT:
-    from graders.reference.paths import atomic_write, cache_dir
+MODELS_RECORD = Path(__file__).resolve().parents[3] / "data" / "post_training_models.json"
 
-    path = cache_dir("post-training") / f"{name}-v{VERSION}.pt"
-    model = GPT(config())
+
+def expected_fingerprint(name: str) -> str:
+    """The committed fingerprint of the course's model `name`: every machine builds these bits."""
+    return json.loads(MODELS_RECORD.read_text())[f"{name}-v{VERSION}"]
+
+
+def _cached(name: str, make) -> GPT:
+    """The course's model `name` from the course cache, built by `make` when missing or not the
+    committed one (a truncated file, an older recipe): the same weights on every machine."""
+    from graders.reference.paths import atomic_write, cache_dir
+    from graders.reference.synthetic import fingerprint
+
+    path, expected = cache_dir("post-training") / f"{name}-v{VERSION}.pt", expected_fingerprint(name)
     if path.is_file():
         try:
-            model.load_state_dict(torch.load(path, weights_only=True))
-            return model.eval()
-        except (OSError, RuntimeError, ValueError):
+            model = loaded(torch.load(path, weights_only=True))
+            if fingerprint(model.state_dict()) == expected:
+                return model
+        except (OSError, RuntimeError, ValueError, EOFError):
             pass
     model = make()
+    built = fingerprint(model.state_dict())
+    if built != expected:
+        raise RuntimeError(f"Notebook 13's {name} model built on this machine (sha256 {built[:12]}) is not the "
+                           f"committed one ({expected[:12]}, {MODELS_RECORD.name}): torch computed other numbers "
+                           "here, and grades of 13 would differ from other machines'. Please report it with "
+                           "`pip freeze` and `lscpu`.")
     try:
         atomic_write(path, lambda temporary: torch.save(model.state_dict(), temporary))
     except OSError:
@@ -204,10 +223,17 @@ def base_weights() -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in _cached("base", pretrain).state_dict().items()}
 
 
-def base_model() -> GPT:
-    model = GPT(config())
-    model.load_state_dict(base_weights())
+def loaded(weights: dict[str, torch.Tensor]) -> GPT:
+    """A GPT holding `weights`, in eval mode, built without drawing from torch's global generator
+    (whatever the caller seeded, its next draws are the same with or without this call)."""
+    with torch.random.fork_rng():
+        model = GPT(config())
+    model.load_state_dict(weights)
     return model.eval()
+
+
+def base_model() -> GPT:
+    return loaded(base_weights())
 
 
 def finetune_course() -> GPT:
@@ -216,10 +242,11 @@ def finetune_course() -> GPT:
     from graders.exercises.post_training import reference as ref
     from graders.exercises.training.runs import one_thread
 
-    tokens, labels = sft_batches(1, SFT["steps"], SFT["batch"])
-    batches = iter(zip(tokens, labels))
-    with one_thread():
-        return ref.finetune(base_model(), lambda: next(batches), SFT["steps"])
+    tokens, labels = sft_batches(SFT["seed"], SFT["steps"], SFT["batch"])
+    batches, base = iter(zip(tokens, labels)), base_model()
+    with one_thread(), torch.random.fork_rng():
+        torch.manual_seed(SFT["seed"])     # LoRA's A is drawn from it: the same model whatever ran first
+        return ref.finetune(base, lambda: next(batches), SFT["steps"])
 
 
 @lru_cache(maxsize=1)
@@ -228,6 +255,4 @@ def sft_weights() -> dict[str, torch.Tensor]:
 
 
 def sft_model() -> GPT:
-    model = GPT(config())
-    model.load_state_dict(sft_weights())
-    return model.eval()
+    return loaded(sft_weights())
