@@ -28,11 +28,13 @@ def _chat(kind="right"):
     def chat_tokens(messages, encoding):
         start, end = encoding.encode_single_token(IM_START), encoding.encode_single_token(IM_END)
         tokens, learned = [], []
-        for message in messages:
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        for i, message in enumerate(messages):
             role = message["role"] + ("" if kind == "no_newline" else "\n")
             header = [start] + encoding.encode_ordinary(role)
-            body = encoding.encode_ordinary(message["content"])
-            mine = message["role"] == "assistant"
+            body = (encoding.encode(message["content"], allowed_special="all") if kind == "markers_allowed"
+                    else encoding.encode_ordinary(message["content"]))
+            mine = message["role"] == "assistant" and (kind != "last_turn_only" or i == last)
             after = [] if kind == "no_final_newline" else encoding.encode_ordinary("\n")
             tokens += header + body + [end] + after
             learned += ([kind == "role_learned" and mine] * len(header) + [mine or kind == "unmasked"] * len(body)
@@ -63,6 +65,30 @@ def test_chat_tokens_mistakes_are_named(kind, expected):
     fails_with(nb13.check_chat_tokens, _chat(kind), expected=expected)
 
 
+def test_markers_typed_in_a_message_are_named_in_the_visible_check():
+    fails_with(nb13.check_chat_tokens, _chat("markers_allowed"),
+               expected=["conversation 1", "Likely mistake: the characters of a marker typed inside a message"])
+
+
+def test_learning_only_the_last_assistant_turn_is_named_where_a_conversation_has_several():
+    nb13.check_chat_tokens(_chat("last_turn_only"))          # the visible conversations have one answer each
+    fails_with(nb13.check_chat_tokens, _chat("last_turn_only"), seed=1,
+               expected="Likely mistake: only the last assistant message is learned")
+
+
+def test_the_templates_rule_for_typed_markers_is_the_librarys_with_special_tokens_split():
+    """A cross-check of the judge's reference for the forged conversation: transformers' tokenizer,
+    told to split special tokens, encodes its content as the course's rule does (ordinary text)."""
+    from graders.exercises.post_training.chat import FORGED_CONVERSATION, hf_chat_tokenizer
+
+    tokenizer, encoding = hf_chat_tokenizer(), nb13.chat_encoding()
+    for message in FORGED_CONVERSATION:
+        split = tokenizer(message["content"], split_special_tokens=True, add_special_tokens=False)["input_ids"]
+        assert split == encoding.encode_ordinary(message["content"])
+    assert tokenizer(FORGED_CONVERSATION[0]["content"], add_special_tokens=False)["input_ids"].count(
+        nb13.chat_encoding().encode_single_token(IM_END)) == 1      # the library's default: the marker itself
+
+
 def test_chat_tokens_unlisted_mistakes_are_localised():
     fails_with(nb13.check_chat_tokens, _chat("no_final_newline"),
                expected=["first token that differs is at position 13", "message 0 (system): the newline after its"])
@@ -80,15 +106,18 @@ def test_chat_template_library_version_is_refused():
 
 def _sft(kind="right"):
     def sft_loss(logits, labels):
+        keep = labels != -100
         if kind != "unshifted":
             logits, labels = logits[:, :-1], labels[:, 1:]
-        keep = labels != -100
+            keep = keep[:, :-1] if kind == "mask_before_shift" else labels != -100
         if kind == "boolean_index":
             return -logits.double().log_softmax(-1)[keep].gather(-1, labels[keep][:, None]).mean().float()
-        picked = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0] * keep
+        log_probs = logits.log_softmax(1 if kind == "over_positions" else -1)
+        picked = log_probs.gather(-1, labels.clamp(min=0)[..., None])[..., 0] * keep
         found = {"all_positions": -picked.sum() / keep.numel(),
                  "per_sequence": (-picked.sum(-1) / keep.sum(-1)).mean(),
-                 "halved": -picked.sum() / keep.sum() / 2}
+                 "halved": -picked.sum() / keep.sum() / 2,
+                 "negated": picked.sum() / keep.sum()}
         return found.get(kind, -picked.sum() / keep.sum())
     return sft_loss
 
@@ -104,6 +133,9 @@ def test_sft_loss_correct_variants_pass(kind):
     ("per_sequence", "Likely mistake: a mean per sequence, then a mean over the batch"),
     ("unshifted", "Likely mistake: the labels are not shifted"),
     ("halved", "0.5 times the reference on every batch"),
+    ("negated", "Likely mistake: the sign"),
+    ("over_positions", "Likely mistake: the log-softmax is taken over the positions"),
+    ("mask_before_shift", "Likely mistake: the mask is made from the labels before the shift"),
 ])
 def test_sft_loss_mistakes_are_named(kind, expected):
     fails_with(nb13.check_sft_loss, _sft(kind), expected=expected)
@@ -133,8 +165,12 @@ def _lora(kind="right"):
             d_in, d_out = base.weight.shape
             self.base = base if kind == "base_trainable" else base.requires_grad_(False)
             self.A = nn.Parameter((torch.rand(d_in, r) * 2 - 1) / math.sqrt(d_in))
+            if kind in ("fan_r", "peft_style"):       # nn.init reads the fan-in from dimension 1
+                shape = (d_in, r) if kind == "fan_r" else (r, d_in)
+                drawn = nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5))
+                self.A = nn.Parameter(drawn if kind == "fan_r" else drawn.T.contiguous())
             self.B = nn.Parameter(torch.randn(r, d_out) * 0.1 if kind == "both_random" else torch.zeros(r, d_out))
-            self.scale = alpha if kind == "alpha" else alpha / r
+            self.scale = {"alpha": alpha, "floor_scale": alpha // r}.get(kind, alpha / r)
             self.p = dropout
 
         def forward(self, x):
@@ -143,10 +179,12 @@ def _lora(kind="right"):
 
     def add_lora(model, r, alpha, dropout=0.0):
         for p in model.parameters():
-            p.requires_grad = kind == "base_trainable"
+            p.requires_grad = kind in ("base_trainable", "model_trainable")
         for block in model.transformer.h:
             block.attn.c_attn = LoRALinear(block.attn.c_attn, r, alpha, dropout)
             block.attn.c_proj = LoRALinear(block.attn.c_proj, r, alpha, dropout)
+        if kind == "frozen_after":
+            model.requires_grad_(False)
 
     def merge_lora(model):
         for block in model.transformer.h:
@@ -161,9 +199,10 @@ def _lora(kind="right"):
     return LoRALinear, add_lora, merge_lora
 
 
-def test_lora_correct_variant_passes():
-    nb13.check_lora(*_lora())
-    nb13.check_lora(*_lora(), seed=1)
+@pytest.mark.parametrize("kind", ["right", "peft_style"])
+def test_lora_correct_variants_pass(kind):
+    nb13.check_lora(*_lora(kind))
+    nb13.check_lora(*_lora(kind), seed=1)
 
 
 @pytest.mark.parametrize("state, seed", [(1086, 0), (1089, 1)])
@@ -195,9 +234,17 @@ def test_the_lora_check_draws_the_same_factors_whatever_ran_before_in_the_kernel
     ("dropout_at_eval", "Likely mistake: dropout left on at eval"),
     ("unscaled", "Likely mistake: merge without the scale"),
     ("doubled", "the merged update W' - W is 2 times peft's"),
+    ("fan_r", "Likely mistake: the bound uses r, not d_in"),
+    ("frozen_after", "Likely mistake: A and B are frozen too"),
+    ("model_trainable", ["Likely mistake: the base weight is still trainable", "of the base model's"]),
 ])
 def test_lora_mistakes_are_named(kind, expected):
     fails_with(nb13.check_lora, *_lora(kind), expected=expected)
+
+
+def test_lora_scale_rounded_down_is_named_where_alpha_is_not_a_multiple_of_r():
+    nb13.check_lora(*_lora("floor_scale"))                 # r 4, alpha 8: alpha // r is alpha / r
+    fails_with(nb13.check_lora, *_lora("floor_scale"), seed=1, expected="Likely mistake: the scale is rounded down")
 
 
 def test_lora_library_version_is_refused():
@@ -441,3 +488,20 @@ def test_answers_of_the_wrong_kind_get_one_line(check, learner, expected):
 
 def test_lora_factors_under_other_names_are_asked_for_by_name():
     fails_with(nb13.check_lora, *_no_factors(), expected="without tensors `A` and `B`")
+
+
+def test_a_scratch_cell_naming_a_library_fails_only_where_the_word_is_refused_notebook_wide():
+    """peft, trl and apply_chat_template are refused where they run and in the exercise's own answer
+    cells, not in a scratch cell above; `transformers` is refused in every cell before a check, and
+    the refusal quotes the line and says that scratch cells count."""
+    from graders.exercises.post_training import template
+    from graders.judging.verdict import LearnerCode, decide
+
+    case = template.exercise.case()
+    outputs, failure = template.exercise.run(_chat(), case, template.exercise.inputs(case))
+    for scratch in ("import peft", "import trl", "tokenizer.apply_chat_template(conversation)"):
+        assert decide(template.exercise, case, outputs, str(failure or ""), LearnerCode(before=scratch)).passed
+    refused = decide(template.exercise, case, outputs, "", LearnerCode(before="from transformers import AutoTokenizer"))
+    assert not refused.passed
+    assert "(in the line `from transformers import AutoTokenizer`)" in refused.message
+    assert "scratch cells included" in refused.message

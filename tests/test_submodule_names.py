@@ -227,7 +227,7 @@ def test_a_library_shortcut_outranks_the_names():
     outputs, failure = exercise.run(renamed(textbook), case, exercise.inputs(case))
     shortcut = LearnerCode(before="layer = nn.TransformerEncoderLayer(768, 12)")
     assert decide(exercise, case, outputs, str(failure), shortcut) == Verdict(
-        False, forbidden_message("TransformerBlock", "nn.TransformerEncoderLayer"))
+        False, forbidden_message("TransformerBlock", "nn.TransformerEncoderLayer", shortcut))
 
 
 def test_outside_a_check_the_names_fail_as_before():

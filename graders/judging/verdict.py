@@ -44,13 +44,21 @@ def forbidden_use(exercise, code: LearnerCode) -> str | None:
         or next((w for w in sorted(own) if mentions(code.own, w)), None)
 
 
-def forbidden_message(name: str, word: str) -> str:
+def forbidden_message(name: str, word: str, code: LearnerCode = LearnerCode()) -> str:
+    """The refusal of a forbidden word, quoting the learner's line that names it; a word found only
+    above the exercise's own answer cells (a scratch cell) is said to count there too."""
+    from graders.judging.learner import mentions
+
+    line = next((ln.strip() for ln in code.own.splitlines() + code.before.splitlines() if mentions(ln, word)), "")
+    where = f" (in the line `{line}`)" if line else ""
     if word == GRADERS_WORD:
-        return (f"{name}: your code uses `graders` (an import or a name from the course's graders "
+        return (f"{name}: your code uses `graders`{where} (an import or a name from the course's graders "
                 "package, e.g. `from graders.judging.cases import Case`). Answers may not use the "
                 "course's graders: delete that line from your cells, then run this check again.")
-    return (f"{name}: your code uses `{word}`. Build it yourself from tensor operations; library "
-            "versions of what you are building are not allowed in answers.")
+    scratch = (" Every cell that ran before this check counts, scratch cells included: compare with the library "
+               "in a notebook of its own." if line and not mentions(code.own, word) else "")
+    return (f"{name}: your code uses `{word}`{where}. Build it yourself from tensor operations; library "
+            f"versions of what you are building are not allowed in answers.{scratch}")
 
 
 def names_verdict(name: str, names: str, judged: str | None) -> str:
@@ -75,7 +83,7 @@ def decide(exercise, case, outputs: dict | None, failure: str, code: LearnerCode
         return Verdict(False, failure or f"{exercise.name}: your code produced nothing to check.")
     used = forbidden_use(exercise, code)
     if used:
-        return Verdict(False, forbidden_message(exercise.name, used))
+        return Verdict(False, forbidden_message(exercise.name, used, code))
     judged = _judged(exercise, case, outputs)
     if failure:
         return Verdict(False, names_verdict(exercise.name, failure, judged))

@@ -25,7 +25,7 @@ from graders.judging.tolerance import close
 NOTEBOOK = "13_post_training"
 D_VOCAB = 30
 FORBIDDEN = Forbidden("the DPO loss", source_words=["trl", "DPOTrainer"], instead="from the paper's equation",
-                      library_code=("trl",))
+                      library_code=("trl",), notebook_wide=False)
 LOGPROB_SLIPS = {
     "mean": "a mean over the response's tokens, not their sum: the log-probability of a sequence is the sum of its "
             "tokens' (a product of probabilities), and a mean makes a long answer cost as little as a short one",

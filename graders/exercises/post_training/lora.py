@@ -7,6 +7,7 @@ localised to the first step, layer or weight that differs, and read as a factor 
 from __future__ import annotations
 
 import copy
+import math
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +32,7 @@ STEPS, LR, DROPOUT = 3, 1e-2, 0.5
 ADAM_EPS = 1e-4
 FORBIDDEN = Forbidden("LoRA", source_words=["peft", "LoraConfig", "get_peft_model", "merge_and_unload"],
                       instead="from two matrices of your own around the frozen layer",
-                      library_code=("peft",))
+                      library_code=("peft",), notebook_wide=False)
 
 
 def settings(case: Case) -> tuple[int, float]:
@@ -96,6 +97,8 @@ def produce(learner, case: Case, inputs: dict) -> dict:
         outputs[f"{name}.A"], outputs[f"{name}.B"] = A.detach().clone(), B.detach().clone()
     trainable = [p for p in model.parameters() if p.requires_grad]
     outputs["trainable"] = torch.tensor(sum(p.numel() for p in trainable))
+    factors = {id(getattr(layer, f)) for _, layer in layers for f in ("A", "B")}
+    outputs["trainable_outside_factors"] = torch.tensor(sum(p.numel() for p in trainable if id(p) not in factors))
     model.eval()
     outputs["logits_init"] = run_learner("your LoRA model", model, tokens, forbidden=FORBIDDEN)
     if trainable:
@@ -183,7 +186,8 @@ def peft_run(case: Case, outputs: dict) -> dict:
         model.eval()
         with torch.no_grad():
             found[f"logits_{step + 1}"] = model(tokens).logits
-    found.update(peft_merged(case, outputs))
+    if all(f"{name}.A_trained" in outputs for name, _ in _layers(model.base_model.model, "peft")):
+        found.update(peft_merged(case, outputs))
     return found
 
 
@@ -245,20 +249,24 @@ def judge(case: Case, outputs: dict) -> None:
     where = f"(r={r}, alpha={alpha:g}, on {CONFIG.n_layers} blocks' attn.c_attn and attn.c_proj)"
     expected = peft_run(case, outputs)
     got_count, want_count = int(outputs["trainable"]), int(expected["trainable"])
+    outside = int(outputs.get("trainable_outside_factors", 0))
     if got_count != want_count:
-        base_numbers = sum(p.numel() for p in jittered_gpt(CONFIG, case.seed).parameters())
-        wrapped = sum(layer.weight.numel() + layer.bias.numel()
-                      for _, layer in _layers(jittered_gpt(CONFIG, case.seed), "the course"))
-        if got_count in (want_count + base_numbers, want_count + wrapped):
-            which = "every weight of the model" if got_count == want_count + base_numbers else \
-                "the wrapped layers' own weight and bias"
-            raise CheckFailed(f"add_lora {where}: {got_count} trainable numbers, peft's get_peft_model has "
-                              f"{want_count}. "
-                              f"Likely mistake: the base weight is still trainable ({which} requires grad): LoRA "
-                              "trains A and B only; freeze the model (requires_grad_(False)) before adding them.")
-        raise CheckFailed(f"add_lora {where}: {got_count} trainable numbers, peft's get_peft_model has {want_count} "
-                          f"(A and B of every wrapped layer: r x (d_in + d_out) each).\n  Hint: freeze the whole "
-                          "model, then wrap each block's attn.c_attn and attn.c_proj; only A and B require grad.")
+        head = f"add_lora {where}: {got_count} trainable numbers, peft's get_peft_model has {want_count}"
+        if got_count == 0:
+            raise CheckFailed(f"{head}. Likely mistake: A and B are frozen too: the model was frozen after they were "
+                              "created (requires_grad_(False) reaches every parameter below the module it is called "
+                              "on, the new factors included). Freeze the model first, then wrap its layers: "
+                              "parameters created afterwards stay trainable.")
+        if outside:
+            base_numbers = sum(p.numel() for p in jittered_gpt(CONFIG, case.seed).parameters())
+            which = ("every weight of the base model requires" if outside == base_numbers else
+                     f"{outside} of the base model's {base_numbers} numbers require")
+            raise CheckFailed(f"{head}. Likely mistake: the base weight is still trainable ({which} grad, besides A "
+                              "and B): LoRA trains A and B only; freeze the whole model before adding them.")
+        raise CheckFailed(f"{head} (A and B of every wrapped layer: r x (d_in + d_out) each).\n  Hint: freeze the "
+                          "whole model, then wrap each block's attn.c_attn and attn.c_proj; only A and B require "
+                          "grad.")
+    _judge_initial_a(outputs, r, where)
     base = _base_logits(case)
     if not close(outputs["logits_init"], base):
         moved = any(outputs[f"{name}.B"].abs().max() > 0 for name, _ in _layers(jittered_gpt(CONFIG, case.seed), "x"))
@@ -283,6 +291,27 @@ def judge(case: Case, outputs: dict) -> None:
     _judge_merge(case, outputs, expected, where)
 
 
+def _judge_initial_a(outputs: dict, r: int, where: str) -> None:
+    """A's scale, as the notebook states it: a Linear layer's draw of fan-in d_in, uniform in
+    +-1/sqrt(d_in) (peft's). Read from the std of all the factors' initial values: a few hundred
+    numbers, whose std a right draw brings within a few percent of the uniform's; a draw of another
+    shape with that spread passes too."""
+    values = torch.cat([v.flatten() for k, v in outputs.items() if k.endswith(".A")]).double()
+    if values.abs().max() == 0:
+        return                                     # both factors zero: the judge names it below
+    bound, std = 1 / math.sqrt(CONFIG.d_model), float(values.std())
+    uniform_std = bound / math.sqrt(3)
+    if abs(std / uniform_std - 1) < 0.25:
+        return
+    head = (f"add_lora {where}: the initial A's values have a std of {std:.3g}; the notebook's draw, uniform in "
+            f"+-1/sqrt(d_in) = +-{bound:.3g} (d_in = {CONFIG.d_model}), has a std of {uniform_std:.3g}.")
+    if abs(std / (1 / math.sqrt(3 * r)) - 1) < 0.25:
+        raise CheckFailed(f"{head} Likely mistake: the bound uses r, not d_in: 1/sqrt(r) = {1 / math.sqrt(r):.3g}. "
+                          "nn.init's kaiming_uniform_ reads a weight's fan-in from its second dimension, which is r "
+                          "for A [d_in, r] (peft stores A transposed, [r, d_in]).")
+    raise CheckFailed(f"{head} Draw A as a Linear layer's weight of fan-in d_in is drawn.")
+
+
 def _judge_steps(case: Case, outputs: dict, expected: dict, where: str) -> None:
     for step in range(1, STEPS + 1):
         if close(outputs[f"logits_{step}"], expected[f"logits_{step}"]):
@@ -294,6 +323,9 @@ def _judge_steps(case: Case, outputs: dict, expected: dict, where: str) -> None:
         if close(outputs[f"logits_{step}"], course_run(case, outputs, "alpha")[f"logits_{step}"]):
             raise CheckFailed(f"{head} Likely mistake: the scale is alpha ({alpha:g}), not alpha / r "
                               f"({alpha / r:g}): LoRA's term is (alpha / r) x A B.")
+        if close(outputs[f"logits_{step}"], course_run(case, outputs, "floor_scale")[f"logits_{step}"]):
+            raise CheckFailed(f"{head} Likely mistake: the scale is rounded down, alpha // r = {alpha // r:g}, where "
+                              f"alpha / r = {alpha / r:g}: `//` is floor division, also on floats.")
         raise CheckFailed(f"{head} The logits at initialisation agree, so the LoRA term's value or its gradient "
                           "differs.\n  Hint: y = x W + b + (alpha / r) x A B; A and B are the only parameters trained.")
 

@@ -39,7 +39,13 @@ SLIPS = {
                     "response tokens (F.cross_entropy's). Divide the sum over the whole batch by its count of "
                     "labelled tokens",
     "unshifted": "the labels are not shifted: position i's logits predict the token after it, labels[i + 1], "
-                 "so compare logits[:, :-1] with labels[:, 1:]",
+                 "so the logits of positions 0 .. n-2 meet the labels of positions 1 .. n-1",
+    "over_positions": "the log-softmax is taken over the positions (dim 1), not over the vocabulary: each "
+                      "position's logits are a distribution over the next token, so normalise along the last "
+                      "axis, d_vocab",
+    "mask_before_shift": "the mask is made from the labels before the shift and not shifted with them: the flag of "
+                         "position i then decides about label i + 1, so the first response token is dropped and a "
+                         "padding position counted. Shift the labels first, then make the mask from the shifted ones",
 }
 
 
@@ -112,6 +118,10 @@ def judge(case: Case, outputs: dict) -> None:
         if all(close(g, ref.sft_loss(logits.double(), labels, slip)) for g, (logits, labels) in zip(got, inputs)):
             raise CheckFailed(f"{head} Likely mistake: {description}.")
     factors = [float(g) / float(e) for g, e in zip(got, expected)]
+    if all(math.isfinite(f) for f in factors) and max(abs(f + 1) for f in factors) < 1e-4:
+        raise CheckFailed(f"{head} Likely mistake: the sign: your loss is minus the reference on every batch, the "
+                          "mean log-probability of the labels. The loss is the negative log-likelihood, -log p of each "
+                          "label: minimising the mean of log p would make the answers less likely.")
     if all(math.isfinite(f) for f in factors) and max(factors) - min(factors) < 1e-4 * abs(factors[0]):
         raise CheckFailed(f"{head} Likely mistake: your loss is {factors[0]:.4g} times the reference on every batch: "
                           "each token's loss is right and the mean is scaled (a sum divided by another count, or a "

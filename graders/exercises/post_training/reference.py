@@ -19,13 +19,14 @@ def chat_tokens(messages: list[dict], encoding, slip: str = "") -> tuple[Tensor,
     <|im_start|>{role}\\n{content}<|im_end|>\\n; labels are the tokens of every assistant's content
     and its <|im_end|>, -100 elsewhere. `slip`: "unmasked" (the prompt learned too), "end_masked"
     (the assistant's <|im_end|> masked), "shifted" (labels[i] = tokens[i + 1]), "no_newline" (no
-    newline after the role)."""
+    newline after the role), "last_turn_only" (only the last assistant message learned)."""
     start, end = encoding.encode_single_token(IM_START), encoding.encode_single_token(IM_END)
     tokens, learned = [], []
-    for message in messages:
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    for i, message in enumerate(messages):
         header = [start] + encoding.encode_ordinary(message["role"] + ("" if slip == "no_newline" else "\n"))
         body = encoding.encode_ordinary(message["content"])
-        assistant = message["role"] == "assistant"
+        assistant = message["role"] == "assistant" and (slip != "last_turn_only" or i == last)
         tokens += header + body + [end] + encoding.encode_ordinary("\n")
         learned += ([False] * len(header) + [assistant] * len(body) + [assistant and slip != "end_masked"]
                     + [False])
@@ -40,12 +41,15 @@ def chat_tokens(messages: list[dict], encoding, slip: str = "") -> tuple[Tensor,
 def sft_loss(logits: Tensor, labels: Tensor, slip: str = "") -> Tensor:
     """The mean next-token loss over the labelled positions of a padded batch: position i predicts
     labels[i + 1]. `slip`: "all_positions" (divided by every position), "per_sequence" (each
-    sequence's mean, then their mean), "unshifted" (position i predicts labels[i])."""
-    if slip != "unshifted":
-        logits, labels = logits[:, :-1], labels[:, 1:]
+    sequence's mean, then their mean), "unshifted" (position i predicts labels[i]), "over_positions"
+    (log_softmax over the positions, not the vocabulary), "mask_before_shift" (the mask of the
+    unshifted labels: position i's flag kept for label i + 1)."""
     keep = labels != -100
-    log_probs = logits.float().log_softmax(-1)
-    picked = log_probs.gather(-1, labels.where(keep, 0)[..., None])[..., 0] * keep
+    if slip != "unshifted":
+        keep = keep[:, :-1] if slip == "mask_before_shift" else keep[:, 1:]
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    log_probs = logits.float().log_softmax(1 if slip == "over_positions" else -1)
+    picked = log_probs.gather(-1, labels.clamp(min=0)[..., None])[..., 0] * keep
     if slip == "all_positions":
         return -picked.sum() / keep.numel()
     if slip == "per_sequence":
@@ -56,8 +60,8 @@ def sft_loss(logits: Tensor, labels: Tensor, slip: str = "") -> Tensor:
 class LoRALinear(nn.Module):
     """y = x W + b + (alpha / r) x A B around a frozen Linear: A [d_in, r] drawn like a Linear's
     weight (uniform in +-1/sqrt(d_in)), B [r, d_out] zero, so that the output is
-    the base layer's until B learns. `slip`: "alpha" (scale alpha, not alpha / r), "both_random"
-    (B drawn like A), "base_trainable", "dropout_at_eval"."""
+    the base layer's until B learns. `slip`: "alpha" (scale alpha, not alpha / r), "floor_scale"
+    (alpha // r), "both_random" (B drawn like A), "base_trainable", "dropout_at_eval"."""
 
     def __init__(self, base: Linear, r: int, alpha: float, dropout: float = 0.0, slip: str = ""):
         super().__init__()
@@ -68,7 +72,7 @@ class LoRALinear(nn.Module):
         self.A = nn.Parameter(torch.empty(d_in, r).uniform_(-bound, bound))
         self.B = nn.Parameter(torch.empty(r, d_out).uniform_(-bound, bound) if slip == "both_random"
                               else torch.zeros(r, d_out))
-        self.scale = alpha if slip == "alpha" else alpha / r
+        self.scale = {"alpha": alpha, "floor_scale": alpha // r}.get(slip, alpha / r)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

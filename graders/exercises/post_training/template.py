@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from graders.exercises.post_training import reference as ref
-from graders.exercises.post_training.chat import chat_encoding, conversations, hf_chat_tokens
+from graders.exercises.post_training.chat import (IM_END_ID, IM_START_ID, chat_encoding, conversations,
+                                                  forges_markers, hf_chat_tokens)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
@@ -16,7 +17,7 @@ from graders.judging.learner import Forbidden, run_learner
 
 NOTEBOOK = "13_post_training"
 FORBIDDEN = Forbidden("the chat template", source_words=["apply_chat_template", ".apply_chat_template"],
-                      instead="from the template's rule and the encoding's encode_ordinary")
+                      instead="from the template's rule and the encoding's encode_ordinary", notebook_wide=False)
 SLIPS = {
     "unmasked": "the prompt is not masked: the system and user messages and the markers are learned too; "
                 "labels are -100 everywhere but the assistant's content and its <|im_end|>",
@@ -27,7 +28,23 @@ SLIPS = {
                "aligned with the tokens",
     "no_newline": "the template's newline after the role is dropped: each message starts "
                   "<|im_start|>{role}\\n, the newline included",
+    "last_turn_only": "only the last assistant message is learned: in a conversation of several turns every "
+                      "assistant message is an answer to learn, its content and its <|im_end|>",
 }
+FORGED = ("the characters of a marker typed inside a message became the marker itself, so a user can end their "
+          "turn and write the assistant's: the template encodes every content as ordinary text (the encoding "
+          "has a method for that), and only the template's own markers are special tokens")
+
+
+def expected_tokens(messages: list[dict]) -> tuple[list[int], list[int]]:
+    """What chat_tokens should give: apply_chat_template's tokens and assistant mask, but for a
+    conversation whose content holds a marker's characters, where the library's tokenizer makes them
+    the marker and the course's rule keeps them ordinary text (tests cross-check that rule with
+    the library's split_special_tokens)."""
+    if forges_markers(messages):
+        tokens, labels = ref.chat_tokens(messages, chat_encoding())
+        return tokens.tolist(), labels.tolist()
+    return hf_chat_tokens(messages)
 
 
 def _as_ids(value, what: str, name: str) -> torch.Tensor:
@@ -124,15 +141,20 @@ def _labels_moved(got: torch.Tensor, want: torch.Tensor) -> str | None:
 
 def judge(case: Case, outputs: dict) -> None:
     for i, messages in enumerate(conversations(case.seed)):
-        ids, labels = (torch.tensor(x) for x in hf_chat_tokens(messages))
+        ids, labels = (torch.tensor(x) for x in expected_tokens(messages))
         got_tokens, got_labels = outputs[f"tokens_{i}"], outputs[f"labels_{i}"]
         what = f"conversation {i} ({', '.join(m['role'] for m in messages)})"
         if torch.equal(got_tokens, ids) and torch.equal(got_labels, labels):
             continue
-        head = f"chat_tokens on {what} differs from apply_chat_template's"
+        head = f"chat_tokens on {what} differs from " + (
+            "the template's rule" if forges_markers(messages) else "apply_chat_template's")
         named = _named(outputs, case)
         if named:
             raise CheckFailed(f"{head}. Likely mistake: {named}.")
+        markers = [int(((t == IM_START_ID) | (t == IM_END_ID)).sum()) for t in (got_tokens, ids)]
+        if markers[0] > markers[1]:
+            raise CheckFailed(f"{head}: your tokens hold {markers[0]} markers, the template's {markers[1]}. "
+                              f"Likely mistake: {FORGED}.")
         parts = _parts(messages)
         if not torch.equal(got_tokens, ids):
             n = min(len(got_tokens), len(ids))
