@@ -36,7 +36,7 @@ REVIEW = "its points stand, please review it"
 # (names are one letter each, whitespace and comments are gone), about one statement; with a
 # window of 1 every such k-gram is a fingerprint.
 NOISE = 25
-# Measured (README, "Copies"): a function is flagged when this share of its normalised code is
+# Measured (docs/instructors.md, "Copy detection"): a function is flagged when this share of its normalised code is
 # found in one source. Functions of fewer statements (a LayerNorm body, a decode) have one natural
 # way to be written and are not compared.
 SHARE = 0.65
