@@ -96,7 +96,7 @@ def _dotted_exists(name: str) -> bool:
 
 def _slug(heading: str) -> str:
     """The anchor GitHub gives a heading."""
-    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
