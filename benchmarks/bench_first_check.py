@@ -12,6 +12,7 @@ one (`$GPT2_COURSE_WEIGHTS=synthetic`), as on a machine without the real GPT-2.
 
     python benchmarks/bench_first_check.py
 """
+import argparse
 import os
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def cells():
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     from nbclient import NotebookClient
 
     notebook = cells()
