@@ -10,6 +10,7 @@ and its load (the load average is read before the run); the losses do not.
 
     python benchmarks/bench_demo_10.py
 """
+import argparse
 import io
 import json
 import os
@@ -52,6 +53,7 @@ def processor() -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     cells = [c for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
     source = ["".join(c["source"]) for c in cells]
     demo = next(i for i, s in enumerate(source) if "def train_and_validate" in s)

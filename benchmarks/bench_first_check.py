@@ -6,12 +6,13 @@ Prints what the check cell printed, then one line
 
     01's first check on an empty course cache: T s (setup cell S s); <processor>, <n> cores, load average L
 
-whose T is the time the README states, with these conditions. The cache is a temporary folder
+whose T is the time docs/benchmarks.md states, with these conditions. The cache is a temporary folder
 (`$GPT2_COURSE_CACHE`), so the course's own cache is left alone; the reference is the synthetic
 one (`$GPT2_COURSE_WEIGHTS=synthetic`), as on a machine without the real GPT-2.
 
     python benchmarks/bench_first_check.py
 """
+import argparse
 import os
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def cells():
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     from nbclient import NotebookClient
 
     notebook = cells()

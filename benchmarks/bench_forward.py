@@ -3,6 +3,7 @@
 Both run on the 35-token reference text and on a batch of 4 x 128 random tokens, in one process.
 Target: the course model within 1.5x of GPT2LMHeadModel.
 """
+import argparse
 import time
 
 import torch
@@ -28,6 +29,7 @@ def best_of(fn, tokens, repeats=3):
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     torch.manual_seed(0)
     ref = store.reference()
     print(f"Reference: {ref.label}")

@@ -6,6 +6,7 @@ GPT-2-small-shaped reference weights, in one process (so the ratios share the ma
 Targets: the KV cache >= 5x faster than no cache; the solution's uncached generation within 2x
 of GPT2LMHeadModel.generate(use_cache=False).
 """
+import argparse
 import math
 import time
 
@@ -43,6 +44,7 @@ def timed(fn):
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     ref = store.reference()
     print(f"Reference: {ref.label}; {torch.get_num_threads()} threads")
     model = load_strict(components.DemoTransformer(Config()), store.weights()).eval()

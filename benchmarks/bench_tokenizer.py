@@ -8,6 +8,7 @@ learner writes first (naive.py: every merge recounts every pair), with their rat
 allows CEILING_FACTOR times the course trainer's profiled time: the ratio says how far past that
 the naive trainer is.
 """
+import argparse
 import cProfile
 import sys
 import time
@@ -28,6 +29,7 @@ def timed(train, text: str, n_merges: int, profiled: bool = False) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     from graders.exercises.tokenizer import reference, training
     from graders.exercises.tokenizer.naive import naive_train
     from graders.reference.data import load_tinyshakespeare

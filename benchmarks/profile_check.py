@@ -8,6 +8,7 @@ fresh interpreters. Not a test; figures vary with the machine's load, which it p
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -58,14 +59,18 @@ def fresh(code: str, env: dict | None = None) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebook", type=Path, nargs="?", metavar="NOTEBOOK.ipynb",
+                        help="the notebook to check (default: a solved 01)")
+    args = parser.parse_args()
     from graders.harness import check  # first: it spares nbformat's slow import
     mark("parent: graders.harness.check imported (nbformat with it)")
     import nbformat
     instrument()
     mark("parent: nbclient imported")
     with tempfile.TemporaryDirectory(prefix="profile-check-") as folder:
-        if len(sys.argv) > 1:
-            path = Path(sys.argv[1])
+        if args.notebook:
+            path = args.notebook
         else:
             from graders.course.example_class import submission
             path = Path(folder) / "01_layernorm.ipynb"

@@ -5,12 +5,16 @@
   read (a computed argument) is refused with an error naming it, never scored 0 later.
 - Every source test cell of the course can be read, and every exercise is graded somewhere.
 - The notebook list lives in one place (solutions/); the README and example class follow it.
+- A module imports its own layer and those below, and no module imports itself back through
+  others, not even inside a function.
 """
+import ast
 import importlib.util
 import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -182,8 +186,6 @@ def _layer(module: str) -> int | None:
 
 
 def test_no_module_imports_a_higher_layer_even_inside_a_function():
-    import ast
-
     upward = []
     for path in sorted((ROOT / "graders").rglob("*.py")):
         own = _layer("graders." + ".".join(path.relative_to(ROOT / "graders").with_suffix("").parts))
@@ -202,3 +204,107 @@ def test_a_missing_inputs_file_is_a_grader_error_naming_the_exercise_and_the_fil
     layer_norm = find(("01_layernorm", "LayerNorm"))
     with pytest.raises(GraderError, match=r"inputs of LayerNorm for layernorm_test/0 .*layernorm_test\.0\.safetensors"):
         recorded_inputs(Session(records=tmp_path, inputs=tmp_path), "layernorm_test/0", layer_norm)
+
+
+def _module_names() -> dict[str, Path]:
+    """graders' modules by dotted name (a package by its own name, from its __init__.py)."""
+    modules = {}
+    for path in sorted((ROOT / "graders").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement of `module` may load: `from a import b` loads a, and
+    a.b when b is a module; `from .b import c` is relative to `module`'s package."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module if is_package else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    return [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def _import_graph() -> dict[str, dict[str, str]]:
+    """{module: {module it imports: "file:line" of the first such import}}, every import
+    statement counted (inside functions too); a module's imports of its own packages left out."""
+    modules = _module_names()
+
+    def within(name: str) -> str | None:   # the module a dotted name lands in (a.b.function: a.b)
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, dict[str, str]] = {name: {} for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in map(within, _imported(node, name, path.name == "__init__.py")):
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].setdefault(target, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return graph
+
+
+def _tangles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def _cycle_through(first: str, tangle: list[str], graph: dict[str, dict[str, str]]) -> list[str]:
+    """The shortest import path from `first` back to itself within its tangle: the cycle in order."""
+    came_from: dict[str, str] = {}   # a module reached: the module that imports it on the path
+    frontier = [first]
+    while first not in came_from:
+        reached = []
+        for module in frontier:
+            for target in sorted(graph[module]):
+                if target in tangle and target not in came_from:
+                    came_from[target] = module
+                    reached.append(target)
+        frontier = reached
+    path = [first, came_from[first]]
+    while path[-1] != first:
+        path.append(came_from[path[-1]])
+    return path[::-1]
+
+
+def test_no_import_cycles_among_the_graders_modules_even_inside_a_function():
+    """A cycle hides which module is the lower one, and a function-level import that closes it
+    fails only when that function runs: a lower module gets what it needs handed down instead."""
+    graph = _import_graph()
+    cycles = []
+    for tangle in _tangles(graph):
+        cycle = _cycle_through(tangle[0], tangle, graph)
+        arrows = "".join(f"\n    {graph[a][b]} imports {b}" for a, b in zip(cycle, cycle[1:]))
+        rest = sorted(set(tangle) - set(cycle))
+        cycles.append(" -> ".join(cycle) + arrows + (f"\n    in the same tangle: {', '.join(rest)}" if rest else ""))
+    assert not cycles, "import cycles among graders' modules:\n" + "\n".join(cycles)

@@ -15,7 +15,8 @@ import pytest
 from graders.course.example_class import submission
 from graders.harness import grading
 from graders.harness.cells import nbgrader_meta, released_notebook, source_notebook
-from graders.harness.copies import answers, cell_notes, class_notes, copy_flags, is_copy_note, review_class
+from graders.harness.classroom import review_class
+from graders.harness.copies import answers, cell_notes, class_notes, copy_flags, is_copy_note
 from graders.harness.results import ClassResults
 from graders.reference import components
 

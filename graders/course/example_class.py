@@ -83,7 +83,17 @@ def write(out: Path) -> Path:
     return out
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv=None) -> int:
+    import argparse
 
-    print(f"example class written to {write(Path(sys.argv[1] if len(sys.argv) > 1 else 'build/example_class'))}")
+    parser = argparse.ArgumentParser(prog="python -m graders.course.example_class", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, nargs="?", default=Path("build/example_class"), metavar="OUT",
+                        help="the folder to write the class to (default: build/example_class)")
+    args = parser.parse_args(argv)
+    print(f"example class written to {write(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

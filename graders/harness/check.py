@@ -84,7 +84,21 @@ def check(path: Path, limits: TimeLimits = TimeLimits()) -> int:
     return 0 if passed == len(verdicts) else 1
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m graders.harness.check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebook", type=Path, metavar="NOTEBOOK.ipynb",
+                        help="the notebook to check, e.g. exercises/03_attention.ipynb")
+    args = parser.parse_args(argv)
+    try:
+        nbformat.read(args.notebook, as_version=4)
+    except Exception as err:   # a wrong path or not a notebook: the learner's to fix, in one line
+        why = str(err).splitlines()[0] if str(err) else ""
+        parser.error(f"{args.notebook} cannot be read as a notebook ({type(err).__name__}: {why})")
+    return check(args.notebook)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m graders.harness.check NOTEBOOK.ipynb")
-    raise SystemExit(check(Path(sys.argv[1])))
+    raise SystemExit(main())

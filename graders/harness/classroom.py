@@ -9,8 +9,9 @@ on a Dask cluster: a local one with one worker per core by default, or the sched
 Each notebook's result is saved the moment it is graded, so an interrupted run keeps what it
 did, and running again grades only what is new or changed (same file and same grader: kept);
 a second batch of submissions is merged into the same output folder. When every notebook of a
-run is graded, one pass over the saved answers (graders.harness.copies.review_class) names the
-answer cells that are near-copies of another student's, whatever order they were graded in.
+run is graded, one pass over the saved answers (`review_class`, comparing them with
+graders.harness.copies) names the answer cells that are near-copies of another student's,
+whatever order they were graded in.
 Outputs:
 
     OUT/grades.csv                     one row per student: points per test cell, total, maximum
@@ -30,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from graders.harness.copies import review_class
+from graders.harness.copies import class_notes
 from graders.harness.intake import IntakeError, Submission, discover, graded_notebooks
 from graders.harness.reports import safe, write_grades_csv, write_report
 from graders.harness.results import ClassResults, ResultsError, submission_key
@@ -85,7 +86,7 @@ def grade_task(submission: Submission, limits, kernels_at_once: int = 1, alike: 
     _announce("finished", submission)
     done = []
     for member, (notebook, page) in zip(members, pages):
-        # "answers": for the class-wide copy check (graders.harness.copies.review_class)
+        # "answers": for the class-wide copy check (review_class)
         entry = {"student": member.student, "notebook": name, "notes": member.notes, "flags": flags,
                  "cells": cells, "seconds": seconds, "answers": answered}
         if alike:   # who handed in the same file (results.json only: a learner's page names nobody)
@@ -190,6 +191,36 @@ def _save(submission: Submission, done: dict, results: ClassResults, out: Path, 
     results.put(entry)
     write_report(out, submission.student, results)
     write_grades_csv(out, results)
+
+
+def review_class(results, out: Path, gradebook=None, fresh=()) -> None:
+    """The class-wide pass, after the notebooks of a run are graded (in any order, on any worker):
+    each entry's "copies" are its notes naming other students; the reports are rewritten, and the
+    gradebook's comments of the cells whose notes changed or that were graded just now (`fresh`:
+    (student, notebook) pairs). Grades are untouched. It runs after every run, also one that
+    graded nothing new: the run before may have been interrupted before its pass."""
+    from graders.harness.gradebook import save_verdicts
+
+    notes = class_notes(results.entries)
+    changed = {key for key, entry in results.entries.items() if entry.get("copies", []) != notes.get(key, [])}
+    for key in changed:   # an entry without notes is left as graded
+        results.entries[key]["copies"] = notes.get(key, [])
+    results.save()
+    for student in results.students():
+        write_report(out, student, results)
+    if gradebook is None:
+        return
+    from nbgrader.api import MissingEntry
+
+    for student, name in sorted(changed | set(fresh)):
+        entry = results.entries.get((student, name))
+        if entry is None or not entry.get("submission") or name not in gradebook.assignments:
+            continue
+        try:
+            save_verdicts(gradebook.gradebook, gradebook.assignments[name], name, student, entry["cells"],
+                          entry["flags"] + entry.get("copies", []))
+        except MissingEntry:   # graded into another course by an earlier run
+            continue
 
 
 def _write_ignored(out: Path, submissions: Path, ignored: list[str]) -> None:

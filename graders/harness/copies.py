@@ -36,7 +36,7 @@ REVIEW = "its points stand, please review it"
 # (names are one letter each, whitespace and comments are gone), about one statement; with a
 # window of 1 every such k-gram is a fingerprint.
 NOISE = 25
-# Measured (README, "Copies"): a function is flagged when this share of its normalised code is
+# Measured (docs/instructors.md, "Copy detection"): a function is flagged when this share of its normalised code is
 # found in one source. Functions of fewer statements (a LayerNorm body, a decode) have one natural
 # way to be written and are not compared.
 SHARE = 0.65
@@ -246,34 +246,3 @@ def class_notes(entries: dict) -> dict[tuple[str, str], list[str]]:
             notes.setdefault((student, name), []).append(_note(
                 grade_id, "the answer", "other students' answers to the same exercise", "; ".join(found)))
     return notes
-
-
-def review_class(results, out: Path, gradebook=None, fresh=()) -> None:
-    """The class-wide pass, after the notebooks of a run are graded (in any order, on any worker):
-    each entry's "copies" are its notes naming other students; the reports are rewritten, and the
-    gradebook's comments of the cells whose notes changed or that were graded just now (`fresh`:
-    (student, notebook) pairs). Grades are untouched. It runs after every run, also one that
-    graded nothing new: the run before may have been interrupted before its pass."""
-    from graders.harness.gradebook import save_verdicts
-    from graders.harness.reports import write_report
-
-    notes = class_notes(results.entries)
-    changed = {key for key, entry in results.entries.items() if entry.get("copies", []) != notes.get(key, [])}
-    for key in changed:   # an entry without notes is left as graded
-        results.entries[key]["copies"] = notes.get(key, [])
-    results.save()
-    for student in results.students():
-        write_report(out, student, results)
-    if gradebook is None:
-        return
-    from nbgrader.api import MissingEntry
-
-    for student, name in sorted(changed | set(fresh)):
-        entry = results.entries.get((student, name))
-        if entry is None or not entry.get("submission") or name not in gradebook.assignments:
-            continue
-        try:
-            save_verdicts(gradebook.gradebook, gradebook.assignments[name], name, student, entry["cells"],
-                          entry["flags"] + entry.get("copies", []))
-        except MissingEntry:   # graded into another course by an earlier run
-            continue

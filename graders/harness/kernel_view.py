@@ -25,7 +25,7 @@ import inspect
 from pathlib import Path
 
 from graders.judging.origins import MACHINERY, PACKAGE
-from graders.judging.allowed import allowed_code, given_parts
+from graders.judging.allowed import allowed_code, given_part_names, given_parts
 
 SEALED_ERROR = "CourseCodeSealed"
 
@@ -100,7 +100,8 @@ def kept_real(notebook: str, cells: tuple[str, ...] | None) -> dict[Path, set[st
     `produce` and `describe`, and the parts a composite supplies), with the course's functions
     and classes they name."""
     kept: dict[Path, set[str]] = {}
-    for found in [_kept_on_import(), _by_name(allowed_code(given_parts(notebook) + _called_by_course_cells(notebook))),
+    for found in [_kept_on_import(),
+                  _by_name(allowed_code(given_parts(given_part_names(notebook)) + _called_by_course_cells(notebook))),
                   *(_kept_for(exercise.key) for exercise in cell_exercises(notebook, cells))]:
         for path, names in found.items():
             kept.setdefault(path, set()).update(names)

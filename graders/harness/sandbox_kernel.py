@@ -14,6 +14,7 @@ writes only its own folders, sees only its own processes, has no network, cannot
 user namespaces, and dies with everything it started when the harness ends it. A root harness
 first becomes an unprivileged uid of its own, so that the kernel is nobody on the host either.
 """
+import argparse
 import ctypes
 import json
 import os
@@ -183,36 +184,54 @@ def forbid_exec() -> None:
     rules.load()
 
 
+def _arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The launcher's own arguments, and ipykernel's: every other one, in its order."""
+    parser = argparse.ArgumentParser(prog="python -m graders.harness.sandbox_kernel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+                                     epilog="Every other argument goes to ipykernel.")
+    parser.add_argument("--probe", action="store_true",
+                        help="start `true` in bubblewrap after a kernel's own first steps, then exit: whether "
+                             "this machine can confine a kernel (see probe)")
+    parser.add_argument(SESSION_ARG, dest="session", metavar="JSON",
+                        help="the kernel's session (graders.judging.session.Session.to_json)")
+    parser.add_argument("-f", dest="connection_file", metavar="CONNECTION_FILE",
+                        help="the kernel's connection file, which the harness wrote (ipykernel's -f)")
+    args, kernel_args = parser.parse_known_args(argv)
+    if args.probe and (args.session is not None or args.connection_file is not None or kernel_args):
+        parser.error("--probe takes no other argument")
+    if not args.probe and (args.session is None or args.connection_file is None):
+        parser.error(f"a kernel needs {SESSION_ARG} JSON and -f CONNECTION_FILE")
+    return args, kernel_args
+
+
 def main() -> None:
+    argv = sys.argv[1:]
+    args, kernel_args = _arguments(argv)
     limit = _memory_mb() * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_MB * 2**20, FILE_MB * 2**20))
-    args = sys.argv[1:]
-    if args == ["--probe"]:
+    if args.probe:
         plan = _probe_plan()
         if os.geteuid() == 0:
             _drop_to(plan)
-        argv = bwrap_argv(plan, [shutil.which("true")])
-        os.execv(argv[0], argv)
+        command = bwrap_argv(plan, [shutil.which("true")])
+        os.execv(command[0], command)
     plan = os.environ.pop(PLAN_ENV, None)
     if plan:
         # ipykernel exits when its parent is not this pid, which inside a PID namespace it never
         # is; pid 1 it does not watch. bubblewrap ends the kernel with its parent (--die-with-parent).
         os.environ["JPY_PARENT_PID"] = "1"
-        command = [sys.executable, "-m", "graders.harness.sandbox_kernel", *args]
-        confine(json.loads(plan), args[args.index("-f") + 1], command)
-    at = args.index(SESSION_ARG)
-    session = args[at + 1]
-    del args[at:at + 2]
+        command = [sys.executable, "-m", "graders.harness.sandbox_kernel", *argv]
+        confine(json.loads(plan), args.connection_file, command)
     from ipykernel import kernelapp
 
     from graders.judging.session import Session, install
 
-    session = Session.from_json(session)
+    session = Session.from_json(args.session)
     install(session)
     if session.recording:
         forbid_exec()
-    kernelapp.launch_new_instance(argv=args)
+    kernelapp.launch_new_instance(argv=["-f", args.connection_file, *kernel_args])
 
 
 if __name__ == "__main__":

@@ -119,14 +119,12 @@ def given_part_names(notebook: str) -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
-def given_parts(notebook: str) -> tuple:
-    """The objects named by given_part_names; a grading kernel, which cannot read the notebook,
-    is handed the names in its session."""
+def given_parts(names: tuple[str, ...]) -> tuple:
+    """The classes and functions named by `names` (module:name, as given_part_names lists them).
+    The caller chooses the names: a grading kernel, which cannot read its notebook, takes those
+    handed to it in its session (graders.judging.exercise.Exercise.allowed_parts)."""
     import importlib
 
-    from graders.judging.session import current
-
-    names = current().given if current().recording else given_part_names(notebook)
     parts = []
     for name in names:
         module, _, attribute = name.partition(":")

@@ -125,8 +125,11 @@ class Exercise:
 
     def allowed_parts(self) -> tuple:
         """The course's parts the learner's code may run in this check: those it supplies, and
-        those the notebook's given cells import."""
-        return self.supplies + getattr(self.produce, "supplies", ()) + allowed.given_parts(self.notebook)
+        those the notebook's given cells import (a grading kernel, which cannot read the notebook,
+        is handed their names in its session)."""
+        current = session.current()
+        given = current.given if current.recording else allowed.given_part_names(self.notebook)
+        return self.supplies + getattr(self.produce, "supplies", ()) + allowed.given_parts(given)
 
     def check(self, learner, case: Case, answers: tuple = ()) -> None:
         """Grade `learner` on one case: in a grading kernel, record what it produced; otherwise

@@ -10,7 +10,7 @@ tensors, autograd, vmap), so that no route (a torch function, a Tensor method, t
 `_op_dk`, another layout, another thread) reaches the original. Torch keeps a replaced kernel
 only while the registration lives: the registration is never released, and nothing in Python
 refers to it (it is not an object the garbage collector lists), so no Python code can undo it
-(code that rewrites its own process's memory can: the README's "not protected").
+(code that rewrites its own process's memory can: "Not protected" in docs/grading.md).
 
 Only a kernel's graded exercises' refusals are armed, for its whole life: an exercise whose
 correct answers may run another's refused kernel is graded in another kernel
