@@ -88,3 +88,22 @@ def test_a_build_that_is_not_the_committed_model_is_refused_in_one_sentence(tmp_
     with pytest.raises(RuntimeError, match="sft model built on this machine .* is not the committed one"):
         tasks._cached("sft", tasks.base_model)
     assert not (tmp_path / "post-training" / f"sft-v{tasks.VERSION}.pt").exists()
+
+
+@pytest.mark.slow
+def test_the_notebooks_finetuning_demonstration_is_the_checks_visible_run():
+    """13's demonstration cell seeds torch with 0 and finetunes tasks.base_model() on seed 0's
+    batches; the check's seed-0 run builds the base model, then seeds: the same model comes out."""
+    from graders.exercises.post_training import reference as ref
+    from graders.exercises.post_training import runs
+    from graders.judging.cases import Case
+
+    case = Case(text=None, seed=0)
+    checked = runs.produce_finetune(ref.finetune, case, runs.sft_inputs(case))
+    tokens, labels = tasks.sft_batches(0, runs.SFT_STEPS, runs.SFT_BATCH)
+    batches = iter(zip(tokens, labels))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        with runs.one_thread():
+            demonstrated = ref.finetune(tasks.base_model(), lambda: next(batches), runs.SFT_STEPS)
+    assert torch.equal(runs._answers(demonstrated, runs.sft_inputs(case)), checked["answers"])

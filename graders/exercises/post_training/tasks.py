@@ -218,8 +218,8 @@ def _cached(name: str, make) -> GPT:
 
 @lru_cache(maxsize=1)
 def base_weights() -> dict[str, torch.Tensor]:
-    """The base model's weights (pretrained once, about a minute on one thread, then read from the
-    course cache)."""
+    """The base model's weights (pretrained once on one thread, then read from the course cache;
+    `benchmarks/bench_post_training.py --parts base` times it)."""
     return {k: v.clone() for k, v in _cached("base", pretrain).state_dict().items()}
 
 
