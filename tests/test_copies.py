@@ -310,3 +310,57 @@ def test_make_grade_names_two_students_with_the_same_answer_and_keeps_their_grad
         for student, other in (("ann", "bob"), ("bob", "ann")):
             assert f"answer cell attention_answer: the answer matches other students' answers to the same " \
                    f"exercise ({other}: " in (out / "reports" / f"{student}.txt").read_text()
+
+
+def _bench_copies():
+    """benchmarks/bench_copies.py, whose code makes the disguised copies."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_copies.py"
+    spec = importlib.util.spec_from_file_location("bench_copies", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_honest_answer_of_the_corpus_is_flagged():
+    """Answers written without the solution (tests/copies_corpus, the catalogs' correct variants)
+    raise no copy note, at the bars copy_thresholds declares."""
+    flagged = [(honest.origin, notes) for honest, _, notes in _bench_copies().honest_results() if notes]
+    assert flagged == []
+
+
+def test_every_bar_stands_its_margin_above_what_honest_answers_reach():
+    """An exercise's bar (copy_thresholds) is at least MARGIN above the most an honest answer to
+    it shares with a source, or the exercise cannot flag; unnamed exercises share the default."""
+    from graders.harness.copy_thresholds import MARGIN, threshold
+
+    for honest, matches, _ in _bench_copies().honest_results():
+        bar = threshold(honest.notebook, honest.grade_id)
+        for match in matches:
+            assert bar is None or match.share + MARGIN <= bar + 1e-9, (honest.origin, match, bar)
+
+
+# Disguised copies that stay below their exercise's bar: honest answers to these reach nearly as
+# much (the bar), or the disguise's reordering breaks most of the shared stretches (the share).
+KNOWN_MISSES = {
+    ("solutions/07_training.ipynb: evaluate_answer", "evaluate"),            # 83%, bar 95%
+    ("solutions/10_modern_decoder.ipynb: model_answer", "ModernDecoder.forward"),   # 79%, bar 95%
+    ("solutions/11_tokenizer.ipynb: encode_answer", "encode"),                # 60%, bar 75%
+    ("solutions/13_post_training.ipynb: chat_tokens_answer", "chat_tokens"),  # 28%
+    ("solutions/13_post_training.ipynb: lora_answer", "LoRALinear.__init__"),  # 50%, just under
+}
+
+
+def test_disguised_solutions_and_library_sources_are_flagged():
+    """Every solution cell and refused library function, disguised by the benchmark's code (names
+    changed, comments gone, statements reordered, re-laid out), is flagged where its exercise can
+    flag, but the misses named above."""
+    results = _bench_copies().catch_results()
+    missed = {(what, function) for what, function, _, caught in results if not caught}
+    assert len(results) > 40 and missed == KNOWN_MISSES, sorted(missed ^ KNOWN_MISSES)
+
+
+def test_an_exercise_that_cannot_flag_raises_no_note_even_for_the_solution_itself():
+    """12's checkpoints: one state_dict or state per object given, so honest answers are the
+    solution (100%); the other cells of the solution are still flagged."""
+    flags = cell_notes(copy_flags(source_notebook(TS), released_notebook(TS)))
+    assert "checkpoint_answer" not in flags and "adamw_answer" in flags, flags

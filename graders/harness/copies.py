@@ -7,8 +7,12 @@ clipping, tiktoken's educational BPE, GPT-2's encoder.py as transformers keeps i
 layers, trl's DPO trainer), and, once the class is graded, the other students' answers to the same
 exercise. The comparison is copydetect's (MOSS's winnowing over Pygments tokens, names and strings
 replaced by one letter): renaming variables, reformatting or recommenting does not hide a copy,
-while the same idea written another way shares too little code to be one. Code the released
-notebook gives (a stub, a constructor written out) counts for nobody.
+while the same idea written another way shares too little code to be one. Only what the learner
+wrote beyond what the notebook dictates is compared: the code the released notebook gives (its
+stubs and given cells) and the code its text shows (hints, formulas in code) are removed from both
+sides, and the names it prescribes count for nothing since every name is one letter. How similar
+an answer must be to be flagged is set per exercise (graders.harness.copy_thresholds): where
+independent answers already coincide with the solution, similarity is evidence of nothing.
 
 A copy is flagged, never zeroed: its points stand. The note goes to the class report and, as
 nbgrader's comment on that answer cell, to formgrader; the learner's feedback page leaves it out.
@@ -29,6 +33,8 @@ from pathlib import Path
 # grader's messages to that kernel.
 from copydetect import CodeFingerprint, compare_files
 
+from graders.harness.copy_thresholds import threshold
+
 PACKAGE = Path(__file__).resolve().parents[1]
 REVIEW = "its points stand, please review it"
 
@@ -36,11 +42,12 @@ REVIEW = "its points stand, please review it"
 # (names are one letter each, whitespace and comments are gone), about one statement; with a
 # window of 1 every such k-gram is a fingerprint.
 NOISE = 25
-# Measured (docs/instructors.md, "Copy detection"): a function is flagged when this share of its normalised code is
-# found in one source. Functions of fewer statements (a LayerNorm body, a decode) have one natural
-# way to be written and are not compared.
-SHARE = 0.65
+# Functions of fewer statements of the learner's own (beyond the stub's) have one natural way to be
+# written (a LayerNorm body, a decode) and are not compared; how much of the rest must be found in
+# one source is graders.harness.copy_thresholds's, per exercise.
 MIN_STATEMENTS = 5
+# Code in the notebook's text: fenced blocks and inline spans of its markdown.
+SHOWN_CODE = re.compile(r"```(?:python)?\n(.*?)```|`([^`\n]+)`", re.S)
 
 # The libraries' own implementations of each notebook's exercises: (package, file in it, what it is).
 LIBRARY_SOURCES = {
@@ -121,7 +128,8 @@ def functions(text: str) -> list[Code]:
 @lru_cache(maxsize=None)
 def _sources(name: str) -> tuple[tuple[str, Code, object], ...]:
     """(how a note names it, function, fingerprint) of every implementation an answer of notebook
-    `name` is compared with: the course's graders and solution, then the libraries'."""
+    `name` is compared with: the course's graders and solution, then the libraries'; what the
+    notebook dictates is removed from them as from the answers."""
     from graders.exercises import declared_notebooks
     from graders.harness.cells import source_notebook
 
@@ -137,18 +145,22 @@ def _sources(name: str) -> tuple[tuple[str, Code, object], ...]:
         path = Path(importlib.util.find_spec(package).origin).parent / file
         where = f"{package}/{file}"
         found += [(f"{what} ({where}: {code.name})", code) for code in functions(path.read_text())]
-    return tuple((label, code, fingerprint(code.text)) for label, code in found)
+    return tuple((label, code, fingerprint(code.text, dictated(name))) for label, code in found)
 
 
 @lru_cache(maxsize=None)
-def _given(name: str):
-    """The hashes of the code the released notebook gives (stubs, given cells): nobody's."""
+def dictated(name: str):
+    """The hashes of what the released notebook dictates: the code it gives (stubs, given cells),
+    each cell on its own, and the code its text shows (each fenced block and inline span)."""
     import numpy as np
 
     from graders.harness.cells import released_notebook
 
-    cells = [c["source"] for c in released_notebook(name).cells if c.get("cell_type") == "code"]
-    return np.array(sorted(set().union(*(fingerprint(text).hashes for text in cells))))
+    cells = released_notebook(name).cells
+    shown = [text for c in cells if c.get("cell_type") == "markdown"
+             for found in SHOWN_CODE.finditer(c["source"]) for text in found.groups() if text]
+    given = [c["source"] for c in cells if c.get("cell_type") == "code"]
+    return np.array(sorted(set().union(*(fingerprint(text).hashes for text in given + shown))))
 
 
 @lru_cache(maxsize=None)
@@ -157,6 +169,22 @@ def _given_statements(name: str) -> dict[str, int]:
     from graders.harness.cells import released_notebook
 
     return {grade_id: statements(text) for grade_id, text in answers(released_notebook(name)).items()}
+
+
+@lru_cache(maxsize=None)
+def _stub_statements(name: str) -> dict[str, int]:
+    """{function of a released stub: the statements it gives} (its `raise NotImplementedError()`
+    is the learner's to replace)."""
+    from graders.harness.cells import released_notebook
+
+    return {code.name: statements(re.sub(r"raise NotImplementedError\(\)", "pass", code.text))
+            - code.text.count("raise NotImplementedError()")
+            for text in answers(released_notebook(name)).values() for code in functions(text)}
+
+
+def own_statements(name: str, code: Code) -> int:
+    """Statements of `code` that the learner wrote, beyond those the stub of that name gives."""
+    return statements(code.text) - _stub_statements(name).get(code.name, 0)
 
 
 @lru_cache(maxsize=1)
@@ -202,23 +230,41 @@ def answers(notebook) -> dict[str, str]:
             if cell.get("cell_type") == "code" and (meta := nbgrader_meta(cell)).get("solution")}
 
 
-def copy_flags(notebook, released) -> list[str]:
-    """One note per function of an answer cell that is a near-copy of the course's or a library's
-    implementation of that notebook's exercises (the best match of each)."""
+@dataclass(frozen=True)
+class Match:
+    """An answer function's best match among the sources: the share of its own code found there."""
+    grade_id: str
+    function: str
+    share: float
+    source: str
+
+
+def best_matches(notebook, released) -> list[Match]:
+    """The best match of every answer function with enough code of its own to compare, whatever
+    its share: `copy_flags` keeps those past their exercise's threshold, calibration reads all."""
     name = _names()[tuple(answers(released))]
-    sources, given = _sources(name), _given(name)
-    notes = []
+    sources, given = _sources(name), dictated(name)
+    found = []
     for grade_id, text in answers(notebook).items():
         for code in functions(text):
-            if statements(code.text) < MIN_STATEMENTS:
+            if own_statements(name, code) < MIN_STATEMENTS:
                 continue
             mine = fingerprint(code.text, given)
             # the first of the best: the graders before the solution before the libraries
             share, label = max(((shared(mine, theirs)[0], label) for label, _, theirs in sources),
-                               key=lambda found: found[0], default=(0.0, ""))
-            if share >= SHARE:
-                notes.append(_note(grade_id, code.name, label, f"{share:.0%} of its code"))
-    return notes
+                               key=lambda best: best[0], default=(0.0, ""))
+            found.append(Match(grade_id, code.name, share, label))
+    return found
+
+
+def copy_flags(notebook, released) -> list[str]:
+    """One note per function of an answer cell that is a near-copy of the course's or a library's
+    implementation of that notebook's exercises (the best match of each), past the share that
+    independent answers to its exercise reach."""
+    name = _names()[tuple(answers(released))]
+    return [_note(match.grade_id, match.function, match.source, f"{match.share:.0%} of its code")
+            for match in best_matches(notebook, released)
+            if (bar := threshold(name, match.grade_id)) is not None and match.share >= bar]
 
 
 def class_notes(entries: dict) -> dict[tuple[str, str], list[str]]:
@@ -230,14 +276,15 @@ def class_notes(entries: dict) -> dict[tuple[str, str], list[str]]:
     cells: dict[tuple[str, str], list[tuple[str, object]]] = {}
     for (student, name), entry in sorted(entries.items()):
         for grade_id, text in (entry.get("answers") or {}).items():
-            if statements(text) - _given_statements(name).get(grade_id, 0) >= MIN_STATEMENTS:
-                cells.setdefault((name, grade_id), []).append((student, fingerprint(text, _given(name))))
+            if threshold(name, grade_id) is not None and \
+                    statements(text) - _given_statements(name).get(grade_id, 0) >= MIN_STATEMENTS:
+                cells.setdefault((name, grade_id), []).append((student, fingerprint(text, dictated(name))))
     notes: dict[tuple[str, str], list[str]] = {}
     for (name, grade_id), answered in sorted(cells.items()):
         partners: dict[str, list[str]] = {}
         for (first, one), (second, other) in combinations(answered, 2):
             of_first, of_second, _ = shared(one, other)
-            if max(of_first, of_second) >= SHARE:
+            if max(of_first, of_second) >= threshold(name, grade_id):
                 partners.setdefault(first, []).append(f"{second}: {of_first:.0%} of its code is in "
                                                       f"theirs, {of_second:.0%} of theirs in it")
                 partners.setdefault(second, []).append(f"{first}: {of_second:.0%} of its code is in "
