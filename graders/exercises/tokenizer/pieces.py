@@ -168,20 +168,36 @@ def judge_table(case: Case, outputs: dict) -> None:
     first = wrong[0]
     shown = (f"byte {first} maps to {chr(chars[first])!r} (U+{chars[first]:04X}), expected "
              f"{chr(expected[first])!r} (U+{expected[first]:04X})")
+    kept, kept_by_gpt2 = {b for b in range(256) if chars[b] == b}, {b for b in range(256) if expected[b] == b}
     if chars == list(range(256)):
         likely = ("every byte stands for itself (chr(b)): the space, the newline and the control bytes "
                   "would then be invisible or unprintable in vocab.bpe; those (and only those) move to chr(256 + n)")
     elif len(set(chars)) < 256:
         likely = "two bytes map to the same character: the table must be one to one, or tokens cannot be read back"
-    elif all(chars[b] == expected[b] for b in range(256) if expected[b] < 256):
+    elif kept_by_gpt2 - kept:
+        likely = (f"the printable bytes are not all kept: {sorted(kept_by_gpt2 - kept)[:6]} stand for themselves in "
+                  "GPT-2's table. The kept ranges are '!' to '~', '¡' to '¬' and '®' to 'ÿ'")
+    elif chars == _table_keeping(kept) and kept - kept_by_gpt2 == {32}:
+        likely = ("the space (byte 32) kept as itself: GPT-2 moves it too, to 'Ġ' (chr(288)), since vocab.bpe "
+                  "separates the two tokens of a merge with a space; the first kept range starts at '!' (33)")
+    elif chars == _table_keeping(kept):
+        likely = (f"bytes GPT-2 moves kept as themselves: {sorted(kept - kept_by_gpt2)[:6]}; only '!' to '~', "
+                  "'¡' to '¬' and '®' to 'ÿ' stand for themselves")
+    elif kept == kept_by_gpt2 and all(chars[b] >= 256 for b in range(256) if b not in kept):
         likely = ("the bytes that move are numbered differently: the n-th byte that is not printable, counting "
                   "up from 0, maps to chr(256 + n)")
     else:
-        moved = [b for b in wrong if expected[b] < 256]
-        likely = (f"the printable bytes are not all kept: {moved[:6]} stand for themselves in GPT-2's table. The "
-                  "kept ranges are '!' to '~', '¡' to '¬' and '®' to 'ÿ'")
+        raise CheckFailed(f"bytes_to_unicode: {len(wrong)} of 256 entries differ from encoder.json's; {shown}: "
+                          "each kept byte stands for itself, and the n-th of the others, in increasing byte order, "
+                          "for chr(256 + n).")
     raise CheckFailed(f"bytes_to_unicode: {len(wrong)} of 256 entries differ from encoder.json's; {shown}. "
                       f"Likely mistake: {likely}.")
+
+
+def _table_keeping(kept: set[int]) -> list[int]:
+    """GPT-2's construction with another set of kept bytes: for each byte, its code point."""
+    moved = [b for b in range(256) if b not in kept]
+    return [b if b in kept else 256 + moved.index(b) for b in range(256)]
 
 
 table_exercise = Exercise(NOTEBOOK, "bytes_to_unicode", produce_table, judge_table, forbidden=(TIKTOKEN,),
