@@ -148,7 +148,11 @@ def _pattern(pattern, module=regex, flags=0):
 
 
 @pytest.mark.parametrize("learner, seed, expected", [
-    (_pattern(PATTERN.replace(r"|\s+(?!\S)", "")), 0, "Likely mistake: the `\\s+(?!\\S)` alternative is missing"),
+    (_pattern(PATTERN.replace(r"|\s+(?!\S)", "")), 0, "Likely mistake: a run of whitespace before a word keeps all "
+     "of its spaces: the alternative that takes a run of whitespace but leaves its last character"),
+    (_pattern(PATTERN[:-len(r"|\s+")]), 0, "Joined, your pre-tokens do not give the text back: character 71 of the "
+     "text, '\\t' (before 'and a'), is in none of them. Likely mistake: whitespace that no other alternative "
+     "takes (a newline or a tab before a word"),
     (_pattern(PATTERN, re), 0, "Likely mistake: `re` in place of `regex`"),
     (_pattern(PATTERN, regex, regex.IGNORECASE), 4, "Likely mistake: the contractions match case-insensitively"),
     (_pattern(PATTERN.replace(r"'(?:[sdmt]|ll|ve|re)", r"(?i:'(?:[sdmt]|ll|ve|re))")), 4,
@@ -164,6 +168,26 @@ def _pattern(pattern, module=regex, flags=0):
 ])
 def test_pretokenize_mistakes_are_named(learner, seed, expected):
     fails_with(nb11.check_pretokenize, learner, expected=expected, seed=seed)
+
+
+@pytest.mark.parametrize("missing", [r"|\s+(?!\S)", r"|\s+"])
+def test_a_missing_whitespace_alternative_is_said_in_words_with_the_pattern_in_the_fix_only(missing):
+    """The notebook's Hint 2 describes the whitespace alternatives without writing them: the
+    diagnosis does the same, and the pattern is the last line, the fix."""
+    learner = _pattern(PATTERN[:-len(missing)] if missing == r"|\s+" else PATTERN.replace(missing, ""))
+    with pytest.raises(CheckFailed) as failure:
+        nb11.check_pretokenize(learner)
+    *diagnosis, fix = str(failure.value).splitlines()
+    assert r"\s+(?!\S)" not in "\n".join(diagnosis) and r"|\s+" not in "\n".join(diagnosis)
+    assert fix == f'  Show the fix: pattern = r"""{PATTERN}"""'
+
+
+def test_the_visible_text_loses_characters_to_a_pattern_without_its_last_alternative():
+    """The notebook says that the pre-tokens, joined, give the text back: the visible text has
+    whitespace that only the last alternative takes, so the visible check tests that."""
+    lost = regex.findall(PATTERN[:-len(r"|\s+")], nb11.VISIBLE_TEXT)
+    assert "".join(lost) != nb11.VISIBLE_TEXT
+    assert "".join(pretokenize(nb11.VISIBLE_TEXT)) == nb11.VISIBLE_TEXT
 
 
 # --- 4. Training
