@@ -2,7 +2,8 @@
 
 - the reference cell of 00 (<= 3 s);
 - the first check of each of 01-06, solved, in JupyterLab's kernel (<= 2 s);
-- `make check` on a solved 01 (<= 6 s, and no `Kernel is running over TCP` line);
+- `make check` on a solved 01 (<= 6 s, and no `Kernel is running over TCP` line), and on a solved
+  06, a whole notebook, against 06's first check cell (what docs/learners.md compares; no target);
 - every cell of 00-06 and the graded training checks of 07 that runs longer than 3 s: how long
   the learner waits for its first sign of life (output, notice, progress bar; <= 3 s: a longer
   wait must say what it does), with its longest quiet stretch.
@@ -146,6 +147,14 @@ def make_check() -> None:
                + "; load average %.1f" % os.getloadavg()[0])
         if tcp:
             rows.append(("make check prints the TCP warning", 1, 0))
+        path = Path(folder) / "06_gpt2.ipynb"
+        nbformat.write(submission("06_gpt2", solved=True), path)
+        start = time.perf_counter()
+        run = subprocess.run(["make", "--no-print-directory", "check", f"NB={path}"], cwd=ROOT,
+                             capture_output=True, text=True)
+        print(f"{'make check on a solved 06, the whole notebook (one run)':<62} {time.perf_counter() - start:7.2f} s"
+              f"   exit {run.returncode}; load average {os.getloadavg()[0]:.1f}; against 06's first check "
+              "cell above", flush=True)
 
 
 def main() -> int:

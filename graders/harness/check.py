@@ -46,17 +46,19 @@ def notebook_of(path: Path) -> str | None:
     return next((name for name in notebook_names() if path.stem.startswith(name)), None)
 
 
-def check_cells(path: Path, limits: TimeLimits = TimeLimits()) -> list[tuple[str, float, float, str]]:
+def check_cells(path: Path, limits: TimeLimits = TimeLimits(),
+                on_test_cell=None) -> list[tuple[str, float, float, str]]:
     """(grade_id, points earned, points, diagnosis) of each test cell, as the learner's kernel
     judges it: the notebook with the released notebook's locked cells put back (a deleted or
     edited test cell runs as grading runs it), top to bottom in a fresh kernel, demonstrations
-    skipped."""
+    skipped. `on_test_cell` is called with each test cell's grade_id as it starts."""
     notebook = nbformat.read(path, as_version=4)
     name = notebook_of(path)
     if name is not None:
         notebook, _ = restore(notebook, released_notebook(name))
     with scratch_dir() as workdir:
-        problems = run(notebook, None, workdir, limits, demonstrations=False)
+        problems = run(notebook, None, workdir, limits, demonstrations=False,
+                       around_test_cells=(on_test_cell, None) if on_test_cell else None)
     verdicts = []
     for index, cell in enumerate(notebook.cells):
         if is_test_cell(cell):
@@ -72,7 +74,11 @@ def check(path: Path, limits: TimeLimits = TimeLimits()) -> int:
     print(f"Running {path} top to bottom in a fresh kernel, as the autograder will "
           f"({len(tests)} test cell{'s' if len(tests) != 1 else ''}, "
           f"{sum(points_of(c) for c in tests):g} points) ...", flush=True)
-    verdicts = check_cells(path, limits)
+    line = _ProgressLine([nbgrader_meta(c)["grade_id"] for c in tests])
+    try:
+        verdicts = check_cells(path, limits, line.show)
+    finally:
+        line.clear()
     for grade_id, earned, points, error in verdicts:
         if error:
             print(f"FAIL {grade_id} ({points:g} points)\n    " + error.replace("\n", "\n    "))
@@ -82,6 +88,26 @@ def check(path: Path, limits: TimeLimits = TimeLimits()) -> int:
     print(f"{passed} of {len(verdicts)} test cells pass: {sum(v[1] for v in verdicts):g} of "
           f"{sum(v[2] for v in verdicts):g} points.")
     return 0 if passed == len(verdicts) else 1
+
+
+class _ProgressLine:
+    """One line, rewritten in place, naming the test cell the kernel is on (a whole notebook takes
+    up to a minute, and said nothing meanwhile); the verdicts are printed over it."""
+
+    def __init__(self, grade_ids: list[str]):
+        self.grade_ids, self.width = grade_ids, 0
+
+    def show(self, grade_id: str) -> None:
+        number = self.grade_ids.index(grade_id) + 1 if grade_id in self.grade_ids else "?"
+        text = f"  on test cell {number} of {len(self.grade_ids)}: {grade_id} ..."
+        sys.stdout.write("\r" + text.ljust(self.width))
+        sys.stdout.flush()
+        self.width = max(self.width, len(text))
+
+    def clear(self) -> None:
+        if self.width:
+            sys.stdout.write("\r" + " " * self.width + "\r")
+            sys.stdout.flush()
 
 
 def main(argv=None) -> int:

