@@ -101,3 +101,24 @@ def test_a_learners_kernel_shows_the_fix_in_a_fold_after_the_error(folds, tmp_pa
     assert [o.output_type for o in outputs] == ["error", "display_data"], outputs
     assert outputs[1].data["text/plain"] == FIX_PREFIX + FIX
     assert outputs[1].data["text/html"].startswith("<details><summary>Show the fix</summary>")
+
+
+def test_a_comparison_hints_only_when_no_mistake_is_named_and_puts_the_fix_last():
+    import torch
+
+    from graders.exercises.diagnosis import compare
+
+    expected, ones = torch.zeros(2, 3), torch.ones(2, 3)
+    args = dict(mistakes={"every value is one": ones}, hint="look up torch.zeros.",
+                fixes={"every value is one": "out = torch.zeros(2, 3)"})
+    with pytest.raises(CheckFailed) as named:
+        compare("out", ones, expected, ("a", "b"), **args)
+    message = str(named.value)
+    assert "Likely mistake: every value is one" in message.splitlines()[0] and "Hint:" not in message, message
+    assert message.endswith(fix_line("out = torch.zeros(2, 3)")), message
+    with pytest.raises(CheckFailed) as unnamed:
+        compare("out", 2 * ones, expected, ("a", "b"), **args)
+    assert str(unnamed.value).endswith("\n  Hint: look up torch.zeros."), str(unnamed.value)
+    with pytest.raises(CheckFailed) as placed:
+        compare("out", 2 * ones, expected, ("a", "b"), **args, fix="out = x - x")
+    assert str(placed.value).endswith("  Hint: look up torch.zeros." + fix_line("out = x - x")), str(placed.value)
