@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from fancy_einsum import einsum as fancy_einsum
 from torch import nn
 
+from fix_last import fix_only_last
 from graders.exercises import nb03
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
@@ -194,7 +195,7 @@ def test_mask_mistakes_are_named(mask, message):
     case = {"text": None, "seed": 5, "seq": 12} if mask is mask_fixed_size else {}
     with pytest.raises(CheckFailed) as failure:
         nb03.check_apply_causal_mask(variant(mask=mask), **case)
-    assert message in str(failure.value).splitlines()[0], str(failure.value)
+    assert message in fix_only_last(str(failure.value)).splitlines()[0], str(failure.value)
 
 
 def test_a_fixed_size_mask_written_as_a_loop_is_caught():
@@ -442,7 +443,7 @@ ATTN_BUGS = [
 def test_attention_mistakes_are_named(name, cls, case, message):
     with pytest.raises(CheckFailed) as failure:
         nb03.check_attention(cls, **case)
-    assert message in str(failure.value).splitlines()[0], str(failure.value)
+    assert message in fix_only_last(str(failure.value)).splitlines()[0], str(failure.value)
 
 
 # --- Attention forward: head settings read from the config -------------------------------------
@@ -506,7 +507,7 @@ def test_head_settings_not_read_from_the_config_are_named(name, cls, message, ho
     nb03.check_attention(cls)   # GPT-2's own heads: the default config cannot tell
     with pytest.raises(CheckFailed) as failure:
         nb03.check_attention(cls, block=5, n_heads=6, d_head=128)
-    first_line = str(failure.value).splitlines()[0]
+    first_line = fix_only_last(str(failure.value)).splitlines()[0]
     assert message in first_line and how in str(failure.value), str(failure.value)
 
 
@@ -601,9 +602,16 @@ def test_the_circuits_pass_written_either_way():
 def test_wrong_circuits_are_named(qk, ov, message):
     with pytest.raises(CheckFailed) as failure:
         nb03.check_qk_ov_circuits(_circuits(qk, ov))
-    assert message in str(failure.value), str(failure.value)
+    assert message in fix_only_last(str(failure.value)), str(failure.value)
 
 
 def test_circuits_of_the_wrong_shape_say_which_dimension():
     with pytest.raises(CheckFailed, match="W_QK"):
         nb03.check_qk_ov_circuits(_circuits(lambda a: _right_qk(a)[0], _right_ov))
+
+
+def test_a_wrong_circuit_gets_its_corrected_line_on_the_fix_line_only():
+    with pytest.raises(CheckFailed) as failure:
+        nb03.check_qk_ov_circuits(_circuits(_right_qk, lambda a: a.W_V @ a.W_V.transpose(-1, -2)))
+    assert fix_only_last(str(failure.value)).endswith("\n  Show the fix: W_OV = attn.W_V @ attn.W_O"), \
+        str(failure.value)

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from fix_last import fix_only_last
 from graders.exercises import nb05
 from graders.judging.compare import CheckFailed
 from graders.reference.components import MLP, Attention, LayerNorm
@@ -150,9 +151,17 @@ BUGGY = [
 def test_buggy_variants_are_named(cls, where, diagnosis):
     with pytest.raises(CheckFailed) as failure:
         nb05.check_transformer_block(cls)
-    message = str(failure.value)
+    message = fix_only_last(str(failure.value))
     assert where in message.splitlines()[0], message
     assert diagnosis in message.splitlines()[0], message
+
+
+def test_a_missing_residual_is_corrected_on_the_fix_line_only():
+    with pytest.raises(CheckFailed) as failure:
+        nb05.check_transformer_block(variant(no_mlp_residual))
+    message = fix_only_last(str(failure.value))
+    assert message.endswith("\n  Show the fix: resid_post = resid_mid + self.mlp(self.ln2(resid_mid))"), message
+    assert "Hint:" not in message, message   # the mistake is named: no general recipe under it
 
 
 def test_library_block_is_refused():
@@ -229,7 +238,7 @@ def test_parts_not_built_with_the_blocks_config_are_named(cls, message, how):
     nb05.check_transformer_block(cls)   # GPT-2's own config: the default check cannot tell
     with pytest.raises(CheckFailed) as failure:
         nb05.check_transformer_block(cls, **OTHER_CONFIG)
-    first_line = str(failure.value).splitlines()[0]
+    first_line = fix_only_last(str(failure.value)).splitlines()[0]
     assert message in first_line and how in first_line, str(failure.value)
 
 

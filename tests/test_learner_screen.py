@@ -59,10 +59,14 @@ def test_a_failed_check_shows_the_diagnosis_first_and_no_grader_line(layernorm_r
     cell = _test_cell(layernorm_runs["buggy"], "layernorm_test")
     [lines] = _errors(cell)
     assert lines[0].startswith("\N{BALLOT X} LayerNorm output") and "Likely mistake: sample variance" in lines[0]
-    assert any(line.strip().startswith("Hint:") for line in lines[:5]), lines
+    assert not [line for line in lines if "Hint:" in line or "Show the fix" in line], lines   # named: folded fix
+    [fold] = [o for o in cell.outputs if o.output_type == "display_data" and "text/html" in o.data]
+    assert fold.data["text/plain"] == "  Show the fix: variance = centred.pow(2).mean(dim=-1, keepdim=True)"
+    assert fold.data["text/html"].startswith("<details><summary>Show the fix</summary>")
     assert not [line for line in lines if "graders/" in line or "File " in line or "Traceback" in line], lines
     assert len(lines) <= 6 and all(len(line) <= 100 for line in lines), lines
-    assert cell.outputs[-1].ename == "CheckFailed"   # still an error: the cell scores 0
+    [error] = [o for o in cell.outputs if o.output_type == "error"]
+    assert error.ename == "CheckFailed" and cell.outputs[-1] is fold   # still an error (scores 0), the fold after it
 
 
 @pytest.mark.slow
@@ -113,6 +117,7 @@ def test_make_check_prints_the_diagnosis_as_the_notebook_does_without_a_tcp_warn
     assert run.returncode == 1
     assert "FAIL layernorm_test (5 points)\n    \N{BALLOT X} LayerNorm output" in run.stdout, run.stdout
     assert "Likely mistake: sample variance" in run.stdout and "0 of 5 points" in run.stdout
+    assert "    Show the fix: variance = centred.pow(2).mean(dim=-1, keepdim=True)" in run.stdout, run.stdout
     assert "graders/" not in run.stdout and "Traceback" not in run.stdout, run.stdout
     assert "without encryption" not in run.stdout + run.stderr, run.stderr
     # a whole notebook takes up to a minute: one line, rewritten in place, names the test cell it is on

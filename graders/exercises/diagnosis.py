@@ -4,6 +4,9 @@
   first line (the line a learner reads), whatever check raised it.
 - `compare`: `graders.judging.compare.compare`, with that rule applied; when no listed mistake
   matches, a `reading` of the output's properties (graders.exercises.properties) may name one.
+  Its hint (a pointer: the idea, the function to look up) is printed only when no mistake is
+  named, and the corrected code it knows goes last, on the line the displays fold away
+  (`with_fix`: `  Show the fix: <code>`).
 - `crash(...)`: a crash inside learner code at a given input, reported with that input and the
   likely cause, before the library's own words.
 - `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
@@ -20,6 +23,7 @@ import torch
 
 from graders.judging.compare import CheckFailed, Mistakes, check_shape, require_tensor
 from graders.judging.compare import compare as _compare
+from graders.judging.rendering import FIX_PREFIX, fix_line
 
 LIKELY = "Likely mistake:"
 
@@ -50,24 +54,43 @@ def diagnosis_first(judge: Callable) -> Callable:
     return judged
 
 
+def with_fix(message: str, code: str) -> str:
+    """`message` ending with the corrected code, on the line the displays fold away."""
+    return message + fix_line(code) if code else message
+
+
+def named_mistake(message: str) -> str | None:
+    """The description on a message's "Likely mistake: ..." line, None when it names none."""
+    for line in message.split("\n"):
+        if LIKELY in line:
+            return line.split(LIKELY, 1)[1].strip()
+    return None
+
+
 def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
             mistakes: Mistakes = None, hint: str = "", depth: int = 1,
-            reading: Callable[[torch.Tensor], str | None] | None = None) -> None:
+            reading: Callable[[torch.Tensor], str | None] | None = None,
+            fix: str = "", fixes: Mapping[str, str] = {}) -> None:
     """The course comparison; a recognised mistake is named on the message's first line. When no
     listed mistake matches, `reading(actual)` (graders.exercises.properties) may name one from
-    the output's properties; it is asked only about a finite output of the right shape."""
+    the output's properties; it is asked only about a finite output of the right shape. `hint`
+    is printed only when no mistake is named (it is general, the mistake is precise); `fixes`
+    holds the corrected code of a named mistake, `fix` the code of any mistake here."""
     try:
-        _compare(what, actual, expected, dims, mistakes=mistakes, hint=hint, depth=depth)
+        _compare(what, actual, expected, dims, mistakes=mistakes, depth=depth)
     except CheckFailed as failure:
         message = str(failure)
         if reading is not None and LIKELY not in message and _readable(actual, expected):
             found = reading(actual.detach())
             if found:
                 message = _with_likely(message, found)
-        lifted = lift_diagnosis(message)
-        if lifted == str(failure):
+        named = named_mistake(message)
+        if named is None and hint:
+            message += f"\n  Hint: {hint}"
+        message = with_fix(lift_diagnosis(message), fixes.get(named, fix))
+        if message == str(failure):
             raise
-        raise CheckFailed(lifted) from failure.__cause__
+        raise CheckFailed(message) from failure.__cause__
 
 
 def _readable(actual, expected: torch.Tensor) -> bool:
@@ -76,9 +99,10 @@ def _readable(actual, expected: torch.Tensor) -> bool:
 
 
 def _with_likely(message: str, likely: str) -> str:
-    """`message` with a "Likely mistake: ..." line before its hint (at its end without one)."""
+    """`message` with a "Likely mistake: ..." line before its hint or its fix (at its end without)."""
     lines = message.split("\n")
-    at = next((i for i, line in enumerate(lines) if line.strip().startswith("Hint:")), len(lines))
+    at = next((i for i, line in enumerate(lines)
+               if line.strip().startswith("Hint:") or line.startswith(FIX_PREFIX)), len(lines))
     return "\n".join(lines[:at] + [f"  {LIKELY} {likely}"] + lines[at:])
 
 
@@ -112,32 +136,37 @@ def judge_randomness(what: str, outputs: Mapping, made: str, how: str,
 
     `outputs` holds "a" and "a_again" (same seed), "b" (another seed) and "global_rng_used";
     `deterministic` maps a description of a known deterministic mistake (e.g. "always takes the
-    most likely token (argmax)") to what it outputs on the same input as "a".
+    most likely token (argmax)") to what it outputs on the same input as "a"; `how` is the call
+    that draws right, the message's fix.
     """
     if bool(outputs["global_rng_used"]) and not torch.equal(outputs["a"], outputs["a_again"]):
-        raise CheckFailed(f"{what} draws from torch's global random generator, not from the "
-                          f"generator it is given: two calls with generators seeded the same gave "
-                          f"different {made}. Pass the generator on: {how}.")
+        raise CheckFailed(with_fix(
+            f"{what} draws from torch's global random generator, not from the generator it is given: "
+            f"two calls with generators seeded the same gave different {made}. Pass the generator "
+            "you are given to the call that draws (its `generator=` argument).", how))
     if not torch.equal(outputs["a"], outputs["a_again"]):
-        raise CheckFailed(f"{what}: two calls with generators seeded the same gave different "
-                          f"{made}: some randomness does not come from the generator you are "
-                          f"given. Draw every random number from it: {how}.")
+        raise CheckFailed(with_fix(
+            f"{what}: two calls with generators seeded the same gave different {made}: some "
+            "randomness does not come from the generator you are given. Draw every random number "
+            "from it.", how))
     if torch.equal(outputs["a"], outputs["b"]):
         for description, output in deterministic.items():
             if output.shape == outputs["a"].shape and torch.equal(outputs["a"], output):
-                raise CheckFailed(f"{what} {description}, so generators with different seeds give "
-                                  f"the same {made}. Sample instead: {how}.")
+                raise CheckFailed(with_fix(
+                    f"{what} {description}, so generators with different seeds give the same "
+                    f"{made}. Sample instead, from the generator you are given.", how))
         if bool(outputs["global_rng_used"]):
-            raise CheckFailed(f"{what} reseeds torch's global random generator (torch.manual_seed), "
-                              f"so generators with different seeds give the same {made}. Use only "
-                              f"the generator you are given: {how}.")
-        raise CheckFailed(f"{what} ignores the generator's seed: generators with different seeds "
-                          f"give the same {made}. Likely mistake: it draws from a generator of "
-                          f"its own with a fixed seed (or reseeds the one it is given); draw from "
-                          f"the generator you are given, as it is: {how}.")
+            raise CheckFailed(with_fix(
+                f"{what} reseeds torch's global random generator (torch.manual_seed), so generators "
+                f"with different seeds give the same {made}. Use only the generator you are given.", how))
+        raise CheckFailed(with_fix(
+            f"{what} ignores the generator's seed: generators with different seeds give the same "
+            f"{made}. Likely mistake: it draws from a generator of its own with a fixed seed (or "
+            "reseeds the one it is given); draw from the generator you are given, as it is.", how))
     if bool(outputs["global_rng_used"]):
-        raise CheckFailed(f"{what} used or reseeded torch's global random generator. Use only the "
-                          f"generator passed in ({how}), so that callers control the randomness.")
+        raise CheckFailed(with_fix(
+            f"{what} used or reseeded torch's global random generator. Use only the generator "
+            "passed in, so that callers control the randomness.", how))
 
 
 def judge_generated(where: str, out: torch.Tensor, prompt: torch.Tensor, n_new: int) -> None:
@@ -145,9 +174,10 @@ def judge_generated(where: str, out: torch.Tensor, prompt: torch.Tensor, n_new: 
     require_tensor(where, out)
     n_prompt = prompt.shape[1]
     if out.ndim == 2 and out.shape[0] == prompt.shape[0] and out.shape[1] == n_new:
-        raise CheckFailed(f"{where}: shape {list(out.shape)}, expected {[prompt.shape[0], n_prompt + n_new]}. "
-                          "Likely mistake: only the new tokens are returned; return the prompt "
-                          "followed by them (torch.cat([input_ids, new_tokens], dim=-1)).")
+        raise CheckFailed(with_fix(
+            f"{where}: shape {list(out.shape)}, expected {[prompt.shape[0], n_prompt + n_new]}. "
+            "Likely mistake: only the new tokens are returned; return the prompt followed by them, "
+            "joined along the position dimension.", "torch.cat([input_ids, new_tokens], dim=-1)"))
     check_shape(where, out, (prompt.shape[0], n_prompt + n_new), ("batch", "position"))
     if out.dtype != torch.long:
         raise CheckFailed(f"{where}: dtype {out.dtype}; return token ids as torch.long.")

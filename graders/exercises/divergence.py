@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from graders.exercises.diagnosis import compare
+from graders.exercises.diagnosis import compare, with_fix
 from graders.judging.compare import CheckFailed
 from graders.judging.tolerance import close
 
@@ -23,9 +23,11 @@ def _matching_first(traces: dict[str, dict], actual, key: str = "hook_resid_post
 
 def first_divergence(what: str, outputs: dict, acts: dict, hooks: Sequence[tuple[str, str]],
                      traces: dict[str, dict], dims: Sequence[str], hints: dict, counts: str,
-                     final: str, places: dict | None = None) -> None:
+                     final: str, places: dict | None = None, fixes: dict | None = None) -> None:
     """Raise for the first hook (learner key, reference key) whose value differs from the reference,
-    named by `places` (its key otherwise)."""
+    named by `places` (its key otherwise); `hints` say in words what each place computes, `fixes`
+    hold its corrected line, the message's last."""
+    fixes = fixes or {}
     places = places or {}
     traces = _matching_first(traces, outputs.get(final), final)
     for key, ref_key in hooks:
@@ -42,12 +44,13 @@ def first_divergence(what: str, outputs: dict, acts: dict, hooks: Sequence[tuple
                             and close(outputs[final], final_value)):
                         lines.append(f"  Likely mistake: {description}")
                         break
-            if hints.get(key):
+            if hints.get(key) and len(lines) == 1:
                 lines.append(f"  Hint: {hints[key]}")
-            raise CheckFailed("\n".join(lines))
+            raise CheckFailed(with_fix("\n".join(lines), fixes.get(key, "")))
         if isinstance(actual, torch.Tensor) and actual.shape == expected.shape and close(actual, expected):
             continue
         mistakes = {d: t[key] for d, t in traces.items() if t.get(key) is not None}
         compare(f"{what}: {places.get(key, key)}, the first activation in forward order that differs from the "
-                f"reference,", actual, expected, dims, mistakes=mistakes, hint=hints.get(key, ""))
+                f"reference,", actual, expected, dims, mistakes=mistakes, hint=hints.get(key, ""),
+                fix=fixes.get(key, ""))
         return

@@ -29,7 +29,8 @@ from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.config_cases import (built_with_another_config, course_module, fitted_weights,
                                             load_or_name, record_how_cfg_is_read,
                                             recorded_how_cfg_is_read)
-from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.diagnosis import compare, diagnosis_first, with_fix
+from graders.judging.rendering import fix_line
 from graders.exercises.divergence import first_divergence
 from graders.exercises.submodules import TAKES_RESIDUAL, module_or_none, submodule_crash, watch
 from graders.judging.learner import Forbidden, build_module, run_learner
@@ -49,13 +50,17 @@ HOOKS = ("ln1.hook_out", "hook_attn_out", "hook_resid_mid", "ln2.hook_out", "hoo
          "hook_resid_post")
 SUBMODULES = ("ln1", "attn", "ln2", "mlp")
 HINTS = {
-    "ln1.hook_out": "ln1 must read the block's input resid_pre, before attention (pre-norm).",
-    "hook_attn_out": "attention reads ln1(resid_pre), not the raw residual stream.",
-    "hook_resid_mid": "resid_mid = resid_pre + attn_out is what ln2 reads.",
-    "ln2.hook_out": "ln2 normalises resid_mid.",
-    "hook_mlp_out": "the MLP reads ln2(resid_mid).",
-    "hook_resid_post": "resid_post = resid_mid + mlp_out.",
+    "ln1.hook_out": "ln1 must read the block's input, the residual stream before attention (pre-norm).",
+    "hook_attn_out": "attention reads the output of ln1, not the raw residual stream.",
+    "hook_resid_mid": "what ln2 reads is the block's input plus attention's output (the first residual connection).",
+    "ln2.hook_out": "ln2 normalises the residual stream after attention, resid_mid.",
+    "hook_mlp_out": "the MLP reads the output of ln2.",
+    "hook_resid_post": "the block's output is resid_mid plus the MLP's output (the second residual connection).",
 }
+RESID_MID = "resid_mid = resid_pre + self.attn(self.ln1(resid_pre))"
+RESID_POST = "resid_post = resid_mid + self.mlp(self.ln2(resid_mid))"
+FIXES = {"ln1.hook_out": RESID_MID, "hook_attn_out": RESID_MID, "hook_resid_mid": RESID_MID,
+         "ln2.hook_out": RESID_POST, "hook_mlp_out": RESID_POST, "hook_resid_post": RESID_POST}
 
 
 def block_trace(block: nn.Module, resid_pre: torch.Tensor, forward: Callable | None = None,
@@ -178,8 +183,9 @@ def judge_block(case: Case, outputs: dict) -> None:
     check_shape("TransformerBlock output on a random [2, 4, d_model] input", outputs.get("random_out"),
                 (2, 4, Config().d_model), DIMS)
     if bool(outputs["input_modified"]):
-        raise CheckFailed("TransformerBlock changed its input tensor in place (e.g. `resid += attn_out`). "
-                          "Compute a new tensor instead (`resid_mid = resid_pre + attn_out`).")
+        raise CheckFailed(with_fix("TransformerBlock changed its input tensor in place (e.g. `resid += attn_out`): "
+                                   "the residual stream must not be modified. Compute a new tensor instead.",
+                                   RESID_MID))
     course = course_block(case)
     acts = expected_activations(case, course)
     expected = acts[f"blocks.{i}.hook_resid_post"]
@@ -191,13 +197,14 @@ def judge_block(case: Case, outputs: dict) -> None:
     if bool(outputs["shared_ln"]):
         raise CheckFailed(f"TransformerBlock output (blocks.{i}) does not match the reference. "
                           "Likely mistake: ln1 and ln2 are one LayerNorm object (e.g. "
-                          "`self.ln2 = self.ln1`): create two separate LayerNorms, each gets its own weights.")
+                          "`self.ln2 = self.ln1`): create two separate LayerNorms, each gets its own weights."
+                          + fix_line("self.ln2 = LayerNorm(cfg)"))
     counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
     how_read = recorded_how_cfg_is_read(outputs)
     traces = mistake_traces(course, acts[f"blocks.{i}.hook_resid_pre"], how_read)
     first_divergence(f"TransformerBlock (blocks.{i})", outputs, acts,
                      [(h, f"blocks.{i}.{h}") for h in HOOKS], traces, DIMS, HINTS, counts,
-                     "hook_resid_post")
+                     "hook_resid_post", fixes=FIXES)
     compare(f"TransformerBlock output (blocks.{i})", out, expected, DIMS)  # e.g. NaNs
 
 
@@ -211,7 +218,8 @@ def _judge_unseen_inputs(case: Case, course: nn.Module, outputs: dict) -> None:
         with torch.no_grad():
             expected = course(x)
         compare(f"TransformerBlock output (blocks.{case.block}) on {what}", outputs.get(key), expected, DIMS,
-                hint="resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)).")
+                hint="the block is pre-norm: each sublayer reads a LayerNorm of the residual stream and "
+                     "adds its output to it; look for what differs from the reference text's case.")
 
 
 block = Exercise("05_transformer_block", "TransformerBlock", produce_block, diagnosis_first(judge_block),

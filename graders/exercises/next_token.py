@@ -10,8 +10,8 @@ from graders.exercises.diagnosis import compare
 from graders.judging.compare import CheckFailed
 from graders.judging.tolerance import tolerance
 
-HINT = ("log_softmax over the vocabulary, pick the log-probability of tokens[:, 1:] at positions "
-        "[:, :-1], and return minus the mean over batch and positions.")
+HINT = ("each position predicts the token after it, so the last position predicts nothing: the loss is "
+        "minus the mean log-probability of those next tokens (look up log_softmax and gather).")
 
 
 def reference_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

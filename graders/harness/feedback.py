@@ -3,7 +3,8 @@
 `annotated` is the notebook nbgrader's autograded/ folder holds (what formgrader shows): the
 executed cells with the source notebook's markdown put back in place (the harness runs code
 cells only), each test cell as the student saw it (hidden tests removed) with its verdict as
-its only output, in green or red, and the grading notes on top. The kernel's own output of a
+its only output, in green or red (a diagnosis's `Show the fix:` line folded away in its HTML,
+whole in its text), and the grading notes on top. The kernel's own output of a
 test cell is dropped: while grading it names the hidden cases it recorded.
 
 `feedback_html` renders that notebook with nbgrader's own feedback template, scores and comments
@@ -22,6 +23,7 @@ import nbformat
 from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
 from graders.harness.cells import is_test_cell, nbgrader_meta, released_source, source_notebook
+from graders.judging.rendering import fold_html, message_html, split_fix
 
 PASS_COLOURS = ("#1b5e20", "#e8f5e9")   # text and background of a passed test's verdict
 FAIL_COLOURS = ("#b71c1c", "#ffebee")
@@ -91,8 +93,7 @@ def _verdict_output(verdict: dict):
     passed = verdict["points"] >= verdict["max_points"]
     colour, background = PASS_COLOURS if passed else FAIL_COLOURS
     headline, _, message = verdict_text(verdict).partition("\n")
-    detail = (f'<pre style="white-space: pre-wrap; margin: 0.3em 0 0; padding: 0; border: none; '
-              f'background: transparent; color: inherit;">{html.escape(message)}</pre>') if message else ""
+    detail = message_html(message) if message else ""
     box = (f'<div class="gpt2-verdict gpt2-verdict-{"pass" if passed else "fail"}" style="border-left: '
            f'6px solid {colour}; background: {background}; color: {colour}; padding: 0.4em 0.8em;">'
            f"<b>{html.escape(headline)}</b>{detail}</div>")
@@ -100,9 +101,10 @@ def _verdict_output(verdict: dict):
                                   data={"text/html": box, "text/plain": verdict_text(verdict)})
 
 
-def answer_comments(name: str, cells: list[dict]) -> dict[str, str]:
+def answer_comments(name: str, cells: list[dict], fold: bool = False) -> dict[str, str]:
     """{answer cell id: the diagnoses of the failed tests below it} (the closest answer cell
-    above a test cell in the source notebook is the one it checks)."""
+    above a test cell in the source notebook is the one it checks). With `fold`, for the page
+    (which reads a comment as markdown), each diagnosis's corrected code is folded away."""
     checked_by, answer = {}, None
     for cell in source_notebook(name).cells:
         meta = nbgrader_meta(cell)
@@ -113,9 +115,12 @@ def answer_comments(name: str, cells: list[dict]) -> dict[str, str]:
     comments: dict[str, list[str]] = {}
     for cell in cells:
         if cell["points"] < cell["max_points"] and cell["grade_id"] in checked_by:
-            comments.setdefault(checked_by[cell["grade_id"]], []).append(
-                f"{cell['grade_id']}: {cell['points']:g} / {cell['max_points']:g} ({cell['status']}). "
-                f"{cell['message']}".strip())
+            comment = (f"{cell['grade_id']}: {cell['points']:g} / {cell['max_points']:g} ({cell['status']}). "
+                       f"{cell['message']}".strip())
+            shown, fix = split_fix(comment)
+            if fold and fix is not None:
+                comment = f"{shown}\n\n{fold_html(fix)}"
+            comments.setdefault(checked_by[cell["grade_id"]], []).append(comment)
     return {answer: "\n\n".join(lines) for answer, lines in comments.items()}
 
 
@@ -124,7 +129,7 @@ def feedback_html(notebook, name: str, cells: list[dict]) -> str:
     the answer cells, the notebook's total at the top."""
     notebook = copy.deepcopy(notebook)
     verdicts = {c["grade_id"]: c for c in cells}
-    comments = answer_comments(name, cells)
+    comments = answer_comments(name, cells, fold=True)
     for cell in notebook.cells:
         meta = nbgrader_meta(cell)
         if meta.get("grade_id") in verdicts:

@@ -19,12 +19,17 @@ Mistakes = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]]
 class CheckFailed(AssertionError):
     """A check found a mistake; the message says what and where."""
 
+    # Set by the check that raises it in a learner's own kernel: its display folds the message's
+    # `Show the fix:` line away (graders.judging.rendering). Validate and `make check` read the
+    # cell's error as text, and keep the line.
+    folds_fix = False
+
     def _render_traceback_(self) -> list[str]:
         """What IPython (and so JupyterLab and nbgrader's Validate) shows for a failed check:
         the diagnosis, and the learner's own frames when their code raised; no grader frames."""
         from graders.judging.rendering import render
 
-        return render(self)
+        return render(self, fold=self.folds_fix)
 
 
 def _describe_shape(dims: Sequence[str], shape: Sequence[int]) -> str:

@@ -153,7 +153,10 @@ class Exercise:
             progress.record(self.key, place, answers, verdict.passed,
                             unwritten=getattr(failure, "unwritten", False) and str(failure) == verdict.message)
         if not verdict.passed:   # the learner's own failure keeps its traceback (their line)
-            raise failure if failure is not None and str(failure) == verdict.message else CheckFailed(verdict.message)
+            own = failure is not None and str(failure) == verdict.message
+            failed = failure if own else CheckFailed(verdict.message)
+            failed.folds_fix = current.demonstrations   # a learner's own kernel (Validate and make check: off)
+            raise failed
         ok(f"{self.name}: correct on {self.described(case)}{progress.points_note(place)}")
 
     def _record(self, current: session.Session, learner, case: Case, answers: tuple = ()) -> None:

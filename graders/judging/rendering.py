@@ -6,9 +6,17 @@ nbgrader's Validate shows what the kernel rendered), so `CheckFailed` renders it
 recognises one, a "Hint: ..." line when it has one: the contract README.md states) and, when the
 learner's code raised, the frames of that code (their cell and line). Frames of the graders,
 of torch or of Python itself are left out.
+
+A message that knows the corrected code ends with it, on its own line: `  Show the fix: <code>`
+(`fix_line`, read back by `split_fix`). The text of a verdict keeps that line wherever it is
+text (Validate, `make check`, the grade report); the displays fold it away, so that the learner
+reads the diagnosis before the answer: the check cell of a learner's own kernel shows it in a
+fold after the error (`CheckFailed.folds_fix`), and the feedback page in the same fold
+(`fold_html`).
 """
 from __future__ import annotations
 
+import html
 import linecache
 import os
 import re
@@ -23,10 +31,39 @@ BOLD_RED, RESET = "\x1b[1;31m", "\x1b[0m"
 CROSS = "\N{BALLOT X}"
 WIDTH = 96   # characters per line: what nbgrader's Validate dialog shows without scrolling at 1400 px
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+FIX_LABEL = "Show the fix"
+FIX_PREFIX = f"  {FIX_LABEL}: "   # the start of a message's last line when it holds the corrected code
 
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
+
+
+def fix_line(code: str) -> str:
+    """The line that ends a message which knows the corrected code (newline included)."""
+    return f"\n{FIX_PREFIX}{code}"
+
+
+def split_fix(message: str) -> tuple[str, str | None]:
+    """(what a display shows, the corrected code it folds away); the code is None when the
+    message's last line is not a `Show the fix:` line."""
+    shown, newline, last = message.rstrip("\n").rpartition("\n")
+    if newline and last.startswith(FIX_PREFIX):
+        return shown, last[len(FIX_PREFIX):]
+    return message, None
+
+
+def fold_html(code: str) -> str:
+    """The corrected code as HTML, folded: the learner opens it when they choose to."""
+    return f"<details><summary>{FIX_LABEL}</summary><pre>{html.escape(code)}</pre></details>"
+
+
+def message_html(message: str) -> str:
+    """A message as HTML: its text in a <pre>, the corrected code folded after it."""
+    shown, fix = split_fix(message)
+    text = (f'<pre style="white-space: pre-wrap; margin: 0.3em 0 0; padding: 0; border: none; '
+            f'background: transparent; color: inherit;">{html.escape(shown)}</pre>')
+    return text + (fold_html(fix) if fix is not None else "")
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -95,14 +132,21 @@ def _wrapped(line: str, width: int) -> list[str]:
                          break_long_words=False, break_on_hyphens=False) or [line]
 
 
-def render(failure: BaseException, color: bool = True, width: int = WIDTH) -> list[str]:
-    """The lines a learner sees for a failed check: the diagnosis, then where their code raised."""
+def render(failure: BaseException, color: bool = True, width: int = WIDTH, fold: bool = False) -> list[str]:
+    """The lines a learner sees for a failed check: the diagnosis, then where their code raised.
+    The `Show the fix:` line stays whole (code cut at a space would not run); with `fold` it is
+    left out, and shown folded after the cell's error (`fold_after_cell`)."""
     message = str(failure).strip("\n") or type(failure).__name__
+    shown, fix = split_fix(message)
+    if fold and fix is not None:
+        message = shown
+        fold_after_cell(fix)
     first, *rest = message.splitlines()
     head = _wrapped(f"{CROSS} {first}", width)
     if color:
         head = [BOLD_RED + line + RESET for line in head]
-    lines = head + [part for line in rest for part in _wrapped(line, width)]
+    lines = head + [part for line in rest for part in
+                    ([line] if line.startswith(FIX_PREFIX) else _wrapped(line, width))]
     cause = failure.__cause__
     if cause is not None:
         frames = learner_frames(cause)
@@ -110,3 +154,32 @@ def render(failure: BaseException, color: bool = True, width: int = WIDTH) -> li
             lines.append(f"  {type(cause).__name__} raised in your code:")
             lines += format_frames(frames)
     return lines
+
+
+_folds: list[str] = []   # the corrected code of the cell's failed checks, shown when the cell ends
+
+
+def fold_after_cell(fix: str) -> None:
+    """Show `fix` folded once the running cell ends, after its error: a display of its own (an
+    error's traceback is plain text, which cannot fold). Once, however often IPython renders the
+    error. Outside IPython there is no cell, and nothing to show it in."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return
+    if shell is None:
+        return
+    if _show_folds not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _show_folds)
+    if fix not in _folds:
+        _folds.append(fix)
+
+
+def _show_folds(result=None) -> None:
+    from IPython.display import display
+
+    while _folds:
+        fix = _folds.pop(0)
+        display({"text/html": fold_html(fix), "text/plain": FIX_PREFIX + fix}, raw=True)

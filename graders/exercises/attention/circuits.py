@@ -80,10 +80,14 @@ def judge(case: Case, outputs: dict) -> None:
                       "x_q W_QK x_k^T is query q's score for key k": swapped["scores"],
                       "W_QK is already divided by sqrt(d_head): the scale belongs to the scores, "
                       "the circuit is the plain product W_Q^h (W_K^h)^T": right["scores"] / math.sqrt(d_head)},
-            hint="W_QK[h] = W_Q[h] @ W_K[h].T, [d_model, d_model] per head (no biases, no scale).")
+            hint="a head's QK circuit is the product of its query and key weights, query side first: "
+                 "[d_model, d_model] per head, no biases, no scale.",
+            fix="W_QK = attn.W_Q @ attn.W_K.transpose(-1, -2)")
     compare(f"x W_OV on {POSITIONS} random residual vectors (block {case.block})", outputs["writes"],
             right["writes"], ("head", "position", "d_model"),
-            hint="W_OV[h] = W_V[h] @ W_O[h], [d_model, d_model] per head (no biases).")
+            hint="a head's OV circuit is the product of its value and output weights, value side first: "
+                 "[d_model, d_model] per head, no biases.",
+            fix="W_OV = attn.W_V @ attn.W_O")
 
 
 circuits = Exercise("03_attention", "qk_ov_circuits", produce, diagnosis_first(judge),

@@ -58,6 +58,11 @@ def reference_scores(case: Case) -> torch.Tensor:
     return torch.where(torch.isfinite(kept), kept, rebuilt).contiguous()
 
 
+# The corrected line of a mask mistake (the notebook's names).
+MASK_FIX = ("future = torch.triu(torch.ones(n_query, n_key, dtype=torch.bool, device=attn_scores.device), "
+            "diagonal=1)")
+
+
 def future_mask(n: int) -> torch.Tensor:
     """True where the key comes after the query (above the diagonal)."""
     return torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)

@@ -6,12 +6,13 @@ import math
 import einops
 import torch
 
-from graders.exercises.attention.common import (DIMS, FORBIDDEN, PER_HEAD_POSITIONS, SCORE_DIMS,
+from graders.exercises.attention.common import (DIMS, FORBIDDEN, MASK_FIX, PER_HEAD_POSITIONS, SCORE_DIMS,
                                                 activations, attention_weights, course_attention,
                                                 prefix_of, reference_scores)
 from graders.exercises.attention.mask import missing_mask_method
-from graders.exercises.attention.mistakes import attention_mistakes, head_settings_not_read
-from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
+from graders.exercises.attention.mistakes import MASKS_THE_DIAGONAL, attention_mistakes, head_settings_not_read
+from graders.exercises.diagnosis import LIKELY, compare, crash, diagnosis_first, is_crash, with_fix
+from graders.judging.rendering import split_fix
 from graders.judging.cases import Case, rand_float, unseen_variant
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
@@ -201,8 +202,8 @@ def judge_attention(case: Case, outputs: dict) -> None:
                  f"{', '.join(map(str, bad[:10]))}."]
         if bad == [0]:
             lines.append("  Likely mistake: the mask hides the diagonal too, so the first token has no "
-                         "key left and softmax over all -inf gives NaN. Mask with torch.triu(..., "
-                         "diagonal=1): a token may attend to itself.")
+                         "key left and softmax over all -inf gives NaN. A token may attend to itself: "
+                         "mask only the keys after the query.")
         elif bad == [x.shape[1] - 1]:
             lines.append("  Likely mistake: the mask hides the past and the diagonal (tril instead of "
                          "triu), so the last token has no key left. Rows are queries, columns keys: "
@@ -210,19 +211,23 @@ def judge_attention(case: Case, outputs: dict) -> None:
         else:
             lines.append("  A row of scores that is entirely -inf gives NaN after softmax; look for a "
                          "mask that hides every key of some query, or a division by zero.")
-        raise CheckFailed("\n".join(lines + _localise(case, outputs)))
+        raise CheckFailed(with_fix("\n".join(lines + _localise(case, outputs)), MASK_FIX if bad == [0] else ""))
     global_cfg = bool(outputs.get("reads_global_cfg", False))
 
     def mistakes(inp: torch.Tensor) -> dict:
         return {**head_settings_not_read(case, inp, w, global_cfg), **attention_mistakes(inp, w)}
 
     try:
-        compare(f"Attention output ({prefix})", out, expected, DIMS,
-                mistakes=lambda: mistakes(x),
-                hint="q, k, v = x @ W + b per head; scores = q.k / sqrt(d_head); mask the future; "
-                     "softmax over keys; z = pattern @ v; out = sum over heads of z @ W_O, + b_O.")
+        compare(f"Attention output ({prefix})", out, expected, DIMS, mistakes=lambda: mistakes(x),
+                fixes={MASKS_THE_DIAGONAL: MASK_FIX})
     except CheckFailed as failed:
-        raise CheckFailed("\n".join([str(failed)] + _localise(case, outputs))) from None
+        shown, fix = split_fix(str(failed))
+        where = _localise(case, outputs)
+        if not where and LIKELY not in shown:   # nothing more precise known: a pointer to the steps
+            where = ["  Hint: follow the notebook's steps of one head (queries, keys, values; scores "
+                     "scaled by sqrt(d_head); the causal mask; a softmax over keys; the weighted values; "
+                     "W_O), the heads' outputs summed."]
+        raise CheckFailed(with_fix("\n".join([shown] + where), fix or "")) from None
     t = _causal_split(x.shape[1])
     later = outputs["changed_later_out"]
     check_shape("Attention output with later positions changed", later, expected.shape, DIMS)

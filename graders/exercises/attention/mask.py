@@ -7,10 +7,10 @@ import math
 import torch
 from torch import nn
 
-from graders.exercises.attention.common import (FORBIDDEN_MASK, MASKED_AT_MOST, SCORE_DIMS,
+from graders.exercises.attention.common import (FORBIDDEN_MASK, MASK_FIX, MASKED_AT_MOST, SCORE_DIMS,
                                                 activations, future_mask, prefix_of,
                                                 reference_scores)
-from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, mismatched_sizes
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, mismatched_sizes, with_fix
 from graders.judging.cases import Case, rand_float
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
@@ -101,40 +101,43 @@ def _judge_mask_pattern(actual: torch.Tensor, scores: torch.Tensor, what: str) -
     hidden_qk = hidden.all(dim=0).all(dim=0)              # hidden for every batch row and head
     if bool((hidden == future).all()):
         return
-    lines = [f"{what}: the masked entries are not exactly the future keys (above the diagonal)."]
+    lines, fix = [f"{what}: the masked entries are not exactly the future keys (above the diagonal)."], MASK_FIX
     if torch.equal(hidden_qk, torch.triu(torch.ones(n, n, dtype=torch.bool))):
         lines.append("  Likely mistake: the mask hides the diagonal too. A token may attend to "
-                     "itself: mask with torch.triu(..., diagonal=1).")
+                     "itself: mask only the keys after the query (from the first diagonal above it).")
     elif bool((hidden_qk & torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)).any()) and \
             not bool((hidden_qk & future).any()):
         lines.append("  Likely mistake: the mask hides the past instead of the future (tril and triu "
                      "swapped, or the mask transposed). Row = query, column = key: the future keys "
-                     "are above the diagonal, torch.triu(..., diagonal=1).")
+                     "are above the diagonal.")
     elif not bool(hidden.any()):
         kept_future = actual[..., future]
         if bool(torch.allclose(kept_future, scores[..., future].double())):
             lines.append("  Likely mistake: nothing was masked; the future scores came back unchanged "
                          "(masked_fill returns a new tensor: use its result).")
+            fix = "return attn_scores.masked_fill(future, self.IGNORE)"
         elif bool((kept_future == 0).all()):
             lines.append("  Likely mistake: the future scores were set to 0, not to -inf. exp(0) = 1, "
                          "so a softmax still gives them weight: use self.IGNORE (or a large negative "
                          "number like -1e5).")
+            fix = "return attn_scores.masked_fill(future, self.IGNORE)"
         else:
             lines.append(f"  Likely mistake: the future scores were changed but not made negative enough (largest "
                          f"{kept_future.max().item():.3g}): set them to self.IGNORE (-inf) or a "
                          f"constant <= {MASKED_AT_MOST:g}.")
+            fix = "return attn_scores.masked_fill(future, self.IGNORE)"
     missed = future & ~hidden_qk
     extra = hidden_qk & ~future
     zero_future = future & (scores == 0).all(dim=0).all(dim=0)
     if bool(missed.any()) and bool(zero_future.any()) and torch.equal(missed, zero_future):
         lines.insert(1, "  Likely mistake: the mask is built from the scores' values (e.g. "
                         "torch.triu(attn_scores, 1).bool(), or attn_scores.triu(1) != 0), so a future "
-                        "score that is exactly 0.0 is not masked. Build it from the positions only: "
-                        "torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1).")
+                        "score that is exactly 0.0 is not masked. Build it from the positions only "
+                        "(a boolean matrix of the scores' size).")
     elif bool(missed.any()) and not bool(extra.any()) and torch.equal(
             missed, future & ~torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=2)):
         lines.insert(1, "  Likely mistake: the mask starts one diagonal too high (diagonal=2): the next "
-                        "key, key = query + 1, is in the future too. Use torch.triu(..., diagonal=1).")
+                        "key, key = query + 1, is in the future too: the mask starts just above the diagonal.")
     if bool(missed.any()):
         lines.append(f"  Future entries left unmasked: {_positions(missed)}.")
     if bool(extra.any()):
@@ -143,7 +146,7 @@ def _judge_mask_pattern(actual: torch.Tensor, scores: torch.Tensor, what: str) -
     if not bool(missed.any()) and not bool(extra.any()):
         lines.append("  The mask differs between batch rows or heads: build one [query_pos, key_pos] "
                      "mask and broadcast it.")
-    raise CheckFailed("\n".join(lines))
+    raise CheckFailed(with_fix("\n".join(lines), fix))
 
 
 def judge_mask(case: Case, outputs: dict) -> None:

@@ -38,6 +38,10 @@ def attention_variant(x, w, *, scale=None, mask="future", softmax_dim=-1, drop=(
     return einops.einsum(z, w["W_O"], "b q n h, n h d -> b q d") + b["b_O"]
 
 
+MASKS_THE_DIAGONAL = ("the mask hides the diagonal too (a token must be able to attend to itself: mask "
+                      "only the keys after the query)")
+
+
 def attention_mistakes(x, w) -> dict:
     d_model, d_head = w["W_Q"].shape[1], w["W_Q"].shape[2]
     return {
@@ -46,8 +50,7 @@ def attention_mistakes(x, w) -> dict:
         "the scores are divided by d_head instead of its square root: divide q.k by sqrt(d_head)":
             attention_variant(x, w, scale=d_head ** 2),
         "the scores are not scaled: divide q.k by sqrt(d_head)": attention_variant(x, w, scale=1),
-        "the mask hides the diagonal too (a token must be able to attend to itself: torch.triu(..., "
-        "diagonal=1))": attention_variant(x, w, mask="future+diagonal", ignore=-1e5),
+        MASKS_THE_DIAGONAL: attention_variant(x, w, mask="future+diagonal", ignore=-1e5),
         "the mask hides the past instead of the future (tril and triu swapped, or query/key axes "
         "swapped: rows are queries, columns are keys)": attention_variant(x, w, mask="past"),
         "softmax over the query axis; normalise over key positions (dim=-1 of [batch, n_heads, "
@@ -84,7 +87,7 @@ def head_settings_not_read(case, x, w, global_cfg: bool) -> dict:
              + (global_read if global_cfg else ", not literals"))
     return {
         f"d_head is not read from cfg: the scores are divided by sqrt({gpt2.d_head}) (GPT-2's d_head); "
-        f"this check's config has d_head {cfg.d_head}: divide by math.sqrt(self.cfg.d_head)"
+        f"this check's config has d_head {cfg.d_head}: divide by the square root of self.cfg.d_head"
         + (global_read if global_cfg else ", not a literal"):
             attention_variant(x, w, scale=gpt2.d_head),
         split: attention_variant(x, as_gpt2),

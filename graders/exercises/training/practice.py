@@ -195,9 +195,8 @@ def judge_lr(case: Case, outputs: dict) -> None:
     compare(f"lr_at(step, max_lr={max_lr:g}, warmup_steps={warmup}, total_steps={total}, min_lr={min_lr:g}) "
             f"for steps 0..{len(steps) - 1}", outputs["lr"], expected, ("step",),
             mistakes=lambda: schedule_mistakes(case),
-            hint="step < warmup_steps: max_lr * (step + 1) / warmup_steps; then progress = (step - "
-                 "warmup_steps) / (total_steps - warmup_steps), capped at 1, and min_lr + 0.5 * "
-                 "(max_lr - min_lr) * (1 + cos(pi * progress)).")
+            hint="the rate rises linearly during warmup (step 0 already above 0), then follows half a "
+                 "cosine from max_lr down to min_lr, where it stays after total_steps: see 07 §5's formula.")
 
 
 lr_exercise = Exercise("07_training", "lr_at", produce_lr, diagnosis_first(judge_lr), defaults={"text": None})
