@@ -6,6 +6,7 @@
   matches, a `reading` of the output's properties (graders.exercises.properties) may name one.
 - `crash(...)`: a crash inside learner code at a given input, reported with that input and the
   likely cause, before the library's own words.
+- `with_fix(message, code)`: the corrected code, where a check knows it, on the message's last line.
 - `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
 - `judge_randomness(...)`: where the randomness of a sampler or data generator comes from, with
   one message per mistake (always the most likely token, a fixed seed, torch's global generator).
@@ -22,6 +23,13 @@ from graders.judging.compare import CheckFailed, Mistakes, check_shape, require_
 from graders.judging.compare import compare as _compare
 
 LIKELY = "Likely mistake:"
+FIX = "Show the fix:"
+
+
+def with_fix(message: str, code: str) -> str:
+    """`message` with the corrected code on a last line of its own, which the notebook and the
+    feedback page fold away so that the diagnosis in words is read first."""
+    return f"{message}\n  {FIX} {code}"
 
 
 def lift_diagnosis(message: str) -> str:
