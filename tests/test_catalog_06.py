@@ -101,6 +101,31 @@ def test_buggy_unembed_is_named(cls, diagnosis):
     assert diagnosis in (message if cls is WrongNames else message.splitlines()[0]), message
 
 
+def _wrong_from_column(first_wrong):
+    def forward(self, x):
+        logits = x @ self.W_U + self.b_U
+        return torch.cat([logits[..., :first_wrong], 1.5 * logits[..., first_wrong:]], -1)
+    return forward
+
+
+def _wrong_below_column(end):
+    def forward(self, x):
+        logits = x @ self.W_U + self.b_U
+        return torch.cat([1.5 * logits[..., :end], logits[..., end:]], -1)
+    return forward
+
+
+@pytest.mark.parametrize("forward, note", [
+    (_wrong_below_column(100), "only some d_vocab values are wrong: d_vocab 0, 1, 2, 3, 4, 5, 6, 7 ... (100 of 50257)"),
+    (_wrong_from_column(34), "most d_vocab values are wrong (50223 of 50257); right only at d_vocab 0, 1, 2, 3, 4, 5, "
+                             "6, 7 ..."),
+], ids=["some", "most"])
+def test_the_quantifier_of_wrong_values_follows_their_count(forward, note):
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_unembed(type("Unembed", (UnembedBase,), {"forward": forward}))
+    assert f"\n  {note}" in str(failure.value), str(failure.value)
+
+
 # --- DemoTransformer ------------------------------------------------------------------------
 
 
