@@ -793,9 +793,10 @@ def test_beams_that_differ_unnamed_are_shown_side_by_side():
 
 # --- the KV cache ------------------------------------------------------------------------------
 
-def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True):
+def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True, new_first=False):
     """A correct variant: the cache as a dict of per-layer lists, matmul-based attention (with
-    mask_new_tokens=False, a mistake: no mask among the new tokens)."""
+    mask_new_tokens=False, a mistake: no mask among the new tokens; with new_first=True, one: the
+    new keys and values before the cached ones)."""
     cache = cache or {"k": [None] * len(model.blocks), "v": [None] * len(model.blocks)}
     past = 0 if cache["k"][0] is None else cache["k"][0].shape[2]
     x = model.embed(new_tokens) + model.pos_embed.W_pos[past:past + new_tokens.shape[1]]
@@ -804,7 +805,9 @@ def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True):
         q = torch.einsum("bpd,ndh->bnph", h, a.W_Q) + a.b_Q[:, None]
         k = torch.einsum("bpd,ndh->bnph", h, a.W_K) + a.b_K[:, None]
         v = torch.einsum("bpd,ndh->bnph", h, a.W_V) + a.b_V[:, None]
-        if cache["k"][i] is not None:
+        if cache["k"][i] is not None and new_first:
+            k, v = torch.cat([k, cache["k"][i]], 2), torch.cat([v, cache["v"][i]], 2)
+        elif cache["k"][i] is not None:
             k, v = torch.cat([cache["k"][i], k], 2), torch.cat([cache["v"][i], v], 2)
         cache["k"][i], cache["v"][i] = k, v
         scores = q @ k.transpose(-1, -2) / math.sqrt(a.W_Q.shape[-1])
@@ -844,6 +847,16 @@ def test_forward_with_cache_without_a_mask_among_new_tokens_is_named():
     fails_with(nb08.check_forward_with_cache,
                lambda m, t, c: _forward_dict_cache(m, t, c, mask_new_tokens=False),
                "Likely mistake: the new tokens are not masked among themselves")
+
+
+def test_forward_with_cache_with_the_new_keys_before_the_cached_ones_is_named_and_ends_with_the_fix():
+    fails_with(nb08.check_forward_with_cache,
+               lambda m, t, c: _forward_dict_cache(m, t, c, new_first=True),
+               "Likely mistake: the new keys and values are put before the cached ones")
+    with pytest.raises(CheckFailed) as failure:
+        nb08.check_forward_with_cache(lambda m, t, c: _forward_dict_cache(m, t, c, new_first=True))
+    assert str(failure.value).splitlines()[-1] == (
+        "  Show the fix: k_all = torch.cat([past_k, k], dim=1)   # v_all likewise"), str(failure.value)
 
 
 def test_forward_with_cache_crash_names_the_call_and_the_cache():
@@ -936,7 +949,9 @@ def test_a_context_limit_of_gpt2s_n_ctx_is_named():
                "mistake: the limit is not read from model.cfg.n_ctx")
 
 
-@pytest.mark.parametrize("mistake", sorted(nb08.CACHE_MISTAKES))
+# After the prompt, generation feeds one token at a time: it sees every key, so their order
+# ("new_first") cannot show there.
+@pytest.mark.parametrize("mistake", sorted(set(nb08.CACHE_MISTAKES) - {"new_first"}))
 def test_generate_with_cache_mistakes_are_named(mistake):
     fails_with(nb08.check_generate_with_cache,
                lambda m, t, n: reference.generate_with_cache(m, t, n, mistake=mistake),

@@ -6,7 +6,8 @@
   matches, a `reading` of the output's properties (graders.exercises.properties) may name one.
 - `crash(...)`: a crash inside learner code at a given input, reported with that input and the
   likely cause, before the library's own words.
-- `with_fix(message, code)`: the corrected code, where a check knows it, on the message's last line.
+- `with_fix(message, code)`: the corrected code, where a check knows it, on a line of its own,
+  which `fix_last` keeps last.
 - `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
 - `judge_randomness(...)`: where the randomness of a sampler or data generator comes from, with
   one message per mistake (always the most likely token, a fixed seed, torch's global generator).
@@ -27,9 +28,17 @@ FIX = "Show the fix:"
 
 
 def with_fix(message: str, code: str) -> str:
-    """`message` with the corrected code on a last line of its own, which the notebook and the
-    feedback page fold away so that the diagnosis in words is read first."""
+    """`message` (or a mistake's description) with the corrected code on a line of its own, which
+    the notebook and the feedback page fold away so that the diagnosis in words is read first."""
     return f"{message}\n  {FIX} {code}"
+
+
+def fix_last(message: str) -> str:
+    """`message` with its "Show the fix:" line moved to the end (a matched mistake's description
+    carries one, and a hint may follow it)."""
+    lines = message.split("\n")
+    fixes = [line for line in lines if line.strip().startswith(FIX)]
+    return "\n".join([line for line in lines if line not in fixes] + fixes[:1])
 
 
 def lift_diagnosis(message: str) -> str:
@@ -51,7 +60,7 @@ def diagnosis_first(judge: Callable) -> Callable:
         try:
             return judge(case, outputs)
         except CheckFailed as failure:
-            lifted = lift_diagnosis(str(failure))
+            lifted = fix_last(lift_diagnosis(str(failure)))
             if lifted == str(failure):
                 raise
             raise CheckFailed(lifted) from failure.__cause__
@@ -72,7 +81,7 @@ def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
             found = reading(actual.detach())
             if found:
                 message = _with_likely(message, found)
-        lifted = lift_diagnosis(message)
+        lifted = fix_last(lift_diagnosis(message))
         if lifted == str(failure):
             raise
         raise CheckFailed(lifted) from failure.__cause__
