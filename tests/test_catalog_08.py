@@ -1168,3 +1168,30 @@ def test_a_wrong_part_costs_only_its_own_check():
     nb08.check_generate(notebook["generate"])
     nb08.check_generate_with_cache(notebook["generate_with_cache"])
     assert all(notebook[name] is part for name, part in parts.items())
+
+
+def test_the_cache_timing_demo_times_both_on_one_thread_and_restores_the_threads():
+    """On a busy machine several threads wait for one another, which can hide what the cache saves."""
+    import time
+    import types
+
+    import nbformat
+
+    from graders.layout import SOLUTIONS
+
+    cell = next(c.source for c in nbformat.read(SOLUTIONS / "08_sampling.ipynb", as_version=4).cells
+                if c.cell_type == "code" and "generate_with_cache(model, ids" in c.source
+                and "perf_counter" in c.source)
+    threads_seen = []
+
+    def generating(model, ids, n_new, *args, **kwargs):
+        threads_seen.append(torch.get_num_threads())
+        return torch.zeros(1, ids.shape[1] + n_new, dtype=torch.long)
+
+    before = torch.get_num_threads()
+    namespace = {"torch": torch, "time": time, "ready": lambda *answers: True, "prompt": "x",
+                 "model": types.SimpleNamespace(cfg=types.SimpleNamespace(n_ctx=1024)),
+                 "to_ids": lambda text: torch.zeros(1, 11, dtype=torch.long),
+                 "generate": generating, "generate_with_cache": generating}
+    exec(compile(cell, "08's timing cell", "exec"), namespace)
+    assert threads_seen and set(threads_seen) == {1} and torch.get_num_threads() == before
