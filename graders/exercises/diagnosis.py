@@ -34,11 +34,11 @@ def with_fix(message: str, code: str) -> str:
 
 
 def fix_last(message: str) -> str:
-    """`message` with its "Show the fix:" line moved to the end (a matched mistake's description
-    carries one, and a hint may follow it)."""
+    """`message` with its "Show the fix:" lines moved to the end, once each (a matched mistake's
+    description carries one, and a hint may follow it)."""
     lines = message.split("\n")
     fixes = [line for line in lines if line.strip().startswith(FIX)]
-    return "\n".join([line for line in lines if line not in fixes] + fixes[:1])
+    return "\n".join([line for line in lines if line not in fixes] + list(dict.fromkeys(fixes)))
 
 
 def lift_diagnosis(message: str) -> str:
