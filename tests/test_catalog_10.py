@@ -790,6 +790,36 @@ def test_a_wrong_token_is_named_before_the_calls_are_counted(learner, expected):
     fails_with(nb10.check_generate_greedy, learner, expected=expected)
 
 
+def test_generate_greedy_is_accepted_with_and_without_no_grad_as_the_text_says():
+    from graders.course.example_class import solution_answers
+
+    from jaxtyping import Int
+
+    namespace = {"torch": torch, "nn": nn, "Tensor": torch.Tensor, "Int": Int}
+    exec(compile(solution_answers("10_modern_decoder")["generate_answer"], "generate_answer", "exec"), namespace)
+    plain = namespace["generate_greedy"]
+    assert "@torch.no_grad" not in solution_answers("10_modern_decoder")["generate_answer"]
+    nb10.check_generate_greedy(plain)
+    nb10.check_generate_greedy(torch.no_grad()(plain))
+    prompt = torch.tensor([[3, 1, 4]])
+    assert torch.equal(plain(ref.ModernDecoder(ref.ModernConfig()), prompt, 0), prompt)
+    posed = _markdown_before("10_modern_decoder", "generate_answer")
+    assert "`n_new = 0`" in posed and "torch.no_grad()" in posed
+
+
+def _markdown_before(notebook, grade_id):
+    import nbformat
+
+    from graders.layout import SOLUTIONS
+
+    text = []
+    for cell in nbformat.read(SOLUTIONS / f"{notebook}.ipynb", as_version=4).cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return "\n".join(text)
+        text = text + [cell.source] if cell.cell_type == "markdown" else []
+    raise AssertionError(f"no cell {grade_id}")
+
+
 def test_generate_greedy_passes_and_its_mistakes_are_named():
     nb10.check_generate_greedy(_generate())
     nb10.check_generate_greedy(_generate(), seed=3, batch=3, seq=4)
