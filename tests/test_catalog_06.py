@@ -101,6 +101,31 @@ def test_buggy_unembed_is_named(cls, diagnosis):
     assert diagnosis in (message if cls is WrongNames else message.splitlines()[0]), message
 
 
+def _wrong_from_column(first_wrong):
+    def forward(self, x):
+        logits = x @ self.W_U + self.b_U
+        return torch.cat([logits[..., :first_wrong], 1.5 * logits[..., first_wrong:]], -1)
+    return forward
+
+
+def _wrong_below_column(end):
+    def forward(self, x):
+        logits = x @ self.W_U + self.b_U
+        return torch.cat([1.5 * logits[..., :end], logits[..., end:]], -1)
+    return forward
+
+
+@pytest.mark.parametrize("forward, note", [
+    (_wrong_below_column(100), "only some d_vocab values are wrong: d_vocab 0, 1, 2, 3, 4, 5, 6, 7 ... (100 of 50257)"),
+    (_wrong_from_column(34), "most d_vocab values are wrong (50223 of 50257); right only at d_vocab 0, 1, 2, 3, 4, 5, "
+                             "6, 7 ..."),
+], ids=["some", "most"])
+def test_the_quantifier_of_wrong_values_follows_their_count(forward, note):
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_unembed(type("Unembed", (UnembedBase,), {"forward": forward}))
+    assert f"\n  {note}" in str(failure.value), str(failure.value)
+
+
 # --- DemoTransformer ------------------------------------------------------------------------
 
 
@@ -381,7 +406,12 @@ def indexing(logits, tokens):
     return -lp[b, p, tokens[:, 1:]].mean()
 
 
-@pytest.mark.parametrize("fn", [gather, cross_entropy, indexing], ids=lambda f: f.__name__)
+def cross_entropy_vocabulary_second(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:])
+
+
+@pytest.mark.parametrize("fn", [gather, cross_entropy, indexing, cross_entropy_vocabulary_second],
+                         ids=lambda f: f.__name__)
 def test_correct_loss_passes(fn):
     nb06.check_loss(fn)
     nb06.check_loss(fn, text=None, seed=2, batch=2)
@@ -431,6 +461,42 @@ def test_buggy_loss_is_named(fn, diagnosis):
     with pytest.raises(CheckFailed) as failure:
         nb06.check_loss(fn)
     assert diagnosis in str(failure.value).splitlines()[0], str(failure.value)
+
+
+def cross_entropy_vocabulary_last(logits, tokens):
+    return F.cross_entropy(logits[:, :-1], tokens[:, 1:])
+
+
+def cross_entropy_vocabulary_last_unshifted(logits, tokens):
+    return F.cross_entropy(logits, tokens)
+
+
+def cross_entropy_targets_not_flattened(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:])
+
+
+@pytest.mark.parametrize("fn, diagnosis", [
+    (cross_entropy_vocabulary_last, "reads the class scores from the second axis"),
+    (cross_entropy_vocabulary_last_unshifted, "and the loss is not shifted"),
+    (cross_entropy_targets_not_flattened, "the logits are flattened to [batch*position, d_vocab] but the targets"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_a_cross_entropy_call_that_crashes_is_named_and_ends_with_the_fix(fn, diagnosis):
+    """torch's own words ("Expected target size ...") stay, after the mistake in the course's
+    words; the corrected call is the message's last line."""
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_loss(fn)
+    lines = str(failure.value).splitlines()
+    assert "Likely mistake:" in lines[0] and diagnosis in lines[0], str(failure.value)
+    assert lines[-1] == "  Show the fix: F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())"
+
+
+def test_a_crash_no_listed_call_reproduces_is_not_named():
+    def wrong_targets(logits, tokens):
+        return F.cross_entropy(logits[:, :-1], tokens[:, 1:].flatten())
+
+    with pytest.raises(CheckFailed) as failure:
+        nb06.check_loss(wrong_targets)
+    assert "Likely mistake" not in str(failure.value) and "Show the fix" not in str(failure.value)
 
 
 # --- count_parameters ---------------------------------------------------------------------------
@@ -566,3 +632,49 @@ class RenamedUnembed(nn.Module):
 
     def forward(self, x):
         return x @ self.W
+
+
+# --- the text -----------------------------------------------------------------------------------
+
+def _cells():
+    import nbformat
+
+    from graders.layout import SOLUTIONS
+    return nbformat.read(SOLUTIONS / "06_gpt2.ipynb", as_version=4).cells
+
+
+def _text_before(grade_id):
+    """The markdown from the previous code cell up to the cell `grade_id` (where it is posed)."""
+    cells, text = _cells(), []
+    for cell in cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return "\n".join(text)
+        text = text + [cell.source] if cell.cell_type == "markdown" else []
+    raise AssertionError(f"no cell {grade_id}")
+
+
+def test_count_parameters_is_posed_with_every_config_field_the_solution_reads():
+    read = set()
+
+    class Recording(Config):
+        def __getattribute__(self, name):
+            read.add(name)
+            return super().__getattribute__(name)
+
+    _solution_count_parameters()(Recording())
+    posed = _text_before("count_answer")
+    assert read and not [field for field in read if f"`{field}`" not in posed], sorted(read)
+
+
+def test_the_frozen_unembedding_bias_is_explained_where_unembed_is_posed():
+    """The given `__init__` creates b_U with requires_grad=False; the text says so and why."""
+    given = next(c.source for c in _cells() if c.metadata.get("nbgrader", {}).get("grade_id") == "unembed_answer")
+    posed = _text_before("unembed_answer")
+    assert "requires_grad=False" in given and "`requires_grad=False`" in posed
+    assert "no\nunembedding bias" in posed or "no unembedding bias" in posed
+
+
+def test_the_debug_flag_print_cfg_shows_is_explained_before_it_shows():
+    setup = next(i for i, c in enumerate(_cells()) if "print(cfg)" in c.source)
+    before = "\n".join(c.source for c in _cells()[:setup] if c.cell_type == "markdown")
+    assert "debug" in vars(Config()) and "`debug=True`" in before

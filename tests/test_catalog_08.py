@@ -25,6 +25,7 @@ def fails_with(check, fn, *expected, **case):
     assert expected[0] in message.splitlines()[0], message
     for text in expected[1:]:
         assert text in message, message
+    return message
 
 
 HIDDEN = {"seed": 5, "batch": 3}
@@ -793,9 +794,10 @@ def test_beams_that_differ_unnamed_are_shown_side_by_side():
 
 # --- the KV cache ------------------------------------------------------------------------------
 
-def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True):
+def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True, new_first=False):
     """A correct variant: the cache as a dict of per-layer lists, matmul-based attention (with
-    mask_new_tokens=False, a mistake: no mask among the new tokens)."""
+    mask_new_tokens=False, a mistake: no mask among the new tokens; with new_first=True, one: the
+    new keys and values before the cached ones)."""
     cache = cache or {"k": [None] * len(model.blocks), "v": [None] * len(model.blocks)}
     past = 0 if cache["k"][0] is None else cache["k"][0].shape[2]
     x = model.embed(new_tokens) + model.pos_embed.W_pos[past:past + new_tokens.shape[1]]
@@ -804,7 +806,9 @@ def _forward_dict_cache(model, new_tokens, cache, mask_new_tokens=True):
         q = torch.einsum("bpd,ndh->bnph", h, a.W_Q) + a.b_Q[:, None]
         k = torch.einsum("bpd,ndh->bnph", h, a.W_K) + a.b_K[:, None]
         v = torch.einsum("bpd,ndh->bnph", h, a.W_V) + a.b_V[:, None]
-        if cache["k"][i] is not None:
+        if cache["k"][i] is not None and new_first:
+            k, v = torch.cat([k, cache["k"][i]], 2), torch.cat([v, cache["v"][i]], 2)
+        elif cache["k"][i] is not None:
             k, v = torch.cat([cache["k"][i], k], 2), torch.cat([cache["v"][i], v], 2)
         cache["k"][i], cache["v"][i] = k, v
         scores = q @ k.transpose(-1, -2) / math.sqrt(a.W_Q.shape[-1])
@@ -829,8 +833,11 @@ def test_forward_with_cache_mistakes_are_named(mistake):
 
 
 def test_forward_with_cache_that_forgets_the_cache_fails():
-    fails_with(nb08.check_forward_with_cache, lambda m, t, c: reference.forward_with_cache(m, t, None),
-               "Likely mistake: the cache passed in is never used", "positions 0-5 are the first call")
+    """Named, and localised to the positions after the first call; the general hint on where the first
+    call ends is left out under a named mistake."""
+    message = fails_with(nb08.check_forward_with_cache, lambda m, t, c: reference.forward_with_cache(m, t, None),
+                         "Likely mistake: the cache passed in is never used", "position 6, 7, 8, 9, 10, 11 (6 of 12)")
+    assert "positions 0-5 are the first call" not in message
 
 
 def _forward_cache_wrong_layout(model, new_tokens, cache):
@@ -844,6 +851,16 @@ def test_forward_with_cache_without_a_mask_among_new_tokens_is_named():
     fails_with(nb08.check_forward_with_cache,
                lambda m, t, c: _forward_dict_cache(m, t, c, mask_new_tokens=False),
                "Likely mistake: the new tokens are not masked among themselves")
+
+
+def test_forward_with_cache_with_the_new_keys_before_the_cached_ones_is_named_and_ends_with_the_fix():
+    fails_with(nb08.check_forward_with_cache,
+               lambda m, t, c: _forward_dict_cache(m, t, c, new_first=True),
+               "Likely mistake: the new keys and values are put before the cached ones")
+    with pytest.raises(CheckFailed) as failure:
+        nb08.check_forward_with_cache(lambda m, t, c: _forward_dict_cache(m, t, c, new_first=True))
+    assert str(failure.value).splitlines()[-1] == (
+        "  Show the fix: k_all = torch.cat([past_k, k], dim=1)   # v_all likewise"), str(failure.value)
 
 
 def test_forward_with_cache_crash_names_the_call_and_the_cache():
@@ -936,7 +953,9 @@ def test_a_context_limit_of_gpt2s_n_ctx_is_named():
                "mistake: the limit is not read from model.cfg.n_ctx")
 
 
-@pytest.mark.parametrize("mistake", sorted(nb08.CACHE_MISTAKES))
+# After the prompt, generation feeds one token at a time: it sees every key, so their order
+# ("new_first") cannot show there.
+@pytest.mark.parametrize("mistake", sorted(set(nb08.CACHE_MISTAKES) - {"new_first"}))
 def test_generate_with_cache_mistakes_are_named(mistake):
     fails_with(nb08.check_generate_with_cache,
                lambda m, t, n: reference.generate_with_cache(m, t, n, mistake=mistake),
@@ -1153,3 +1172,30 @@ def test_a_wrong_part_costs_only_its_own_check():
     nb08.check_generate(notebook["generate"])
     nb08.check_generate_with_cache(notebook["generate_with_cache"])
     assert all(notebook[name] is part for name, part in parts.items())
+
+
+def test_the_cache_timing_demo_times_both_on_one_thread_and_restores_the_threads():
+    """On a busy machine several threads wait for one another, which can hide what the cache saves."""
+    import time
+    import types
+
+    import nbformat
+
+    from graders.layout import SOLUTIONS
+
+    cell = next(c.source for c in nbformat.read(SOLUTIONS / "08_sampling.ipynb", as_version=4).cells
+                if c.cell_type == "code" and "generate_with_cache(model, ids" in c.source
+                and "perf_counter" in c.source)
+    threads_seen = []
+
+    def generating(model, ids, n_new, *args, **kwargs):
+        threads_seen.append(torch.get_num_threads())
+        return torch.zeros(1, ids.shape[1] + n_new, dtype=torch.long)
+
+    before = torch.get_num_threads()
+    namespace = {"torch": torch, "time": time, "ready": lambda *answers: True, "prompt": "x",
+                 "model": types.SimpleNamespace(cfg=types.SimpleNamespace(n_ctx=1024)),
+                 "to_ids": lambda text: torch.zeros(1, 11, dtype=torch.long),
+                 "generate": generating, "generate_with_cache": generating}
+    exec(compile(cell, "08's timing cell", "exec"), namespace)
+    assert threads_seen and set(threads_seen) == {1} and torch.get_num_threads() == before

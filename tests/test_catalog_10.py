@@ -181,6 +181,12 @@ def _apply(kind="halves"):
         x1, x2 = x.chunk(2, dim=-1)
         if kind == "interleaved":
             return ref.apply_rope_interleaved(x, cos, sin)
+        neighbours = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)     # the paper's pairs
+        if kind == "neighbours":
+            return x * cos + neighbours * sin
+        if kind == "neighbours_every_other":
+            c, s = cos[..., ::2], sin[..., ::2]
+            return torch.stack([x[..., ::2] * c - x[..., 1::2] * s, x[..., ::2] * s + x[..., 1::2] * c], -1).flatten(-2)
         if kind == "wrong_way":
             return x * cos + torch.cat([x2, -x1], -1) * sin
         if kind == "cos_only":
@@ -201,7 +207,11 @@ def test_rope_correct_variants_pass(table):
     (_table(exponent=1), _apply(), "Likely mistake: the frequency exponent is off by a factor of 2"),
     (_table(base=10000.0), _apply(), "Likely mistake: a wrong base"),
     (_table(interleaved=True), _apply(), "Likely mistake: the frequencies are interleaved"),
-    (_table(), _apply("interleaved"), "Likely mistake: pairs interleaved where transformers' Llama rotates halves"),
+    (_table(), _apply("interleaved"), "Likely mistake: apply_rope pairs neighbours (0, 1), (2, 3), ...: the paper's "
+     "convention"),
+    (_table(), _apply("neighbours"), "Likely mistake: apply_rope pairs neighbours (0, 1), (2, 3), ...: the paper's "
+     "convention, a rotation with a table of its own"),
+    (_table(), _apply("neighbours_every_other"), "your code reads each neighbour pair's angle from every other column"),
     (_table(), _apply("wrong_way"), "Likely mistake: the rotation turns the wrong way"),
     (_table(), _apply("cos_only"), "Likely mistake: the sin term is missing"),
     (_table(), _apply("swapped"), "Likely mistake: cos and sin are swapped in the rotation"),
@@ -212,13 +222,26 @@ def test_rope_correct_variants_pass(table):
     (_table(exponent=-2, float64=True), _apply(), "Likely mistake: the exponent's sign is flipped"),
     (_table(degrees=True, interleaved=True), _apply(), "Likely mistake: the frequencies are interleaved (f0, f0, "
      "f1, f1, ...) as in the paper's pairs: transformers' Llama rotates halves, so the table holds them twice in a "
-     "row, cat([freqs, freqs]); and the angles are in degrees"),
+     "row; and the angles are in degrees"),
     (_table(exponent=1, swapped=True), _apply(), "Likely mistake: the frequency exponent is off by a factor of 2: "
-     "theta ** (-2i / d_head) for i = 0 .. d_head/2 - 1, i.e. torch.arange(0, d_head, 2) / d_head; and cos and "
-     "sin are swapped"),
+     "theta ** (-2i / d_head) for i = 0 .. d_head/2 - 1; and cos and sin are swapped"),
 ])
 def test_rope_mistakes_are_named(table, apply, expected):
     fails_with(nb10.check_rope, table, apply, expected=expected)
+
+
+def test_the_paper_s_rope_reports_both_functions_in_one_run_each_fix_last():
+    """One test cell checks rope_cos_sin and apply_rope: every one that differs is reported at once,
+    each in words, their corrected code on the message's last lines."""
+    with pytest.raises(CheckFailed) as failure:
+        nb10.check_rope(_table(interleaved=True), _apply("neighbours"))
+    message = str(failure.value)
+    assert message.startswith("rope_cos_sin(") and "\napply_rope(q " in message, message
+    assert "Likely mistake: the frequencies are interleaved" in message.splitlines()[0]
+    assert "That is not a rotation" not in message and "a rotation with a table of its own" in message
+    assert message.splitlines()[-2:] == [
+        "  Show the fix: torch.cat([freqs, freqs], dim=-1)",
+        "  Show the fix: x * cos + torch.cat([-x2, x1], dim=-1) * sin   # x1, x2 = x.chunk(2, dim=-1)"], message
 
 
 def _frequencies_counted_from_1(positions, d_head, theta):
@@ -765,6 +788,36 @@ def test_generate_greedy_with_a_call_after_the_last_token_passes():
 ])
 def test_a_wrong_token_is_named_before_the_calls_are_counted(learner, expected):
     fails_with(nb10.check_generate_greedy, learner, expected=expected)
+
+
+def test_generate_greedy_is_accepted_with_and_without_no_grad_as_the_text_says():
+    from graders.course.example_class import solution_answers
+
+    from jaxtyping import Int
+
+    namespace = {"torch": torch, "nn": nn, "Tensor": torch.Tensor, "Int": Int}
+    exec(compile(solution_answers("10_modern_decoder")["generate_answer"], "generate_answer", "exec"), namespace)
+    plain = namespace["generate_greedy"]
+    assert "@torch.no_grad" not in solution_answers("10_modern_decoder")["generate_answer"]
+    nb10.check_generate_greedy(plain)
+    nb10.check_generate_greedy(torch.no_grad()(plain))
+    prompt = torch.tensor([[3, 1, 4]])
+    assert torch.equal(plain(ref.ModernDecoder(ref.ModernConfig()), prompt, 0), prompt)
+    posed = _markdown_before("10_modern_decoder", "generate_answer")
+    assert "`n_new = 0`" in posed and "torch.no_grad()" in posed
+
+
+def _markdown_before(notebook, grade_id):
+    import nbformat
+
+    from graders.layout import SOLUTIONS
+
+    text = []
+    for cell in nbformat.read(SOLUTIONS / f"{notebook}.ipynb", as_version=4).cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return "\n".join(text)
+        text = text + [cell.source] if cell.cell_type == "markdown" else []
+    raise AssertionError(f"no cell {grade_id}")
 
 
 def test_generate_greedy_passes_and_its_mistakes_are_named():

@@ -4,11 +4,13 @@ import functools
 import queue
 import threading
 
+import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
 
 from graders.exercises import nb12
+from graders.layout import SOLUTIONS
 from graders.judging.compare import CheckFailed
 
 
@@ -433,12 +435,14 @@ def _measure(kind="right"):
         def pack(t):
             storage = t.untyped_storage()
             every.append((storage.data_ptr(), storage.nbytes(), t.numel() * t.element_size(), t.element_size(),
-                          any(t is p for p in model.parameters())))
+                          any(t is p for p in model.parameters()), t.data_ptr()))
             return None if kind == "pack_none" else t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             output = model(*inputs)
         del output
-        for ptr, nbytes, own, element, is_parameter in every:
+        if kind == "own_address":
+            return sum({address: own for ptr, _, own, _, _, address in every if ptr not in parameters}.values())
+        for ptr, nbytes, own, element, is_parameter, _ in every:
             counted = not is_parameter if kind == "identity" else kind == "parameters" or ptr not in parameters
             if counted:
                 by_storage[ptr] = nbytes // element * (4 if kind == "four_bytes" else 1) \
@@ -471,6 +475,14 @@ def test_saved_activation_bytes_correct_variants_pass(kind):
 ])
 def test_saved_activation_bytes_mistakes_are_named(kind, expected):
     fails_with(nb12.check_saved_activation_bytes, _measure(kind), expected=expected)
+
+
+def test_counting_saved_tensors_by_their_own_address_and_size_fails_on_a_partial_view():
+    """The course's modules save no partial view, so that count passes the visible check; the
+    hidden one saves a view that shows three quarters of its storage, and names the mistake."""
+    nb12.check_saved_activation_bytes(_measure("own_address"))
+    fails_with(nb12.check_saved_activation_bytes, _measure("own_address"), seed=1, batch=3, seq=5,
+               expected="Likely mistake: each saved tensor is counted by its own address and size")
 
 
 # --- checkpoints -------------------------------------------------------------------------------
@@ -522,6 +534,15 @@ def test_checkpoints_correct_variants_pass():
     for save, load in (_pair(), (save_parts, load_parts)):
         nb12.check_checkpoints(save, load)
     nb12.check_checkpoints(*_pair(), seed=2)
+
+
+def test_the_step_load_checkpoint_returns_may_be_an_int_or_a_tensor_as_the_text_says():
+    save, load = _pair()
+    nb12.check_checkpoints(save, lambda *args: torch.tensor(load(*args)))
+    posed = "\n".join(c.source for c in nbformat.read(SOLUTIONS / "12_training_step.ipynb", as_version=4).cells
+                      if c.cell_type == "markdown")
+    assert "returns the step to resume from: the next step to run" in posed
+    assert "a one-element integer tensor" in posed and "or a\n  one-element tensor, as `torch.optim.AdamW`" in posed
 
 
 @pytest.mark.parametrize("mistake, expected", [

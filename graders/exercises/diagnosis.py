@@ -5,10 +5,11 @@
 - `compare`: `graders.judging.compare.compare`, with that rule applied; when no listed mistake
   matches, a `reading` of the output's properties (graders.exercises.properties) may name one.
   Its hint (a pointer: the idea, the function to look up) is printed only when no mistake is
-  named, and the corrected code it knows goes last, on the line the displays fold away
-  (`with_fix`: `  Show the fix: <code>`).
+  named, and the corrected code it knows goes last, on the line the displays fold away.
 - `crash(...)`: a crash inside learner code at a given input, reported with that input and the
   likely cause, before the library's own words.
+- `with_fix(message, code)`: the corrected code, where a check knows it, on a line of its own,
+  which `fix_last` keeps last.
 - `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
 - `judge_randomness(...)`: where the randomness of a sampler or data generator comes from, with
   one message per mistake (always the most likely token, a fixed seed, torch's global generator).
@@ -26,6 +27,15 @@ from graders.judging.compare import compare as _compare
 from graders.judging.rendering import FIX_PREFIX, fix_line
 
 LIKELY = "Likely mistake:"
+FIX = FIX_PREFIX.strip()      # "Show the fix:", as rendering.py marks the line
+
+
+def fix_last(message: str) -> str:
+    """`message` with its "Show the fix:" lines moved to the end, once each (a matched mistake's
+    description carries one, and a hint may follow it)."""
+    lines = message.split("\n")
+    fixes = [line for line in lines if line.strip().startswith(FIX)]
+    return "\n".join([line for line in lines if line not in fixes] + list(dict.fromkeys(fixes)))
 
 
 def lift_diagnosis(message: str) -> str:
@@ -47,7 +57,7 @@ def diagnosis_first(judge: Callable) -> Callable:
         try:
             return judge(case, outputs)
         except CheckFailed as failure:
-            lifted = lift_diagnosis(str(failure))
+            lifted = fix_last(lift_diagnosis(str(failure)))
             if lifted == str(failure):
                 raise
             raise CheckFailed(lifted) from failure.__cause__
@@ -87,7 +97,7 @@ def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
         named = named_mistake(message)
         if named is None and hint:
             message += f"\n  Hint: {hint}"
-        message = with_fix(lift_diagnosis(message), fixes.get(named, fix))
+        message = fix_last(with_fix(lift_diagnosis(message), fixes.get(named, fix)))
         if message == str(failure):
             raise
         raise CheckFailed(message) from failure.__cause__

@@ -27,11 +27,11 @@ from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.config_cases import (built_with_another_config, course_module, fitted_weights,
                                             how_cfg_is_read, load_or_name, record_how_cfg_is_read,
                                             recorded_how_cfg_is_read)
-from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
 from graders.judging.learner import Forbidden, build_loaded, build_module, run_learner
 from graders.judging.tolerance import CHANGED_RELATIVE, close
 from graders.exercises.divergence import first_divergence
-from graders.exercises.next_token import judge_loss_value
+from graders.exercises.next_token import FLATTENED_FIX, judge_loss_value, named_crash
 from graders.exercises.parameter_count import check_count_parameters  # noqa: F401 (the notebook's check)
 from graders.exercises.model_trace import mistake_traces, model_hooks, model_trace
 from graders.exercises.library_kernels import LINEAR_KERNELS
@@ -253,12 +253,24 @@ def inputs_loss(case: Case) -> dict:
     return {"logits": activations(case)["logits"]}
 
 
+def _run_loss(next_token_loss, logits: torch.Tensor, tokens: torch.Tensor):
+    try:
+        return run_learner("next_token_loss", next_token_loss, logits, tokens)
+    except CheckFailed as failure:
+        likely = named_crash(failure.__cause__, logits, tokens) if is_crash(failure) else ""
+        if not likely:
+            raise
+        on = f"logits of shape {list(logits.shape)} and tokens of shape {list(tokens.shape)}"
+        named = crash("next_token_loss", failure, on, likely)
+        raise CheckFailed(with_fix(str(named), FLATTENED_FIX)) from failure.__cause__
+
+
 def produce_loss(next_token_loss, case: Case, inputs: dict) -> dict:
     tokens = case.tokens()
     logits = inputs["logits"]
     before = logits.clone()
-    out = run_learner("next_token_loss", next_token_loss, logits, tokens)
-    unseen = run_learner("next_token_loss", next_token_loss, unseen_variant(logits, case.seed), tokens)
+    out = _run_loss(next_token_loss, logits, tokens)
+    unseen = _run_loss(next_token_loss, unseen_variant(logits, case.seed), tokens)
     return {"loss": out, "unseen_loss": unseen, "input_modified": torch.tensor(not torch.equal(logits, before))}
 
 

@@ -54,6 +54,41 @@ def loss_mistakes(logits: torch.Tensor, tokens: torch.Tensor) -> dict:
     }
 
 
+FLATTENED_FIX = "F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())"
+
+
+def crash_mistakes(logits: torch.Tensor, tokens: torch.Tensor) -> dict:
+    """What each classic F.cross_entropy call that crashes on [batch, position, d_vocab] logits
+    computes: the call, by the mistake it makes."""
+    vocab = logits.shape[-1]
+    return {
+        "F.cross_entropy reads the class scores from the second axis, and the second axis of "
+        "[batch, position, d_vocab] logits is the position: put the vocabulary second, or flatten "
+        "batch and position into one axis first (logits [batch*position, d_vocab], targets "
+        "[batch*position]).":
+            lambda: F.cross_entropy(logits[:, :-1], tokens[:, 1:]),
+        "F.cross_entropy reads the class scores from the second axis, and the second axis of "
+        "[batch, position, d_vocab] logits is the position; and the loss is not shifted: position "
+        "i predicts token i+1, so drop the last logits and the first tokens.":
+            lambda: F.cross_entropy(logits, tokens),
+        "the logits are flattened to [batch*position, d_vocab] but the targets are not: flatten "
+        "tokens[:, 1:] to [batch*position] too.":
+            lambda: F.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:]),
+    }
+
+
+def named_crash(error: Exception, logits: torch.Tensor, tokens: torch.Tensor) -> str:
+    """The mistake whose call, recomputed on the same inputs, raises the learner's error word for
+    word ("" when none does)."""
+    for description, call in crash_mistakes(logits, tokens).items():
+        try:
+            call()
+        except Exception as expected:  # noqa: BLE001 (any error torch raises is compared)
+            if type(expected) is type(error) and str(expected) == str(error):
+                return description
+    return ""
+
+
 def judge_loss_value(what: str, loss, logits: torch.Tensor, tokens: torch.Tensor) -> None:
     """A learner's loss on (logits, tokens): one number (shape []), equal to the reference's
     within the course tolerance; a recognised mistake is named."""

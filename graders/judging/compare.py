@@ -81,10 +81,18 @@ def _concentration(bad: torch.Tensor, dims: Sequence[str]) -> list[str]:
         per_index = bad.any(dim=other) if other else bad
         wrong = per_index.nonzero().flatten().tolist()
         if 0 < len(wrong) < per_index.numel():
-            shown = ", ".join(map(str, wrong[:8])) + (" ..." if len(wrong) > 8 else "")
-            notes.append(f"only some {dim} values are wrong: {dim} {shown} "
-                         f"({len(wrong)} of {per_index.numel()})")
+            notes.append(_how_many_wrong(dim, wrong, per_index.numel()))
     return notes
+
+
+def _how_many_wrong(dim: str, wrong: list[int], total: int) -> str:
+    """The quantifier follows the count; when most are wrong, the few right ones say more."""
+    def listed(indices):
+        return ", ".join(map(str, indices[:8])) + (" ..." if len(indices) > 8 else "")
+    if 2 * len(wrong) <= total:
+        return f"only some {dim} values are wrong: {dim} {listed(wrong)} ({len(wrong)} of {total})"
+    right = sorted(set(range(total)) - set(wrong))
+    return f"most {dim} values are wrong ({len(wrong)} of {total}); right only at {dim} {listed(right)}"
 
 
 def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],

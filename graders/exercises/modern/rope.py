@@ -15,7 +15,8 @@ from dataclasses import replace
 
 import torch
 
-from graders.exercises.diagnosis import LIKELY, compare, diagnosis_first, is_crash
+from graders.exercises.diagnosis import (FIX, LIKELY, compare, diagnosis_first, fix_last, is_crash,
+                                         lift_diagnosis, with_fix)
 from graders.exercises.modern import reference as ref
 from graders.exercises.modern.norm_mlp import DEFAULTS, NOTEBOOK
 from graders.exercises.properties import axis_reordered, signed_map
@@ -85,17 +86,18 @@ def _pair(result) -> tuple[torch.Tensor, torch.Tensor]:
 # what a wrong value is called. Every combination is tried, fewest wrong settings first, so a
 # table with two mistakes at once is named as such.
 TABLE_SETTINGS = {
-    "exponent": {-2: "", -1: "the frequency exponent is off by a factor of 2: theta ** (-2i / d_head) for i = 0 "
-                             ".. d_head/2 - 1, i.e. torch.arange(0, d_head, 2) / d_head",
+    "exponent": {-2: "", -1: with_fix("the frequency exponent is off by a factor of 2: theta ** (-2i / d_head) "
+                                      "for i = 0 .. d_head/2 - 1", "theta ** (-torch.arange(0, d_head, 2) / d_head)"),
                  2: "the exponent's sign is flipped: theta ** (+2i / d_head) makes the frequencies grow; they "
                     "fall, 1 / theta ** (2i / d_head)",
                  1: "the exponent is +i / d_head: its sign is flipped and it is half the right one, "
                     "1 / theta ** (2i / d_head)",
                  -4: "the frequency exponent is twice the right one: theta ** (-2i / d_head) for i = 0 .. "
                      "d_head/2 - 1"},
-    "layout": {"halves": "", "interleaved": "the frequencies are interleaved (f0, f0, f1, f1, ...) as in the "
-                                            "paper's pairs: transformers' Llama rotates halves, so the table "
-                                            "holds them twice in a row, cat([freqs, freqs])"},
+    "layout": {"halves": "", "interleaved": with_fix("the frequencies are interleaved (f0, f0, f1, f1, ...) as in "
+                                                     "the paper's pairs: transformers' Llama rotates halves, so the "
+                                                     "table holds them twice in a row",
+                                                     "torch.cat([freqs, freqs], dim=-1)")},
     "order": {"cos, sin": "", "sin, cos": "cos and sin are swapped: return (cos, sin), in that order"},
     "unit": {1.0: "", 180 / math.pi: "the angles are in degrees: torch.cos and torch.sin take radians, "
                                      "m * theta ** (-2i / d_head)"},
@@ -118,8 +120,18 @@ def table_mistakes(positions: torch.Tensor, theta: float) -> dict[str, tuple[tor
                               key=lambda values: sum(bool(why) for _, why in values)):
         whys = [why for _, why in combination if why]
         if whys:
-            found["; and ".join(whys)] = _table(positions, **dict(zip(settings, (v for v, _ in combination))))
+            found[joined(whys)] = _table(positions, **dict(zip(settings, (v for v, _ in combination))))
     return found
+
+
+def joined(whys: list[str]) -> str:
+    """Several mistakes in one description: their words joined by "; and ", their fixes after."""
+    words, fixes = [], []
+    for why in whys:
+        said, *fix = why.split(f"\n  {FIX} ")
+        words.append(said)
+        fixes += fix
+    return "".join(["; and ".join(words)] + [f"\n  {FIX} {fix}" for fix in fixes])
 
 
 def _table(positions, exponent, layout, order, unit, first, base) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +173,7 @@ def table_localised(cos, sin, positions: torch.Tensor, theta: float, named: bool
         for exponent, base in itertools.product(settings["exponent"], settings["base"]):
             whys = [why for why in (settings["exponent"][exponent], settings["base"][base]) if why]
             if whys and (_wrapped(_frequencies(exponent, base) - step).abs() < 1e-2).all():
-                lines.append(f"  {LIKELY} {'; and '.join(whys)}")
+                lines.append(f"  {LIKELY} {joined(whys)}")
                 break
     return lines
 
@@ -219,11 +231,28 @@ def read_rotation(basis_out) -> str | None:
             f"x).{effect}")
 
 
+NEIGHBOURS = ("apply_rope pairs neighbours (0, 1), (2, 3), ...: the paper's convention, a rotation with a "
+              "table of its own (each angle on two neighbours). transformers' Llama, which this check follows, "
+              "pairs halves (i, i + d_head/2), and its table holds each angle at i and at i + d_head/2")
+HALVES_FIX = "x * cos + torch.cat([-x2, x1], dim=-1) * sin   # x1, x2 = x.chunk(2, dim=-1)"
+
+
+def _neighbours_turned(x: torch.Tensor) -> torch.Tensor:
+    """The paper's partner of each dimension: (-x1, x0, -x3, x2, ...)."""
+    return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+
+
 def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
     half = D_HEAD // 2
+    every_other = (t[..., 0::2].repeat_interleave(2, dim=-1) for t in (cos, sin))
     return {
-        "pairs interleaved where transformers' Llama rotates halves: dimension j turns with "
-        "j + d_head/2, not with its neighbour j + 1": ref.apply_rope_interleaved(x, cos, sin),
+        with_fix(f"{NEIGHBOURS}; your code reads each neighbour pair's angle from the first half of the "
+                 "table", HALVES_FIX): ref.apply_rope_interleaved(x, cos, sin),
+        with_fix(f"{NEIGHBOURS}; your code reads each neighbour pair's angle from every other column of "
+                 "the table", HALVES_FIX): x * next(every_other) + _neighbours_turned(x) * next(every_other),
+        with_fix(f"{NEIGHBOURS}; read with that table, the two dimensions of a neighbour pair turn by two "
+                 "different angles, so the vectors' lengths change", HALVES_FIX):
+            x * cos + _neighbours_turned(x) * sin,
         "the rotation turns the wrong way: rotate_half(x) is cat([-x2, x1]), not cat([x2, -x1])":
             x * cos - ref.rotate_half(x) * sin,
         "the halves are not swapped: x * cos + rotate_half(x) * sin needs rotate_half(x) = "
@@ -234,6 +263,23 @@ def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 
 def judge(case: Case, outputs: dict) -> None:
+    """Each function on its own, rope_cos_sin's table and apply_rope's rotation, every one that
+    differs reported in one run; then the two together."""
+    failures = []
+    for part in (_judge_table, _judge_rotation):
+        try:
+            part(case, outputs)
+        except CheckFailed as failed:
+            failures.append(fix_last(lift_diagnosis(str(failed))))
+    if failures:
+        raise CheckFailed("\n".join(failures))
+    compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
+            "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
+            hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
+                 "only: the same rotation for both, a pure rotation of each pair.")
+
+
+def _judge_table(case: Case, outputs: dict) -> None:
     positions = torch.arange(case.seq)
     for theta in THETAS:
         expected = ref.hf_rope(replace(ref.ModernConfig(), d_head=D_HEAD, rope_theta=theta), positions)
@@ -255,6 +301,9 @@ def judge(case: Case, outputs: dict) -> None:
                                            if "d_head axis" in reordered and "reversed" in reordered
                                            else ""))
                 raise CheckFailed("\n".join([str(failed), *localised])) from None
+
+
+def _judge_rotation(case: Case, outputs: dict) -> None:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     q, k = _qk(case)
@@ -263,10 +312,6 @@ def judge(case: Case, outputs: dict) -> None:
     compare(f"apply_rope(q {list(q.shape)}, cos and sin of seeded angles)", outputs.get("q_rotated"), expected, X_DIMS,
             mistakes=lambda: rotation_mistakes(q, cos, sin), hint="x * cos + rotate_half(x) * sin.",
             reading=lambda actual: read_rotation(outputs.get("map")))
-    compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
-            "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
-            hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
-                 "only: the same rotation for both, a pure rotation of each pair.")
 
 
 exercise = Exercise(NOTEBOOK, "RoPE", produce, diagnosis_first(judge), forbidden=(FORBIDDEN,), defaults=DEFAULTS)

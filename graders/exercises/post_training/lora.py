@@ -18,6 +18,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
+from graders.judging.rendering import fix_line
 from graders.judging.tolerance import close
 
 NOTEBOOK = "13_post_training"
@@ -59,8 +60,9 @@ def _layers(model, what: str):
         return [(f"h.{i}.attn.{name}", getattr(block.attn, name)) for i, block in enumerate(model.transformer.h)
                 for name in TARGETS]
     except AttributeError as err:
-        raise CheckFailed(f"{what}: the model has lost its blocks' attention ({err}); wrap the projections in "
-                          "place (block.attn.c_attn = LoRALinear(block.attn.c_attn, ...)).") from None
+        raise CheckFailed(f"{what}: the model has lost its blocks' attention ({err}): wrap each projection where it "
+                          "is, so that the model keeps its layout and only the two layers change."
+                          + fix_line("block.attn.c_attn = LoRALinear(block.attn.c_attn, r, alpha, dropout)")) from None
 
 
 def _factors(layer, name: str, r: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,15 +7,16 @@ import torch
 from graders.exercises.sampling.reference import forward_with_cache, generate, generate_with_cache
 from graders.exercises.small_models import cache_config, fed_lengths, seeded_model
 from graders.judging.cases import Case
-from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, judge_generated
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, judge_generated, with_fix
 from graders.judging.compare import CheckFailed, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import recorded_text, run_learner, text_record, with_course_functions
 
 CACHE_CHUNKS = (6, 1, 3, 1, 1)
 CACHE_MISTAKES = {
-    "offset": "the new tokens get position embeddings 0, 1, ... instead of continuing after the "
-              "cached positions (use W_pos[past_len : past_len + n_new])",
+    "offset": with_fix("the new tokens get position embeddings 0, 1, ... instead of continuing after "
+                       "the cached positions: they take the rows of W_pos from past_len on",
+                       "model.pos_embed.W_pos[past_len : past_len + n_new]"),
     "no_append": "the cache is not extended: the new keys and values must be appended to the "
                  "cached ones and returned for the next call",
     "mask": "the causal mask ignores the cached positions: new query i sits at position "
@@ -23,12 +24,17 @@ CACHE_MISTAKES = {
     "no_mask": "the new tokens are not masked among themselves: when several new tokens come at "
                "once, new query i may attend to the cached keys and new keys 0..i only (mask key "
                "j > past_len + i)",
-    "only_new": "the cache returned holds only the new keys and values: return the cached ones "
-                "with the new ones appended (torch.cat([past_k, k], dim=1)), so that the next call "
-                "sees every earlier position",
+    "only_new": with_fix("the cache returned holds only the new keys and values: return the cached "
+                         "ones with the new ones appended, so that the next call sees every earlier "
+                         "position", "k_all = torch.cat([past_k, k], dim=1)   # v_all likewise; return (k_all, v_all)"),
     "ignored": "the cache passed in is never used: each call attends only to its own tokens, and "
                "embeds them at positions 0, 1, ...; read the cached keys and values, and continue "
                "the positions after them",
+    "new_first": with_fix("the new keys and values are put before the cached ones: keys must stay in "
+                          "position order, the cached positions first, for key j to be position j "
+                          "as the causal mask assumes (a single new token sees every key, so only "
+                          "the calls with several new tokens go wrong, and later calls read their "
+                          "wrong keys)", "k_all = torch.cat([past_k, k], dim=1)   # v_all likewise"),
 }
 
 

@@ -124,7 +124,9 @@ def attention_with_cache(attn, x, past, position_bug=False, mistake: str = ""):
     q = torch.einsum("bpd,ndh->bpnh", x, attn.W_Q) + attn.b_Q
     k = torch.einsum("bpd,ndh->bpnh", x, attn.W_K) + attn.b_K
     v = torch.einsum("bpd,ndh->bpnh", x, attn.W_V) + attn.b_V
-    if past is not None:
+    if past is not None and mistake == "new_first":
+        k, v = torch.cat([k, past[0]], dim=1), torch.cat([v, past[1]], dim=1)
+    elif past is not None:
         k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
     scores = torch.einsum("bqnh,bknh->bnqk", q, k) / math.sqrt(attn.W_Q.shape[-1])
     n_new, n_all = q.shape[1], k.shape[1]
@@ -145,7 +147,8 @@ def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
     tokens at positions 0.. instead of after the cached ones, "no_append" never adds to the
     cache, "mask" builds the causal mask as if the new positions started at 0, "no_mask" masks
     nothing (the new tokens see each other's future), "only_new" returns only the new keys and
-    values as the cache, "ignored" never reads the cache (each call starts afresh).
+    values as the cache, "ignored" never reads the cache (each call starts afresh), "new_first"
+    puts the new keys and values before the cached ones.
     """
     if mistake == "ignored":
         cache = None

@@ -32,6 +32,25 @@ FORBIDDEN = Forbidden("the measure of saved activations", source_words=["torch.c
                       instead="with torch.autograd.graph.saved_tensors_hooks", notebook_wide=False)
 CASES = (("a TransformerBlock, float32", "block", False), ("a TransformerBlock under bfloat16 autocast", "block", True),
          ("a 2-layer GPT-2 on tokens, float32", "model", False))
+# Hidden: a saved tensor that shows only part of its storage (the course's modules save none).
+PARTIAL_VIEW = ("a module whose sin saves three quarters of a tensor (a view), float32", "view", False)
+
+
+def cases(case: Case) -> tuple:
+    return CASES if case.seed == 0 else (*CASES, PARTIAL_VIEW)
+
+
+class SavesAPartialView(torch.nn.Module):
+    """x @ W, then sin of its first three quarters of columns: sin saves that view, whose storage
+    holds the whole product."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.randn(d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        product = x @ self.W
+        return product[..., : 3 * product.shape[-1] // 4].sin()
 
 
 def small_config(case: Case) -> Config:
@@ -49,6 +68,8 @@ def measured_run(case: Case, what: str):
         torch.manual_seed(case.seed)
         if what == "block":
             return TransformerBlock(cfg), (torch.randn(case.batch, case.seq, cfg.d_model, requires_grad=True),)
+        if what == "view":
+            return SavesAPartialView(cfg.d_model), (torch.randn(case.batch, case.seq, cfg.d_model, requires_grad=True),)
         return DemoTransformer(cfg), (torch.randint(0, cfg.d_vocab, (case.batch, case.seq)),)
 
 
@@ -56,7 +77,7 @@ def produce(saved_activation_bytes, case: Case, inputs: dict) -> dict:
     if not callable(saved_activation_bytes):
         raise CheckFailed(f"saved_activation_bytes: expected your function, got {saved_activation_bytes!r}.")
     outputs = {}
-    for i, (label, what, mixed) in enumerate(CASES):
+    for i, (label, what, mixed) in enumerate(cases(case)):
         model, args = measured_run(case, what)
         with torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed), \
                 _pack_hooks() as packs:
@@ -106,7 +127,7 @@ def _with_grad(fn, *args):
 
 def saved_records(model: torch.nn.Module, args: tuple, mixed: bool, keep: bool = True) -> list[dict]:
     """Every tensor autograd saves while `model(*args)` runs: its storage, the storage's bytes, its
-    own bytes and element size, whether it is a parameter's storage, whether it is a parameter
+    own address, bytes and element size, whether it is a parameter's storage, whether it is a parameter
     object itself. keep=False: pack returns None, so nothing saved is kept (a freed storage's
     address can then be another's)."""
     owned = list(model.parameters())
@@ -115,7 +136,7 @@ def saved_records(model: torch.nn.Module, args: tuple, mixed: bool, keep: bool =
 
     def pack(t: torch.Tensor) -> torch.Tensor | None:
         storage = t.untyped_storage()
-        records.append({"storage": storage.data_ptr(), "storage_bytes": storage.nbytes(),
+        records.append({"storage": storage.data_ptr(), "storage_bytes": storage.nbytes(), "address": t.data_ptr(),
                         "bytes": t.numel() * t.element_size(), "element": t.element_size(),
                         "parameter": storage.data_ptr() in parameters,
                         "parameter_object": any(t is p for p in owned)})
@@ -153,6 +174,11 @@ def counts_mistakes(records: list[dict]) -> dict[str, int]:
         "every number is counted as 4 bytes: under autocast the matrix products save bfloat16 copies, "
         "2 bytes a number; count storage.nbytes(), which knows the dtype":
             sum(r["storage_bytes"] // r["element"] * 4 for r in distinct.values()),
+        "each saved tensor is counted by its own address and size (data_ptr(), numel() * element_size()), "
+        "not by its storage: a view that shows part of its storage (here sin's input, three quarters of "
+        "the product) keeps the whole storage alive; count untyped_storage().nbytes(), once per "
+        "untyped_storage().data_ptr()":
+            sum(r["bytes"] for r in {r["address"]: r for r in records if not r["parameter"]}.values()),
         "parameters are told apart by identity (t is p, or t in a set of parameters): a saved weight "
         "is often another tensor object, a view or a transpose, on the parameter's storage; compare "
         "storages, t.untyped_storage().data_ptr() against the parameters'":
@@ -161,7 +187,7 @@ def counts_mistakes(records: list[dict]) -> dict[str, int]:
 
 
 def judge(case: Case, outputs: dict) -> None:
-    for i, (label, what, mixed) in enumerate(CASES):
+    for i, (label, what, mixed) in enumerate(cases(case)):
         model, args = measured_run(case, what)
         counts = counts_mistakes(saved_records(model, args, mixed))
         got = int(outputs[f"bytes_{i}"])
