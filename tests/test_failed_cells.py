@@ -1,7 +1,10 @@
 """An answer cell that does not run (a SyntaxError, an exception while it runs) is named at its
 check with the error and its line, in the learner's kernel and in grading alike, instead of a bare
-NameError."""
+NameError; and a traceback in `make check` or a graded notebook names a cell by what it defines,
+not by the kernel's execution counter ("Cell In[7]")."""
 from __future__ import annotations
+
+import re
 
 import nbformat
 import pytest
@@ -90,7 +93,7 @@ def test_a_check_below_a_cell_that_did_not_run_says_why_in_make_check_and_in_the
     nbformat.write(_broken_tokenizer(), path)
     shown = {grade_id: (earned, diagnosis) for grade_id, earned, _, diagnosis in check_cells(path)}
     with scratch_dir() as workdir:
-        graded, _ = grading.grade_notebook("learner", NAME, path, workdir)
+        graded, executed = grading.grade_notebook("learner", NAME, path, workdir)
     said = {c.grade_id: c for c in graded.cells}
     expected = {
         "bytes_test": "text_to_bytes and bytes_to_text: the cell that defines `text_to_bytes` did not run: it raised "
@@ -106,3 +109,12 @@ def test_a_check_below_a_cell_that_did_not_run_says_why_in_make_check_and_in_the
         assert "NameError" not in shown[grade_id][1]
     assert said["table_test"].status == "passed" and shown["table_test"][0] == said["table_test"].max_points
 
+    # make check's traceback and the graded notebook's name the cell, never the kernel's counter
+    decode_crash = shown["decode_test"][1]
+    assert "IndexError raised in your code:" in decode_crash, decode_crash
+    assert "the answer cell of `decode`, line 3, in decode" in decode_crash, decode_crash
+    answer = next(c for c in executed.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "pretokenize_answer")
+    [error] = [o for o in answer.outputs if o.output_type == "error"]
+    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
+    assert "the answer cell of `pretokenize`, line 3" in traceback, traceback
+    assert not re.search(r"Cell In\[\d+\]", traceback + decode_crash)
