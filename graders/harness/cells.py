@@ -12,6 +12,7 @@ import copy
 import nbformat
 
 from graders.layout import EXERCISES, SOLUTIONS
+from graders.judging.failed_cells import scanned_names
 from graders.judging.session import code_only
 from graders.judging.testcells import split_hidden
 from graders.judging.verdict import LearnerCode
@@ -26,6 +27,23 @@ def nbgrader_meta(cell) -> dict:
 def is_test_cell(cell) -> bool:
     meta = nbgrader_meta(cell)
     return bool(meta.get("grade")) and not meta.get("solution") and cell["cell_type"] == "code"
+
+
+def cell_label(cell) -> str:
+    """A cell as a learner's traceback names it in a report (IPython's "Cell In[7]" is the
+    kernel's counter, which no report shows): by the functions and classes it defines, else by its
+    nbgrader id, else by its first line of code. Unparsed: the grading threads call it."""
+    meta, names = nbgrader_meta(cell), [f"`{name}`" for name in scanned_names(cell["source"])]
+    defined = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+    if is_test_cell(cell):
+        return f"the test cell `{meta['grade_id']}`"
+    if defined:
+        return f"the answer cell of {defined}" if meta.get("solution") else f"the cell that defines {defined}"
+    if meta.get("grade_id"):
+        return f"the {'answer' if meta.get('solution') else 'given'} cell `{meta['grade_id']}`"
+    first = next((line.strip() for line in cell["source"].splitlines()
+                  if line.strip() and not line.strip().startswith("#")), "")
+    return f"the cell starting `{first if len(first) <= 40 else first[:37] + '...'}`"
 
 
 def source_notebook(name: str):

@@ -29,6 +29,7 @@ import torch
 from graders.judging import allowed, progress, provenance, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
+from graders.judging.failed_cells import did_not_run
 from graders.judging.kernel_bans import in_own_words
 from graders.judging.learner import Forbidden, renamed_submodules_loaded
 from graders.judging.origins import compiled_names
@@ -143,7 +144,8 @@ class Exercise:
                 self._record(current, learner, case, answers)
                 return
             place = progress.place_of_check(self.notebook)
-            failure = untouched(self.name, answers or (learner,))   # answered before anything is built
+            given = answers or (learner,)   # a cell that did not run, or a stub: answered before anything is built
+            failure = did_not_run(self.name, given) or untouched(self.name, given)
             with progress.busy(f"Checking {self.name}"):
                 outputs, failure = self.run(learner, case, self.inputs(case), answers) if failure is None \
                     else (None, failure)
@@ -164,7 +166,8 @@ class Exercise:
         if check_id is None:   # a learner's own call outside a test cell: nothing to grade
             print(f"{self.name}: not checked here; checks are graded in the test cells.")
             return
-        failure = untouched(self.name, answers or (learner,))
+        given = answers or (learner,)
+        failure = did_not_run(self.name, given) or untouched(self.name, given)
         outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self), answers) \
             if failure is None else (None, failure)
         session.save_record(current, check_id, self.key, outputs, str(failure or ""))

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 MACHINERY = frozenset({
     "__init__.py", "layout.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
     "judging/provenance.py", "judging/allowed.py", "judging/origins.py", "judging/stubs.py", "judging/session.py",
-    "judging/progress.py",
+    "judging/progress.py", "judging/failed_cells.py",
     "judging/exercise.py", "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
     "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",
     "exercises/submodules.py", "judging/library_ops.py", "judging/kernels.py", "judging/kernel_bans.py",

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from graders.judging import session
+from graders.judging.failed_cells import DidNotRun
 from graders.judging.testcells import TestCell, released_test_cells
 
 
@@ -124,7 +125,8 @@ def _unwritten(answer) -> bool:
 def ready(*answers) -> bool:
     """Whether a demonstration cell can use these answers of the learner's; when it cannot,
     one line says which exercise to finish first. An answer is not ready when a check run on it
-    in this kernel failed, or when it is still nbgrader's stub. In a grading kernel, never: no
+    in this kernel failed, when it is still nbgrader's stub, or when the cell that defines it
+    raised (graders.judging.failed_cells). In a grading kernel, never: no
     test cell depends on a demonstration (tests/test_notebooks.py checks), and they earn nothing."""
     if grading() or not session.current().demonstrations:
         print("\N{WHITE CIRCLE} Not run while grading: demonstrations earn no points.")
@@ -133,7 +135,9 @@ def ready(*answers) -> bool:
     for answer in answers:
         name = getattr(answer, "__name__", repr(answer))
         checked, verdicts = _answers.get(id(answer), (None, {}))
-        if _unwritten(answer):
+        if isinstance(answer, DidNotRun):
+            missing.append(f"{name} (the cell that defines it did not run: {answer.failure.said()})")
+        elif _unwritten(answer):
             missing.append(f"{name} (not written yet)")
         elif checked is answer and not all(verdicts.values()):
             missing.append(f"{name} (its check does not pass yet)")

@@ -14,6 +14,7 @@ runs (graders.harness.sandbox_kernel); before each test cell it names the cell
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -21,6 +22,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+from graders.judging.failed_cells import names_before, stand_in
 from graders.judging.testcells import (TestCell, released_course_sources, released_test_cells, split_hidden,
                                       test_sources)
 from graders.judging.verdict import LearnerCode
@@ -130,18 +132,30 @@ def code_only(source: str) -> str:
 
 class CellHistory:
     """The cells a learner's kernel has run, latest version of each last (JupyterLab names each
-    cell; a run without names, such as `make check`'s, lists every execution once)."""
+    cell; a run without names, such as `make check`'s, lists every execution once). A cell that
+    raised leaves stand-ins for the names it did not define (graders.judging.failed_cells)."""
 
     def __init__(self, shell):
         self.shell = shell
         self.cells: dict[str, str] = {f"#{n}": source for n, source
                                       in enumerate(shell.history_manager.input_hist_raw) if n and source}
+        self._defined_before: dict[str, object] = {}
         shell.events.register("pre_run_cell", self._ran)
+        shell.events.register("post_run_cell", self._finished)
 
     def _ran(self, info) -> None:
         key = info.cell_id or f"#{self.shell.execution_count - 1}"
         self.cells.pop(key, None)
         self.cells[key] = info.raw_cell
+        self._defined_before = {}
+        with contextlib.suppress(Exception):   # bookkeeping: never in the way of the learner's cell
+            self._defined_before = names_before(info.raw_cell, self.shell.user_ns)
+
+    def _finished(self, result) -> None:
+        error = None if result is None else result.error_before_exec or result.error_in_exec
+        if error is not None and self._defined_before:
+            stand_in(self.shell.user_ns, self._defined_before, error)
+        self._defined_before = {}
 
     def running(self) -> str:
         return next(reversed(self.cells.values()), "")
