@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fix_last import fix_only_last
 from graders.exercises import nb02
 from graders.judging.compare import CheckFailed
 from graders.reference.config import Config
@@ -93,7 +94,15 @@ def test_buggy_embed_is_named(name):
     with pytest.raises(CheckFailed) as info:
         nb02.check_embed(cls)
         nb02.check_embed(cls, **HIDDEN)
-    assert expected in str(info.value).splitlines()[0], str(info.value)
+    assert expected in fix_only_last(str(info.value)).splitlines()[0], str(info.value)
+
+
+def test_a_named_embed_mistake_ends_with_its_fix_and_no_recipe():
+    with pytest.raises(CheckFailed) as info:
+        nb02.check_embed(embed_class(EMBED_BUGGY["off_by_one"][0]))
+    message = fix_only_last(str(info.value))
+    assert message.endswith("\n  Show the fix: return self.W_E[tokens]"), message
+    assert "Hint:" not in message, message   # the mistake is named: no general recipe under it
 
 
 @pytest.mark.parametrize("cls, expected", [(EmbedUsesLibrary, "F.embedding"),
@@ -168,7 +177,13 @@ def test_buggy_pos_embed_is_named(name):
     with pytest.raises(CheckFailed) as info:
         nb02.check_pos_embed(cls)
         nb02.check_pos_embed(cls, **HIDDEN)
-    assert expected in str(info.value).splitlines()[0], str(info.value)
+    assert expected in fix_only_last(str(info.value)).splitlines()[0], str(info.value)
+
+
+def test_a_pos_embed_shape_mistake_ends_with_its_fix():
+    with pytest.raises(CheckFailed) as info:
+        nb02.check_pos_embed(pos_class(POS_BUGGY["full_table"][0]))
+    assert fix_only_last(str(info.value)).endswith(f"\n  Show the fix: {nb02.POS_FIX}"), str(info.value)
 
 
 def test_pos_embed_course_version_is_refused():

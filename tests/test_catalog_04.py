@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fix_last import fix_only_last
 from graders.exercises import nb04
 from graders.judging.compare import CheckFailed
 from graders.reference.config import Config
@@ -77,7 +78,15 @@ def test_buggy_gelu_is_named(name):
     fn, expected = GELU_BUGGY[name]
     with pytest.raises(CheckFailed) as info:
         nb04.check_gelu_new(fn)
-    assert expected in str(info.value).splitlines()[0], str(info.value)
+    assert expected in fix_only_last(str(info.value)).splitlines()[0], str(info.value)
+
+
+def test_a_named_gelu_mistake_ends_with_the_formula_and_no_recipe():
+    with pytest.raises(CheckFailed) as info:
+        nb04.check_gelu_new(GELU_BUGGY["square"][0])
+    message = fix_only_last(str(info.value))
+    assert message.endswith(f"\n  Show the fix: {nb04.GELU_FIX}"), message
+    assert "Hint:" not in message, message   # the mistake is named: no general recipe under it
 
 
 def test_gelu_tripwire_catches_hidden_library_call():
@@ -166,7 +175,18 @@ def test_buggy_mlp_is_named(name):
     forward, expected = MLP_BUGGY[name]
     with pytest.raises(CheckFailed) as info:
         nb04.check_mlp(mlp_class(forward))
-    assert expected in str(info.value).splitlines()[0], str(info.value)
+    assert expected in fix_only_last(str(info.value)).splitlines()[0], str(info.value)
+
+
+@pytest.mark.parametrize("name, fix", [("no_b_in", nb04.HIDDEN_LAYER), ("relu", nb04.ACTIVATION),
+                                       ("residual", nb04.OUTPUT),
+                                       ("activation_after_out_matmul", f"{nb04.ACTIVATION}; {nb04.OUTPUT}")])
+def test_a_named_mlp_mistake_ends_with_the_line_it_corrects(name, fix):
+    with pytest.raises(CheckFailed) as info:
+        nb04.check_mlp(mlp_class(MLP_BUGGY[name][0]))
+    message = fix_only_last(str(info.value))
+    assert message.endswith(f"\n  Show the fix: {fix}"), message
+    assert "Hint:" not in message, message
 
 
 def test_mlp_with_other_parameter_names_is_refused():

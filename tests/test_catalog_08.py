@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fix_last import fix_only_last
 from graders.exercises import nb08
 from graders.exercises.sampling import filters, reference
 from graders.judging.compare import CheckFailed
@@ -18,10 +19,11 @@ reference_code_allowed = course_code_allowed(reference, filters)
 
 
 def fails_with(check, fn, *expected, **case):
-    """`check` fails on `fn`, its message's FIRST line naming the mistake (`expected[0]`)."""
+    """`check` fails on `fn`, its message's FIRST line naming the mistake (`expected[0]`), its
+    corrected code, if any, on its last line only."""
     with pytest.raises(CheckFailed) as failure:
         check(fn, **case)
-    message = str(failure.value)
+    message = fix_only_last(str(failure.value))
     assert expected[0] in message.splitlines()[0], message
     for text in expected[1:]:
         assert text in message, message
@@ -85,6 +87,22 @@ def _in_place_temperature(l, t):
 ])
 def test_temperature_mistakes_fail(fn, message):
     fails_with(nb08.check_temperature, fn, message)
+
+
+def named_message(check, fn) -> str:
+    """The message of `check` failing on `fn`, after asserting that it names the mistake, prints no
+    general recipe under it and holds the corrected code on its last line only."""
+    with pytest.raises(CheckFailed) as failure:
+        check(fn)
+    message = fix_only_last(str(failure.value))
+    assert "Likely mistake:" in message.splitlines()[0], message
+    assert "Hint:" not in message, message
+    return message
+
+
+def test_a_named_temperature_mistake_ends_with_the_division():
+    message = named_message(nb08.check_temperature, lambda l, t: l * t)
+    assert message.endswith("\n  Show the fix: return logits / temperature"), message
 
 
 # --- frequency penalty --------------------------------------------------------------------------
@@ -287,6 +305,17 @@ def test_top_k_mistakes_fail(fn, message):
     fails_with(nb08.check_top_k, fn, message)
 
 
+def test_a_named_top_k_mistake_ends_with_the_solutions_lines():
+    message = named_message(nb08.check_top_k, _top_k_scatter)
+    assert message.endswith(f"\n  Show the fix: {filters.TOP_K_FIX}"), message
+
+
+def test_a_top_k_crash_of_a_known_cause_ends_with_the_solutions_lines():
+    with pytest.raises(CheckFailed) as failure:
+        nb08.check_top_k(_top_k_no_keepdim)
+    assert fix_only_last(str(failure.value)).endswith(f"\n  Show the fix: {filters.TOP_K_FIX}"), str(failure.value)
+
+
 # --- top-p --------------------------------------------------------------------------------------
 
 def _top_p_ascending_hf_style(logits, p):
@@ -383,6 +412,15 @@ def _top_p_vocabulary_order(logits, p):
 ])
 def test_top_p_mistakes_fail(fn, message):
     fails_with(nb08.check_top_p, fn, message)
+
+
+@pytest.mark.parametrize("fn, fix", [
+    (lambda l, p: _top_p(l, p, lambda c, q, p: c < p), filters.MASS_BEFORE),
+    (_top_p_unscattered, filters.UNSORT),
+    (lambda l, p: l.masked_fill(~nb08.ascending_keep(l, p), -INF), filters.SORT),
+])
+def test_a_named_top_p_mistake_ends_with_the_line_it_corrects(fn, fix):
+    assert named_message(nb08.check_top_p, fn).endswith(f"\n  Show the fix: {fix}")
 
 
 # --- the basic sampler -------------------------------------------------------------------------

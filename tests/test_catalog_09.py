@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fix_last import fix_only_last
 from graders.exercises import nb09
 from graders.judging.compare import CheckFailed
 from graders.reference import bert
@@ -19,10 +20,12 @@ N_ORDINARY, MASK, IGNORE = nb09.N_ORDINARY, nb09.MASK, nb09.IGNORE
 
 
 def fails_with(check, learner, *expected, **case):
+    """`check` fails on `learner` with each of `expected` in its message, its corrected code, if
+    any, on its last line only."""
     with pytest.raises(CheckFailed) as failure:
         check(learner, **case)
     for text in expected:
-        assert text in str(failure.value), str(failure.value)
+        assert text in fix_only_last(str(failure.value)), str(failure.value)
 
 
 # --- 1. sinusoidal_encoding ---------------------------------------------------------------------
@@ -85,6 +88,16 @@ def _pe(swap=False, exponent=2, first=0, halves=False, crash_on_odd=False):
 ])
 def test_sinusoidal_mistakes_are_named(fn, message):
     fails_with(nb09.check_sinusoidal, fn, message)
+
+
+def test_a_named_sinusoidal_mistake_ends_with_the_line_it_corrects():
+    from graders.exercises.family import positions
+
+    with pytest.raises(CheckFailed) as failure:
+        nb09.check_sinusoidal(_pe(first=1))
+    message = fix_only_last(str(failure.value))
+    assert message.endswith(f"\n  Show the fix: {positions.POSITIONS}"), message
+    assert "Hint:" not in message, message   # the mistake is named: no general recipe under it
 
 
 # --- 2. PostNormBlock -----------------------------------------------------------------------------
@@ -163,6 +176,16 @@ class SharedNorm(Parts):
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_post_norm_mistakes_are_named(cls, message):
     fails_with(nb09.check_post_norm_block, cls, message)
+
+
+@pytest.mark.parametrize("cls, fix", [
+    (block(no_final_norm), "return self.ln2(resid_mid + self.mlp(resid_mid))"),
+    (block(post_norm, SharedNorm), "self.ln2 = LayerNorm(cfg)"),
+], ids=["no_final_norm", "shared_norm"])
+def test_a_named_post_norm_mistake_ends_with_the_line_it_corrects(cls, fix):
+    with pytest.raises(CheckFailed) as failure:
+        nb09.check_post_norm_block(cls)
+    assert fix_only_last(str(failure.value)).endswith(f"\n  Show the fix: {fix}"), str(failure.value)
 
 
 def test_post_norm_library_layer_is_refused():
@@ -254,6 +277,14 @@ class NoBias(nn.Module):
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_tying_mistakes_are_named(cls, message):
     fails_with(nb09.check_tied_unembed, cls, message)
+
+
+@pytest.mark.parametrize("cls, fix", [(NoBiasAdded, "return x @ self.W_E.T + self.b_U"),
+                                      (Copied, "self.W_E = embed.W_E")], ids=["no_bias_added", "copied"])
+def test_a_named_tying_mistake_ends_with_the_line_it_corrects(cls, fix):
+    with pytest.raises(CheckFailed) as failure:
+        nb09.check_tied_unembed(cls)
+    assert fix_only_last(str(failure.value)).endswith(f"\n  Show the fix: {fix}"), str(failure.value)
 
 
 # --- 4. The encoder -------------------------------------------------------------------------------

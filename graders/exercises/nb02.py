@@ -13,7 +13,7 @@ from graders.judging.learner import loaded
 from graders.reference.store import part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, require_tensor
-from graders.exercises.diagnosis import compare, diagnosis_first
+from graders.exercises.diagnosis import compare, diagnosis_first, with_fix
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
 from graders.exercises.library_kernels import EMBEDDING_KERNELS, TORCH_REFERENCES
 
@@ -60,6 +60,11 @@ def _run(what: str, module, tokens_small, tokens, forbidden) -> dict:
 
 # --- Embed ------------------------------------------------------------------------------------
 
+EMBED_FIX = "return self.W_E[tokens]"
+EMBED_HINT = ("each token's embedding is the row of W_E its id names, whatever its position: one row per "
+              "token of the [batch, position] tokens (look up indexing a tensor with a tensor).")
+
+
 def embed_mistakes(W_E: torch.Tensor, tokens: torch.Tensor) -> dict:
     batch, seq = tokens.shape
     return {
@@ -83,18 +88,18 @@ def _embed_shape(what: str, actual, tokens: torch.Tensor, W_E: torch.Tensor) -> 
     shape = tuple(actual.shape)
     note = None
     if shape == (d_vocab, d_model):
-        note = ("it has the shape of W_E itself [d_vocab, d_model]: return W_E indexed by the "
-                "tokens (W_E[tokens]), not the whole table")
+        note = ("it has the shape of W_E itself [d_vocab, d_model]: return the rows the tokens "
+                "name, not the whole table")
     elif len(shape) == 3 and shape[-1] == d_vocab:
         note = ("the last dimension is d_vocab, not d_model: you looked up rows of W_E "
-                "transposed. W_E is [d_vocab, d_model]; W_E[tokens] picks one row per token")
+                "transposed. W_E is [d_vocab, d_model]: its rows are the tokens', one per id")
     elif shape == (seq, d_model):
         note = ("the batch dimension is missing: index with the whole [batch, position] "
-                "tokens tensor, W_E[tokens], not with one sequence")
+                "tokens tensor, not with one sequence")
     if note:
-        raise CheckFailed(f"{what}: shape {list(shape)}, expected "
-                          f"[batch={batch}, position={seq}, d_model={d_model}].\n"
-                          f"  Likely mistake: {note}.")
+        raise CheckFailed(with_fix(f"{what}: shape {list(shape)}, expected "
+                                   f"[batch={batch}, position={seq}, d_model={d_model}].\n"
+                                   f"  Likely mistake: {note}.", EMBED_FIX))
 
 
 def produce_embed(Embed, case: Case, inputs: dict) -> dict:
@@ -108,7 +113,7 @@ def judge_embed(case: Case, outputs: dict) -> None:
     what = f"Embed output on random token ids of shape {list(SMALL_SHAPE)}"
     _embed_shape(what, outputs["small_out"], small, W_E)
     compare(what, outputs["small_out"], W_E[small], DIMS, mistakes=lambda: embed_mistakes(W_E, small),
-            hint="W_E[tokens] has shape [batch, position, d_model].")
+            hint=EMBED_HINT, fix=EMBED_FIX)
     _crash(outputs)
     if bool(outputs["input_modified"]):
         raise CheckFailed("Embed changed its input tokens in place. Read them, don't write them.")
@@ -116,7 +121,7 @@ def judge_embed(case: Case, outputs: dict) -> None:
     what = "Embed output (hook_embed)"
     _embed_shape(what, outputs["out"], tokens, W_E)
     compare(what, outputs["out"], activations(case)["hook_embed"], DIMS,
-            mistakes=lambda: embed_mistakes(W_E, tokens), hint="W_E[tokens] has shape [batch, position, d_model].")
+            mistakes=lambda: embed_mistakes(W_E, tokens), hint=EMBED_HINT, fix=EMBED_FIX)
 
 
 embed = Exercise("02_embeddings", "Embed", produce_embed, diagnosis_first(judge_embed),
@@ -126,6 +131,12 @@ check_embed = embed.checker(
 
 
 # --- PosEmbed -------------------------------------------------------------------------------
+
+POS_FIX = ('batch, seq_len = tokens.shape; return einops.repeat(self.W_pos[:seq_len], '
+           '"posn d_model -> batch posn d_model", batch=batch)')
+POS_HINT = ("the token at position p gets row p of W_pos, whatever the token, and every sequence of the "
+            "batch gets the same rows (look up einops.repeat or Tensor.expand).")
+
 
 def pos_embed_mistakes(W_pos: torch.Tensor, tokens: torch.Tensor) -> dict:
     batch, seq = tokens.shape
@@ -137,7 +148,7 @@ def pos_embed_mistakes(W_pos: torch.Tensor, tokens: torch.Tensor) -> dict:
     mistakes.update({
         "the positions are offset by one (W_pos[1:seq_len + 1]): the first token is at position 0":
             W_pos[1:seq + 1].expand(batch, seq, -1),
-        "the last seq_len rows of W_pos (W_pos[-seq_len:]): use the first ones, W_pos[:seq_len]":
+        "the last seq_len rows of W_pos (W_pos[-seq_len:]): position p is row p, from the first row":
             W_pos[n_ctx - seq:].expand(batch, seq, -1),
         "the positions are in reverse order": W_pos[:seq].flip(0).expand(batch, seq, -1),
         "the embedding is multiplied by sqrt(d_model) (GPT-2 does not scale it)":
@@ -153,20 +164,20 @@ def _pos_shape(what: str, actual, tokens: torch.Tensor, W_pos: torch.Tensor) -> 
     shape = tuple(actual.shape)
     note = None
     if shape == (seq, d_model):
-        note = ("the batch dimension is missing: W_pos[:seq_len] is [position, d_model]; "
-                "repeat or expand it to [batch, position, d_model]")
+        note = ("the batch dimension is missing: the rows of W_pos are [position, d_model]; "
+                "repeat or expand them to [batch, position, d_model]")
     elif len(shape) == 3 and shape[0] == 1 and batch > 1 and shape[1:] == (seq, d_model):
         note = ("the batch dimension is 1: broadcast over the batch (einops.repeat or .expand "
                 "to the tokens' batch size), every sequence gets the same positional embeddings")
     elif shape == (n_ctx, d_model) or (len(shape) == 3 and shape[1] == n_ctx and seq != n_ctx):
-        note = (f"all n_ctx={n_ctx} rows of W_pos are returned: take only the first seq_len "
-                "rows, W_pos[:seq_len], with seq_len = tokens.shape[1]")
+        note = (f"all n_ctx={n_ctx} rows of W_pos are returned: take only as many rows as the "
+                "tokens have positions (the second dimension of their shape)")
     elif len(shape) == 3 and shape[0] == seq and shape[1] == batch and seq != batch:
         note = "batch and position are swapped: the output is [batch, position, d_model]"
     if note:
-        raise CheckFailed(f"{what}: shape {list(shape)}, expected "
-                          f"[batch={batch}, position={seq}, d_model={d_model}].\n"
-                          f"  Likely mistake: {note}.")
+        raise CheckFailed(with_fix(f"{what}: shape {list(shape)}, expected "
+                                   f"[batch={batch}, position={seq}, d_model={d_model}].\n"
+                                   f"  Likely mistake: {note}.", POS_FIX))
 
 
 def produce_pos_embed(PosEmbed, case: Case, inputs: dict) -> dict:
@@ -180,8 +191,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
     what = f"PosEmbed output on random token ids of shape {list(SMALL_SHAPE)}"
     _pos_shape(what, outputs["small_out"], small, W_pos)
     compare(what, outputs["small_out"], W_pos[:SMALL_SHAPE[1]].expand(*SMALL_SHAPE, -1), DIMS,
-            mistakes=lambda: pos_embed_mistakes(W_pos, small),
-            hint="row p of the output is W_pos[p], the same for every sequence in the batch.")
+            mistakes=lambda: pos_embed_mistakes(W_pos, small), hint=POS_HINT, fix=POS_FIX)
     _crash(outputs)
     if bool(outputs["input_modified"]):
         raise CheckFailed("PosEmbed changed its input tokens in place. Read them, don't write them.")
@@ -189,8 +199,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
     what = "PosEmbed output (hook_pos_embed)"
     _pos_shape(what, outputs["out"], tokens, W_pos)
     compare(what, outputs["out"], activations(case)["hook_pos_embed"], DIMS,
-            mistakes=lambda: pos_embed_mistakes(W_pos, tokens),
-            hint="row p of the output is W_pos[p], the same for every sequence in the batch.")
+            mistakes=lambda: pos_embed_mistakes(W_pos, tokens), hint=POS_HINT, fix=POS_FIX)
 
 
 pos_embed = Exercise("02_embeddings", "PosEmbed", produce_pos_embed, diagnosis_first(judge_pos_embed),

@@ -18,7 +18,7 @@ from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
-from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
 from graders.judging.learner import Forbidden, run_learner, with_course_functions
 from graders.exercises.library_kernels import GELU_KERNELS, TORCH_REFERENCES
 
@@ -37,6 +37,9 @@ MLP_FORBIDDEN = Forbidden(
     kernels=GELU_KERNELS, kernels_compute="gelu_new", instead="with its four parameters and gelu_new",
 )
 LINSPACE = (-6.0, 6.0, 1201)
+GELU_FIX = "return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))"
+GELU_HINT = ("gelu_new is GPT-2's tanh approximation of the GELU x * Phi(x), not the exact one: compare "
+             "your line with the notebook's formula, term by term.")
 
 
 def reference_gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +58,7 @@ def activation_mistakes(x: torch.Tensor) -> dict:
         "ReLU instead of GELU": x.clamp(min=0),
         "the sigmoid approximation x * sigmoid(1.702 x); GPT-2 uses the tanh one":
             x * torch.sigmoid(1.702 * x),
-        "the cubic term is missing: tanh(sqrt(2/pi) * (x + 0.044715 * x**3))":
+        "the cubic term is missing: inside the tanh, x gets a small multiple of its cube added":
             0.5 * x * (1.0 + torch.tanh(c * x)),
         "the factor sqrt(2/pi) is missing inside the tanh":
             0.5 * x * (1.0 + torch.tanh(x + 0.044715 * x.pow(3))),
@@ -88,17 +91,16 @@ def produce_gelu(gelu_new, case: Case, inputs: dict) -> dict:
 
 def judge_gelu(case: Case, outputs: dict) -> None:
     grid = torch.linspace(*LINSPACE)
-    hint = "gelu_new(x) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))."
     compare(f"gelu_new on torch.linspace{LINSPACE}", outputs["grid_out"], reference_gelu_new(grid),
-            ("x",), mistakes=lambda: activation_mistakes(grid), hint=hint)
+            ("x",), mistakes=lambda: activation_mistakes(grid), hint=GELU_HINT, fix=GELU_FIX)
     if bool(outputs["input_modified"]):
-        raise CheckFailed("gelu_new changed its input tensor in place (e.g. `x *= ...` or "
-                          "`x.pow_(3)`). Compute new tensors instead.")
+        raise CheckFailed(with_fix("gelu_new changed its input tensor in place (e.g. `x *= ...` or "
+                                   "`x.pow_(3)`). Compute new tensors instead.", GELU_FIX))
     acts = activations(case)
     b = f"blocks.{case.block}.mlp"
     compare(f"gelu_new on {b}.hook_pre (compared with {b}.hook_post)", outputs["out"],
             acts[f"{b}.hook_post"], ("batch", "position", "d_mlp"),
-            mistakes=lambda: activation_mistakes(acts[f"{b}.hook_pre"]), hint=hint)
+            mistakes=lambda: activation_mistakes(acts[f"{b}.hook_pre"]), hint=GELU_HINT, fix=GELU_FIX)
 
 
 gelu = Exercise("04_mlp", "gelu_new", produce_gelu, diagnosis_first(judge_gelu),
@@ -109,32 +111,52 @@ check_gelu_new = gelu.checker(
 
 # --- MLP ------------------------------------------------------------------------------------
 
+# The corrected lines of the MLP (the notebook's names), and which a named mistake gets.
+HIDDEN_LAYER = ('pre = einops.einsum(normalized_resid_mid, self.W_in, "batch posn d_model, d_model d_mlp -> '
+          'batch posn d_mlp") + self.b_in')
+ACTIVATION = "post = gelu_new(pre)"
+OUTPUT = ('return einops.einsum(post, self.W_out, "batch posn d_mlp, d_mlp d_model -> batch posn d_model") '
+          '+ self.b_out')
+MLP_FIX = f"{HIDDEN_LAYER}; {ACTIVATION}; {OUTPUT}"
+MLP_HINT = ("the MLP is two layers, each with its bias, and gelu_new between them, on an input of shape "
+            "[batch, position, d_model]: see the notebook's MLP.")
+CALLS_ANOTHER_ACTIVATION = ("the MLP's activation is {name}. This check runs the course's gelu_new in "
+                            "place of yours, so your MLP calls another activation: call gelu_new")
+NO_B_IN = "b_in is missing: the hidden layer has a bias, added before gelu_new"
+NO_B_OUT = "b_out is missing: the output projection has a bias too"
+B_IN_AFTER = "b_in is added after the activation instead of before it"
+ADDS_INPUT = ("the MLP adds its input back (the residual connection belongs to the block, not the "
+              "MLP): return only the MLP's output")
+ACTIVATION_LAST = ("the activation is applied after the output projection: gelu_new goes between the two "
+                   "layers, on the hidden layer")
+ACTIVATION_BEFORE_B_OUT = ("the activation is applied after the output projection, before b_out: gelu_new "
+                           "goes between the two layers, on the hidden layer")
+ACTIVATION_TWICE = ("the activation is applied twice, after each layer: only the hidden layer goes through "
+                    "gelu_new")
+MLP_FIXES = {
+    **{CALLS_ANOTHER_ACTIVATION.format(name=name): ACTIVATION for name in activation_mistakes(torch.zeros(1))},
+    NO_B_IN: HIDDEN_LAYER, B_IN_AFTER: HIDDEN_LAYER, NO_B_OUT: OUTPUT, ADDS_INPUT: OUTPUT, ACTIVATION_TWICE: OUTPUT,
+    ACTIVATION_LAST: f"{ACTIVATION}; {OUTPUT}", ACTIVATION_BEFORE_B_OUT: f"{ACTIVATION}; {OUTPUT}",
+}
+
+
 def mlp_mistakes(x: torch.Tensor, w: dict) -> dict:
-    """What an MLP with each usual mistake outputs on `x`, by description."""
+    """What an MLP with each usual mistake outputs on `x`, by description (their fixes: MLP_FIXES)."""
     x = x.double()
     W_in, b_in, W_out, b_out = (w[k].double() for k in ("W_in", "b_in", "W_out", "b_out"))
     pre = x @ W_in + b_in
     mistakes = {}
     for name, post in activation_mistakes(pre).items():
-        mistakes[f"the MLP's activation is {name}. This check runs the course's gelu_new in "
-                 "place of yours, so your MLP calls another activation: call gelu_new"] = post @ W_out + b_out
+        mistakes[CALLS_ANOTHER_ACTIVATION.format(name=name)] = post @ W_out + b_out
     right = reference_gelu_new(pre) @ W_out
     mistakes.update({
-        "b_in is missing: the hidden layer is x @ W_in + b_in, before gelu_new":
-            reference_gelu_new(x @ W_in) @ W_out + b_out,
-        "b_out is missing: the output is gelu_new(...) @ W_out + b_out": right,
-        "b_in is added after the activation instead of before it":
-            (reference_gelu_new(x @ W_in) + b_in) @ W_out + b_out,
-        "the MLP adds its input back (the residual connection belongs to the block, not the "
-        "MLP): return only the MLP's output": right + b_out + x,
-        "the activation is applied after the output projection: gelu_new goes between the two "
-        "layers, gelu_new(x @ W_in + b_in) @ W_out + b_out":
-            reference_gelu_new(pre @ W_out + b_out),
-        "the activation is applied after the output projection, before b_out: gelu_new goes "
-        "between the two layers, gelu_new(x @ W_in + b_in) @ W_out + b_out":
-            reference_gelu_new(pre @ W_out) + b_out,
-        "the activation is applied twice, after each layer: only the hidden layer goes through "
-        "gelu_new": reference_gelu_new(reference_gelu_new(pre) @ W_out + b_out),
+        NO_B_IN: reference_gelu_new(x @ W_in) @ W_out + b_out,
+        NO_B_OUT: right,
+        B_IN_AFTER: (reference_gelu_new(x @ W_in) + b_in) @ W_out + b_out,
+        ADDS_INPUT: right + b_out + x,
+        ACTIVATION_LAST: reference_gelu_new(pre @ W_out + b_out),
+        ACTIVATION_BEFORE_B_OUT: reference_gelu_new(pre @ W_out) + b_out,
+        ACTIVATION_TWICE: reference_gelu_new(reference_gelu_new(pre) @ W_out + b_out),
     })
     return mistakes
 
@@ -182,7 +204,7 @@ def judge_mlp(case: Case, outputs: dict) -> None:
     acts = activations(case)
     compare(f"MLP output ({b}.hook_mlp_out)", outputs["out"], acts[f"{b}.hook_mlp_out"], dims,
             mistakes=lambda: mlp_mistakes(acts[f"{b}.ln2.hook_out"], part(f"{b}.mlp")),
-            hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
+            hint=MLP_HINT, fix=MLP_FIX, fixes=MLP_FIXES)
     # Inputs no file holds: the expected outputs are computed here, with the course's MLP.
     course = course_component("MLP", f"{b}.mlp")
     for key, what, x in (("random_out", "a random [2, 4, d_model] input",
@@ -192,8 +214,7 @@ def judge_mlp(case: Case, outputs: dict) -> None:
         with torch.no_grad():
             expected = course(x)
         compare(f"MLP output ({b}) on {what}", outputs[key], expected, dims,
-                mistakes=lambda: mlp_mistakes(x, part(f"{b}.mlp")),
-                hint="gelu_new(x @ W_in + b_in) @ W_out + b_out, with x of shape [batch, position, d_model].")
+                mistakes=lambda: mlp_mistakes(x, part(f"{b}.mlp")), hint=MLP_HINT, fix=MLP_FIX, fixes=MLP_FIXES)
 
 
 # The learner's MLP runs with the course's `gelu_new` in place of theirs, which has a check of its

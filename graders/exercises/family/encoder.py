@@ -30,7 +30,8 @@ from graders.exercises.family import norms
 from graders.exercises.family.tasks import CLS, mlm_config, seeded_residual
 from graders.exercises.submodules import CallRecorder
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.exercises.diagnosis import compare, with_fix
+from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, course_functions, run_learner, with_course_functions
 from graders.reference import bert, components
@@ -131,15 +132,21 @@ def embedding_mistakes(w: dict, tokens, types) -> dict:
 
     return {
         "the LayerNorm is missing: BERT normalises the sum of its embeddings (GPT-2 does not)": E + P + T,
-        "the token-type (segment) embeddings are not added: W_type[token_types]": ln(E + P),
-        "the positional embeddings are not added: W_pos[:seq_len]": ln(E + T),
+        "the token-type (segment) embeddings are not added: each token also gets the row of W_type its "
+        "type names": ln(E + P),
+        "the positional embeddings are not added: each token also gets the row of W_pos of its position":
+            ln(E + T),
         "the positions start at 1: position p uses row p of W_pos, from 0":
             ln(E + w["embed.W_pos"][1:seq + 1] + T),
         "LayerNorm's eps is 1e-5 (GPT-2's): BERT's is 1e-12 (cfg.layer_norm_eps), and these embeddings "
         "are small enough (variance ~1e-3) for it to matter": ln(E + P + T, 1e-5),
-        "only the token embeddings are normalised: normalise the sum, ln(W_E[tokens] + W_pos + W_type)":
+        "only the token embeddings are normalised: the LayerNorm normalises the sum of the three":
             ln(E) + P + T,
     }
+
+
+EMBEDDINGS_FIX = ("summed = self.W_E[tokens] + self.W_pos[:posn] + self.W_type[token_types]; "
+                  "return self.ln(summed)")
 
 
 def judge_embeddings(case: Case, outputs: dict) -> None:
@@ -148,8 +155,9 @@ def judge_embeddings(case: Case, outputs: dict) -> None:
         expected = expected_outputs[f"{i}.embed"]
         compare(f"BertEmbeddings on tokens of shape {list(tokens.shape)}", outputs.get(f"out_{i}"), expected,
                 DIMS, mistakes=lambda: embedding_mistakes(weights(case.seed), tokens, types),
-                hint="ln(W_E[tokens] + W_pos[:seq_len] + W_type[token_types]), with the course's "
-                     "LayerNorm(cfg).")
+                hint="BERT adds three embeddings, of the tokens, of their positions (from 0) and of their "
+                     "types, then normalises the sum with its LayerNorm (eps from cfg).",
+                fix=EMBEDDINGS_FIX)
 
 
 embeddings_exercise = Exercise("09_transformer_family", "BertEmbeddings", produce_embeddings,
@@ -180,10 +188,12 @@ class Swap:
 ENCODER_MISTAKES = {
     "the causal mask is still applied: in an encoder every position attends to every position "
     "(override apply_causal_mask so that it masks nothing)": Swap(attn=components.Attention),
-    "the MLP uses GPT-2's tanh GELU (gelu_new): BERT uses the exact GELU, "
-    "0.5 * x * (1 + erf(x / sqrt(2)))": Swap(mlp=components.MLP),
+    "the MLP uses GPT-2's tanh GELU (gelu_new): BERT uses the exact GELU, with the erf (gelu_erf)":
+        Swap(mlp=components.MLP),
     **norms.POST_NORM_MISTAKES,
 }
+# Where the encoder block differs from the post-norm block, the check cannot tell which line is wrong.
+ENCODER_FIXES = {**norms.FIXES, "attn_out": "", "mlp_out": ""}
 ENCODER_HINTS = {**norms.HINTS,
                  "attn_out": "BERT's attention has no mask: every position attends to every position.",
                  "mlp_out": "BERT's MLP is GPT-2's with the exact erf GELU instead of the tanh one."}
@@ -231,7 +241,7 @@ def judge_block(case: Case, outputs: dict) -> None:
     xs = _block_inputs(case)
     expected = [hf_outputs(case)[f"layer.{i}"] for i in range(len(xs))]
     norms.judge_block(f"EncoderBlock (blocks.{case.block})", outputs, xs, reference, ENCODER_MISTAKES,
-                      ENCODER_HINTS, expected)
+                      ENCODER_HINTS, ENCODER_FIXES, expected)
 
 
 block_exercise = Exercise("09_transformer_family", "EncoderBlock", produce_block, judge_block,
@@ -337,11 +347,12 @@ def judge_model(case: Case, outputs: dict) -> None:
     count = int(outputs["n_params"])
     if count != expected_count:
         copy_size = cfg.d_vocab * cfg.d_model
-        raise CheckFailed(
+        untied = count - expected_count == copy_size
+        raise CheckFailed(with_fix(
             f"BertForMLM has {count:,} parameters, BertForMaskedLM {expected_count:,}."
             + (f"\n  Likely mistake: the MLM head's unembedding is not tied: it holds its own "
-               f"[{cfg.d_vocab}, {cfg.d_model}] matrix. Build it with TiedUnembed(self.embed)."
-               if count - expected_count == copy_size else ""))
+               f"[{cfg.d_vocab}, {cfg.d_model}] matrix. Build it from the model's own embedding (TiedUnembed)."
+               if untied else ""), "self.unembed = TiedUnembed(embed)" if untied else ""))
 
 
 model_exercise = Exercise("09_transformer_family", "BertForMLM", with_course_functions(produce_model, MODEL_PARTS),

@@ -18,7 +18,8 @@ from graders.exercises.family.tasks import (IGNORE, MASK, N_ORDINARY, P_CHOOSE, 
                                             SPECIALS, reference_mlm_loss, reversal_pairs)
 from graders.exercises.sampling.samplers import chi_square_p_value
 from graders.judging.cases import Case, rand_float
-from graders.judging.compare import CheckFailed, check_shape, compare, judge_generator_use
+from graders.exercises.diagnosis import compare
+from graders.judging.compare import CheckFailed, check_shape, judge_generator_use
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import P_VALUE_FLOOR
@@ -241,8 +242,9 @@ def judge_loss(case: Case, outputs: dict) -> None:
             loss = loss.reshape(())
         compare(f"mlm_loss on logits of shape {list(logits.shape)}", loss,
                 reference_mlm_loss(logits, targets).float(), (), mistakes=lambda: loss_mistakes(logits, targets),
-                hint="the mean of -log_softmax(logits) at the target token, over the positions whose "
-                     "target is not -100 only (F.cross_entropy's ignore_index).")
+                hint="the mean cross-entropy over the positions that have a target only; the others hold "
+                     "-100 (look up F.cross_entropy's ignore_index).",
+                fix="return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)")
 
 
 loss_exercise = Exercise("09_transformer_family", "mlm_loss", produce_loss, judge_loss,

@@ -21,7 +21,8 @@ from graders.exercises.family.tasks import block_config, seeded_residual, spread
 from graders.exercises.divergence import first_divergence
 from graders.exercises.submodules import watch
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.exercises.diagnosis import compare, with_fix
+from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close
@@ -37,14 +38,19 @@ HOOKS = (("attn_in", "attn", 0), ("attn_out", "attn", 1), ("ln1_in", "ln1", 0), 
 ORDER = [key for key, _, _ in HOOKS] + ["resid_post"]
 HINTS = {
     "attn_in": "post-norm: attention reads the block's input resid_pre itself (no LayerNorm before it).",
-    "attn_out": "attn_out = attn(resid_pre).",
-    "ln1_in": "ln1 normalises the sum resid_pre + attn_out.",
-    "resid_mid": "resid_mid = ln1(resid_pre + attn_out).",
+    "attn_out": "attention's output is attention applied to the block's input.",
+    "ln1_in": "ln1 normalises the block's input plus attention's output (the first residual connection).",
+    "resid_mid": "resid_mid is ln1's output: the first residual sum, normalised.",
     "mlp_in": "the MLP reads resid_mid, ln1's output.",
-    "mlp_out": "mlp_out = mlp(resid_mid).",
-    "ln2_in": "ln2 normalises the sum resid_mid + mlp_out.",
-    "resid_post": "resid_post = ln2(resid_mid + mlp_out).",
+    "mlp_out": "the MLP's output is the MLP applied to resid_mid.",
+    "ln2_in": "ln2 normalises resid_mid plus the MLP's output (the second residual connection).",
+    "resid_post": "the block's output is ln2's: the second residual sum, normalised.",
 }
+# The corrected line of each place (the notebook's names).
+RESID_MID = "resid_mid = self.ln1(resid_pre + self.attn(resid_pre))"
+RESID_POST = "return self.ln2(resid_mid + self.mlp(resid_mid))"
+FIXES = {"attn_in": RESID_MID, "attn_out": RESID_MID, "ln1_in": RESID_MID, "resid_mid": RESID_MID,
+         "mlp_in": RESID_POST, "mlp_out": RESID_POST, "ln2_in": RESID_POST, "resid_post": RESID_POST}
 FORBIDDEN = Forbidden(
     "the post-norm block",
     targets=[(bert.PostNormBlock, "forward"), (nn.TransformerEncoderLayer, "forward")],
@@ -67,26 +73,27 @@ def block_trace(block: nn.Module, x: torch.Tensor, forward: Callable | None = No
 # Each mistake as a forward of a block with the right submodules.
 POST_NORM_MISTAKES: dict[str, Callable] = {
     "pre-norm (GPT-2's block): the LayerNorm comes before each sublayer; post-norm normalises "
-    "after each residual addition, resid_mid = ln1(resid_pre + attn(resid_pre))":
+    "after each residual addition":
         lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(x + b.attn(b.ln1(x))),
     "each sublayer's output is normalised before it is added (resid_pre + ln1(attn_out)): "
-    "post-norm normalises the sum, ln1(resid_pre + attn_out)":
+    "post-norm normalises the sum":
         lambda b, x: (lambda m: m + b.ln2(b.mlp(m)))(x + b.ln1(b.attn(x))),
-    "no residual connection around attention: resid_mid = ln1(resid_pre + attn_out)":
+    "no residual connection around attention: ln1 normalises the block's input plus attention's output":
         lambda b, x: (lambda m: b.ln2(m + b.mlp(m)))(b.ln1(b.attn(x))),
-    "no residual connection around the MLP: resid_post = ln2(resid_mid + mlp_out)":
+    "no residual connection around the MLP: ln2 normalises resid_mid plus the MLP's output":
         lambda b, x: b.ln2(b.mlp(b.ln1(x + b.attn(x)))),
     "ln1 and ln2 are swapped: ln1 follows attention, ln2 follows the MLP":
         lambda b, x: (lambda m: b.ln1(m + b.mlp(m)))(b.ln2(x + b.attn(x))),
     "the MLP reads resid_pre instead of resid_mid (ln1's output)":
         lambda b, x: (lambda m: b.ln2(m + b.mlp(x)))(b.ln1(x + b.attn(x))),
-    "the second residual adds resid_pre instead of resid_mid: resid_post = ln2(resid_mid + mlp_out)":
+    "the second residual adds resid_pre instead of resid_mid, ln1's output":
         lambda b, x: (lambda m: b.ln2(x + b.mlp(m)))(b.ln1(x + b.attn(x))),
-    "ln2 is missing: the block ends with a LayerNorm, resid_post = ln2(resid_mid + mlp_out)":
+    "ln2 is missing: the block ends with a LayerNorm of the second residual sum":
         lambda b, x: (lambda m: m + b.mlp(m))(b.ln1(x + b.attn(x))),
 }
 SHARED_LN = ("ln1 and ln2 are one LayerNorm object (e.g. `self.ln2 = self.ln1`): create two "
              "separate LayerNorms, each gets its own weights")
+SEPARATE_LN = "self.ln2 = LayerNorm(cfg)"
 
 
 def mistake_traces(block: nn.Module, x: torch.Tensor, mistakes: dict[str, Callable]) -> dict[str, dict]:
@@ -115,10 +122,11 @@ def run_block(what: str, block: nn.Module, inputs: list[torch.Tensor], forbidden
 
 
 def judge_block(what: str, outputs: dict, inputs: list[torch.Tensor], reference: nn.Module,
-                mistakes: dict[str, Callable], hints: dict,
+                mistakes: dict[str, Callable], hints: dict, fixes: dict,
                 expected_out: list[torch.Tensor] | None = None) -> None:
-    """First divergence on the traced input, then the other inputs' outputs. `expected_out`
-    (default: the reference's outputs) are the expected block outputs for each input."""
+    """First divergence on the traced input, then the other inputs' outputs. `hints` say in words
+    what each place computes, `fixes` hold its corrected line; `expected_out` (default: the
+    reference's outputs) are the expected block outputs for each input."""
     with torch.no_grad():
         expected = block_trace(reference, inputs[0])
         expected_out = expected_out or [reference(x) for x in inputs]
@@ -126,18 +134,20 @@ def judge_block(what: str, outputs: dict, inputs: list[torch.Tensor], reference:
     out = outputs.get("resid_post")
     check_shape(f"{what} output", out, expected_out[0].shape, DIMS)
     if bool(outputs["input_modified"]):
-        raise CheckFailed(f"{what} changed its input tensor in place (e.g. `x += attn_out`). Compute "
-                          "new tensors instead (`x = x + attn_out`).")
+        raise CheckFailed(with_fix(f"{what} changed its input tensor in place (e.g. `x += attn_out`): the "
+                                   "residual stream must not be modified. Compute new tensors instead.", RESID_MID))
     if not (out.is_floating_point() and torch.isfinite(out).all() and close(out, expected_out[0])):
         if bool(outputs.get("shared_ln", False)):
-            raise CheckFailed(f"{what} output does not match the reference.\n  Likely mistake: {SHARED_LN}.")
+            raise CheckFailed(with_fix(f"{what} output does not match the reference.\n  Likely mistake: {SHARED_LN}.",
+                                       SEPARATE_LN))
         counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
         first_divergence(what, outputs, expected, [(k, k) for k in ORDER],
-                         mistake_traces(reference, inputs[0], mistakes), DIMS, hints, counts, "resid_post")
-        compare(f"{what} output", out, expected_out[0], DIMS, hint=hints["resid_post"])
+                         mistake_traces(reference, inputs[0], mistakes), DIMS, hints, counts, "resid_post",
+                         fixes=fixes)
+        compare(f"{what} output", out, expected_out[0], DIMS, hint=hints["resid_post"], fix=fixes["resid_post"])
     for i, x in enumerate(inputs[1:], 1):
         compare(f"{what} output on a second input of shape {list(x.shape)}", outputs.get(f"out_{i}"),
-                expected_out[i], DIMS, hint=hints["resid_post"])
+                expected_out[i], DIMS, hint=hints["resid_post"], fix=fixes["resid_post"])
 
 
 # --- The exercise ------------------------------------------------------------------------------
@@ -166,7 +176,7 @@ def produce_post_norm(PostNormBlock, case: Case, inputs: dict) -> dict:
 def judge_post_norm(case: Case, outputs: dict) -> None:
     cfg, weights, xs = _setup(case)
     reference = load_strict(bert.PostNormBlock(cfg), weights).eval()
-    judge_block("PostNormBlock", outputs, xs, reference, POST_NORM_MISTAKES, HINTS)
+    judge_block("PostNormBlock", outputs, xs, reference, POST_NORM_MISTAKES, HINTS, FIXES)
 
 
 exercise = Exercise("09_transformer_family", "PostNormBlock", produce_post_norm, judge_post_norm,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, compare
+from graders.exercises.diagnosis import compare
+from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
@@ -42,17 +43,26 @@ def sinusoidal(n_ctx: int, d_model: int, first: int = 0, exponent: str = "2i", s
     return torch.where(is_sin, angle.sin(), angle.cos())
 
 
-MISTAKES = {
-    "sin and cos are swapped: even columns (2i) hold the sine, odd columns (2i + 1) the cosine":
-        dict(swap=True),
-    "the exponent uses i instead of 2i: the frequency of pair i is 1 / 10000^(2i / d_model), "
-    "so the wavelengths go from 2*pi up to 10000 * 2*pi across the columns": dict(exponent="i"),
-    "the exponent uses the column index: both columns of pair i (2i and 2i + 1) share the "
-    "frequency 1 / 10000^(2i / d_model)": dict(exponent="column"),
-    "positions start at 1: the first position is 0 (its encoding is sin 0 = 0, cos 0 = 1)": dict(first=1),
-    "sines and cosines are in two halves: they interleave, sin in column 2i and cos in column 2i + 1":
-        dict(layout="halves"),
-}
+SWAPPED = "sin and cos are swapped: even columns (2i) hold the sine, odd columns (2i + 1) the cosine"
+EXPONENT_I = ("the exponent uses i instead of 2i: the frequency of pair i is 1 / 10000^(2i / d_model), "
+              "so the wavelengths go from 2*pi up to 10000 * 2*pi across the columns")
+EXPONENT_COLUMN = ("the exponent uses the column index: both columns of pair i (2i and 2i + 1) share the "
+                   "frequency 1 / 10000^(2i / d_model)")
+FROM_ONE = "positions start at 1: the first position is 0 (its encoding is sin 0 = 0, cos 0 = 1)"
+HALVES = "sines and cosines are in two halves: they interleave, sin in column 2i and cos in column 2i + 1"
+MISTAKES = {SWAPPED: dict(swap=True), EXPONENT_I: dict(exponent="i"), EXPONENT_COLUMN: dict(exponent="column"),
+            FROM_ONE: dict(first=1), HALVES: dict(layout="halves")}
+# The solution's lines (the notebook's names), and which a named mistake gets.
+POSITIONS = "positions = torch.arange(n_ctx, dtype=torch.float32)[:, None]"
+TWO_I = "two_i = torch.arange(0, d_model, 2, dtype=torch.float32)"
+ANGLES = "angles = positions / 10000 ** (two_i / d_model)"
+INTERLEAVE = ("pe = torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1); "
+              "return pe.flatten(start_dim=1)[:, :d_model]")
+FIX = f"{POSITIONS}; {TWO_I}; {ANGLES}; {INTERLEAVE}"
+FIXES = {SWAPPED: INTERLEAVE, EXPONENT_I: ANGLES, EXPONENT_COLUMN: f"{TWO_I}; {ANGLES}", FROM_ONE: POSITIONS,
+         HALVES: INTERLEAVE}
+HINT = ("each pair of columns holds the sine and the cosine of one angle, the position times a frequency "
+        "that falls along the pairs; positions start at 0: see the notebook's formula.")
 
 
 def shapes(case: Case) -> list[tuple[int, int]]:
@@ -87,9 +97,7 @@ def judge(case: Case, outputs: dict) -> None:
             raise CheckFailed(f"sinusoidal_encoding({n_ctx}, {d_model}) returned shape {list(actual.shape)}: "
                               f"return [n_ctx, d_model] = [{n_ctx}, {d_model}], without a batch dimension.")
         compare(f"sinusoidal_encoding({n_ctx}, {d_model})", actual, expected.float(), DIMS,
-                mistakes=mistakes,
-                hint="PE[pos, 2i] = sin(pos / 10000^(2i/d_model)), PE[pos, 2i+1] = cos(the same "
-                     "angle), positions 0 .. n_ctx-1.")
+                mistakes=mistakes, hint=HINT, fix=FIX, fixes=FIXES)
 
 
 exercise = Exercise("09_transformer_family", "sinusoidal_encoding", produce, judge,

@@ -17,7 +17,8 @@ from torch import nn
 from graders.exercises.family.tasks import block_config, spread_weights
 from graders.exercises.training.runs import with_grad
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, compare
+from graders.exercises.diagnosis import compare, with_fix
+from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import build_module, run_learner
 from graders.reference import components
@@ -59,6 +60,11 @@ def inputs(case: Case) -> dict[str, torch.Tensor]:
     return {name: value.contiguous() for name, value in _weights(case.seed).items()}
 
 
+SHARE = "self.W_E = embed.W_E"
+BIAS = "self.b_U = nn.Parameter(torch.zeros(embed.W_E.shape[0]))"
+LOGITS = "return x @ self.W_E.T + self.b_U"
+
+
 def tied_model(cfg, unembed_class, seed: int, weights: dict, what: str = "TiedUnembed") -> nn.Module:
     """A course DemoTransformer whose unembedding is `unembed_class(model.embed)`, with the seeded
     `weights` written in place (so that whatever shares W_E's memory sees them)."""
@@ -68,9 +74,9 @@ def tied_model(cfg, unembed_class, seed: int, weights: dict, what: str = "TiedUn
         model.unembed = build_module(what, unembed_class, model.embed)
     bias = getattr(model.unembed, "b_U", None)
     if not isinstance(bias, nn.Parameter) or tuple(bias.shape) != (cfg.d_vocab,):
-        raise CheckFailed(f"{what} needs its bias as a parameter `self.b_U` of shape [d_vocab] = "
-                          f"[{cfg.d_vocab}] (got {type(bias).__name__}"
-                          f"{'' if bias is None else ' of shape ' + str(list(bias.shape))}).")
+        raise CheckFailed(with_fix(f"{what} needs its bias as a parameter `self.b_U` of shape [d_vocab] = "
+                                   f"[{cfg.d_vocab}] (got {type(bias).__name__}"
+                                   f"{'' if bias is None else ' of shape ' + str(list(bias.shape))}).", BIAS))
     with torch.no_grad():
         for name, value in weights.items():
             target = bias if name == "unembed.b_U" else model.get_parameter(name)
@@ -117,24 +123,25 @@ def judge(case: Case, outputs: dict) -> None:
     d_vocab, d_model = cfg.d_vocab, cfg.d_model
     tokens, targets = _data(case, cfg)
     if int(outputs["n_shared"]) < int(outputs["n_entries"]):
-        raise CheckFailed(
+        raise CheckFailed(with_fix(
             f"TiedUnembed: the model's state dict holds a [{d_vocab}, {d_model}]-sized tensor under "
             "unembed. that does not share memory with embed.W_E.\n  Likely mistake: W_U is a copy of "
             "W_E (e.g. `nn.Parameter(embed.W_E.T.clone())`, `.contiguous()`, or a new parameter "
             "initialised from it): training would move the copy and the embedding apart. Keep the "
-            "embedding's parameter object itself, `self.W_E = embed.W_E`, and use `self.W_E.T`.")
+            "embedding's parameter object itself, and transpose it where the logits are computed.", SHARE))
     expected_count = _untied_count(cfg) - d_vocab * d_model
     count = int(outputs["n_params"])
     if count != expected_count:
         extra = count - expected_count
-        raise CheckFailed(
+        second_view = extra == d_vocab * d_model
+        raise CheckFailed(with_fix(
             f"TiedUnembed: the model has {count:,} parameters; tied, it should have {expected_count:,} "
             f"(the untied model's {_untied_count(cfg):,} minus d_vocab x d_model = {d_vocab * d_model:,})."
             + ("\n  Likely mistake: a second nn.Parameter views W_E's memory (e.g. "
                "`nn.Parameter(embed.W_E.T)`): the optimizer sees two parameters, so the count does not "
                "drop, each gets only part of the gradient, and Adam would keep two sets of statistics "
-               "for one matrix. Reuse the parameter object itself: `self.W_E = embed.W_E`."
-               if extra == d_vocab * d_model else ""))
+               "for one matrix. Reuse the embedding's parameter object itself." if second_view else ""),
+            SHARE if second_view else ""))
     reference = tied_model(cfg, TiedUnembed, case.seed, _weights(case.seed))
     detached = tied_model(cfg, _Detached, case.seed, _weights(case.seed))
     with torch.no_grad():
@@ -142,7 +149,8 @@ def judge(case: Case, outputs: dict) -> None:
         x = reference.ln_final(_resid(reference, tokens))
     compare("TiedUnembed: the model's logits", outputs["logits"], logits, LOGIT_DIMS,
             mistakes={"the bias b_U is not added": x @ reference.embed.W_E.T},
-            hint="logits = x @ W_E.T + b_U, with W_E the embedding's own parameter.")
+            hint="the logits score x against each token's row of the embedding's own W_E, plus the bias b_U.",
+            fix=LOGITS)
     grad = with_grad(_step, reference, tokens, targets)
     grad_detached = with_grad(_step, detached, tokens, targets)
     compare("TiedUnembed: the gradient of the loss with respect to embed.W_E", outputs["grad_W_E"], grad,
@@ -150,7 +158,9 @@ def judge(case: Case, outputs: dict) -> None:
             mistakes={"no gradient flows from the unembedding into W_E (e.g. `embed.W_E.detach()`, "
                       "`.data`, or a tensor made from it): W_E's gradient must add up both of its "
                       "uses, looking tokens up and scoring them": grad_detached},
-            hint="use the parameter itself (self.W_E = embed.W_E), not a detached tensor.")
+            hint="the unembedding must hold the embedding's parameter object itself (not a detached tensor "
+                 "or a copy), so that W_E's gradient adds up both of its uses.",
+            fix=SHARE)
     compare("TiedUnembed: embed.W_E after one SGD step", outputs["W_E_after"], reference.embed.W_E.detach(),
             ("token", "d_model"))
     with torch.no_grad():

@@ -12,12 +12,15 @@ import torch
 
 from graders.exercises.diagnosis import mismatched_sizes
 from graders.exercises.sampling.reference import NEG_INF, apply_top_k, apply_top_p
-from graders.exercises.sampling.transforms import VOCAB, logit_batch, transform_exercise
+from graders.exercises.sampling.transforms import TOP_TOKEN_REMOVED, VOCAB, logit_batch, transform_exercise
 from graders.judging.cases import Case
 from graders.judging.tolerance import DECISION_MARGIN
 
 
 # --- Exercise: top-k ------------------------------------------------------------------------------
+
+TOP_K_FIX = ('k = min(k, logits.shape[-1]); kth_largest = logits.topk(k, dim=-1).values[..., -1:]; '
+             'return logits.masked_fill(logits < kth_largest, float("-inf"))')
 
 def _top_k_cases(case: Case):
     logits = logit_batch(case.seed + 30, max(case.batch, 3))
@@ -63,12 +66,12 @@ def _top_k_crash(failure, logits, k) -> str:
     sizes = mismatched_sizes(failure)
     if sizes and set(sizes) == {logits.shape[0], logits.shape[1]}:
         return ("the k-th largest value lost its last dimension ([batch] instead of [batch, 1]), so "
-                "it cannot be compared with logits [batch, d_vocab]: keep it, with "
-                "topk(k).values[..., -1:] (or [:, [-1]], keepdim=True, unsqueeze(-1)).")
+                "it cannot be compared with logits [batch, d_vocab]: keep that dimension (index the "
+                "last value with a slice, or look up keepdim).")
     if k > logits.shape[-1]:
         return (f"k = {k} is larger than the vocabulary ({logits.shape[-1]}) here, which torch.topk "
                 "(and indexing the k-th value) refuses; with k >= d_vocab every token stays: "
-                "clamp it first, k = min(k, logits.shape[-1]).")
+                "clamp k to the vocabulary size first.")
     if k == logits.shape[-1]:   # the other cases ran: only k = d_vocab crashes
         return (f"k equals the vocabulary size ({k}) here, and the code reaches one value past the "
                 "k-th largest (index k, or topk(k + 1)), which does not exist: the k-th largest "
@@ -100,8 +103,9 @@ top_k_exercise = transform_exercise(
     "apply_top_k", _top_k_cases, apply_top_k, top_k_mistakes,
     lambda logits, k: f"logits, k={k}" + (", the vocabulary size" if k == logits.shape[-1] else
                                           ", more than the vocabulary" if k > logits.shape[-1] else ""),
-    hint="k = min(k, d_vocab); kth = logits.topk(k).values[..., -1:]; set logits < kth to -inf.",
-    crash_cause=_top_k_crash, rule=_top_k_rule)
+    hint="top-k keeps every token whose logit is at least the k-th largest of its row, ties included, and "
+         "sets the others to -inf; k at least the vocabulary size keeps every token (look up torch.topk).",
+    crash_cause=_top_k_crash, rule=_top_k_rule, fix=TOP_K_FIX)
 check_top_k = top_k_exercise.checker(
     "Grade `apply_top_k(logits, k)` (includes a tie at the k-th value, k = 1, k = vocab and k > vocab).")
 
@@ -109,6 +113,41 @@ check_top_k = top_k_exercise.checker(
 # --- Exercise: top-p ------------------------------------------------------------------------------
 
 SHARP = 30.0
+# The corrected lines of top-p (the notebook's names), and which a named mistake gets.
+KEEP_ALL = "if top_p >= 1.0: return logits.clone()"
+SORT = "sorted_logits, order = logits.sort(dim=-1, descending=True)"
+MASS_BEFORE = "mass_before = probs.cumsum(dim=-1) - probs; remove_sorted = mass_before >= top_p"
+KEEP_TOP = "remove_sorted[..., 0] = False"
+UNSORT = ('remove = remove_sorted.scatter(-1, order, remove_sorted); '
+          'return logits.masked_fill(remove, float("-inf"))')
+FLOAT32_TOTAL = (
+    "top_p = 1.0 must keep every token, but the running total of the probabilities, summed in "
+    "float32, reaches 1.0 while tokens remain (the top token alone rounds to probability 1), "
+    "so the rest were removed: return the logits unchanged when top_p >= 1, and sum the "
+    "probabilities in float64 (.double())")
+EACH_ABOVE_P = ("each token's own probability is compared with top_p (a threshold on each probability): "
+                "top-p keeps the most likely tokens until their CUMULATIVE probability reaches top_p")
+EACH_ABOVE_1_MINUS_P = ("each token's own probability is compared with 1 - top_p (a threshold on each "
+                        "probability): top-p keeps the most likely tokens until their CUMULATIVE probability "
+                        "reaches top_p")
+EACH_BELOW_P = ("each token's own probability is compared with top_p, keeping the UNLIKELY ones: top-p "
+                "keeps the most likely tokens until their cumulative probability reaches top_p")
+MASK_IN_SORTED_ORDER = ("the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
+                        "first vocabulary ids): put the mask back in vocabulary order (scatter it with the sort's "
+                        "indices) before it is applied")
+RETURNED_SORTED = ("the logits are returned in sorted order (the sort is never undone): keep each logit at "
+                   "its token id")
+TOTAL_UNSORTED = ("the cumulative probabilities are summed over the batch or in vocabulary order, not "
+                  "in decreasing order of probability: sort descending first, then cumsum")
+ONE_TOO_FEW = ("one token too few: the token that takes the total past top_p must be kept too (keep a "
+               "token while the probability BEFORE it is < top_p)")
+ONE_TOO_MANY = "one token too many: stop at the first token that brings the total to top_p"
+ASCENDING = "the least likely tokens are kept (sorted in ascending order): sort descending"
+TOP_P_FIXES = {
+    FLOAT32_TOTAL: KEEP_ALL, EACH_ABOVE_P: MASS_BEFORE, EACH_ABOVE_1_MINUS_P: MASS_BEFORE,
+    EACH_BELOW_P: MASS_BEFORE, MASK_IN_SORTED_ORDER: UNSORT, RETURNED_SORTED: UNSORT, TOTAL_UNSORTED: SORT,
+    ONE_TOO_FEW: MASS_BEFORE, ONE_TOO_MANY: MASS_BEFORE, ASCENDING: SORT, TOP_TOKEN_REMOVED: KEEP_TOP,
+}
 
 
 def _clear_p(logits: torch.Tensor, candidates) -> float:
@@ -157,37 +196,17 @@ def top_p_mistakes(logits, p) -> dict:
 
     in_sorted_slots = (cumulative - probs < p) | (torch.arange(logits.shape[-1]) == 0)
     plain = logits.softmax(-1)
-    rounding = {} if p < 1.0 else {
-        "top_p = 1.0 must keep every token, but the running total of the probabilities, summed in "
-        "float32, reaches 1.0 while tokens remain (the top token alone rounds to probability 1), "
-        "so the rest were removed: return the logits unchanged when top_p >= 1, and sum the "
-        "probabilities in float64 (.double())":
-            logits.masked_fill(~_float32_total_keep(logits, p), NEG_INF)}
+    rounding = {} if p < 1.0 else {FLOAT32_TOTAL: logits.masked_fill(~_float32_total_keep(logits, p), NEG_INF)}
     return {**rounding,
-        "each token's own probability is compared with top_p (a threshold on each probability): "
-        "top-p keeps the most likely tokens until their CUMULATIVE probability reaches top_p":
-            keep_any(logits, plain >= p),
-        "each token's own probability is compared with 1 - top_p (a threshold on each "
-        "probability): top-p keeps the most likely tokens until their CUMULATIVE probability "
-        "reaches top_p": keep_any(logits, plain > 1 - p),
-        "each token's own probability is compared with top_p, keeping the UNLIKELY ones: top-p "
-        "keeps the most likely tokens until their cumulative probability reaches top_p":
-            keep_any(logits, plain < p),
-        "the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
-        "first vocabulary ids): put the mask back in vocabulary order (scatter it with the sort's "
-        "indices) before it is applied":
-            logits.masked_fill(~in_sorted_slots, NEG_INF),
-        "the logits are returned in sorted order (the sort is never undone): keep each logit at "
-        "its token id": sorted_logits.masked_fill(~in_sorted_slots, NEG_INF),
-        "the cumulative probabilities are summed over the batch or in vocabulary order, not "
-        "in decreasing order of probability: sort descending first, then cumsum":
-            keep_any(logits, plain.cumsum(-1) - plain < p),
-        "one token too few: the token that takes the total past top_p must be kept too (keep a "
-        "token while the probability BEFORE it is < top_p)": keep_sorted(cumulative < p),
-        "one token too many: stop at the first token that brings the total to top_p":
-            keep_sorted(((cumulative - probs) < p).roll(1, -1) | ((cumulative - probs) < p)),
-        "the least likely tokens are kept (sorted in ascending order): sort descending":
-            logits.masked_fill(~ascending_keep(logits, p), NEG_INF),
+        EACH_ABOVE_P: keep_any(logits, plain >= p),
+        EACH_ABOVE_1_MINUS_P: keep_any(logits, plain > 1 - p),
+        EACH_BELOW_P: keep_any(logits, plain < p),
+        MASK_IN_SORTED_ORDER: logits.masked_fill(~in_sorted_slots, NEG_INF),
+        RETURNED_SORTED: sorted_logits.masked_fill(~in_sorted_slots, NEG_INF),
+        TOTAL_UNSORTED: keep_any(logits, plain.cumsum(-1) - plain < p),
+        ONE_TOO_FEW: keep_sorted(cumulative < p),
+        ONE_TOO_MANY: keep_sorted(((cumulative - probs) < p).roll(1, -1) | ((cumulative - probs) < p)),
+        ASCENDING: logits.masked_fill(~ascending_keep(logits, p), NEG_INF),
     }
 
 
@@ -224,8 +243,10 @@ def ascending_keep(logits, p):
 top_p_exercise = transform_exercise(
     "apply_top_p", _top_p_cases, apply_top_p, top_p_mistakes,
     lambda logits, p: f"logits, top_p={p:.4g}",
-    hint="sort descending, cumulative probabilities; keep a token while the total BEFORE it is "
-         "< top_p (the top token always stays).", rule=_top_p_rule)
+    hint="follow the notebook's steps: the probabilities sorted from the most likely, their running total "
+         "(in float64), the tokens after the total reaches top_p removed but never the top one, the mask "
+         "put back in vocabulary order; top_p = 1 keeps every token.",
+    rule=_top_p_rule, fixes=TOP_P_FIXES)
 check_top_p = top_p_exercise.checker(
     "Grade `apply_top_p(logits, top_p)` (includes top_p = 1.0, on gentle and on sharp logits, and a "
     "tiny top_p).")

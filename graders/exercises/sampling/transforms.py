@@ -7,12 +7,14 @@ constant is not a mistake). Every input comes from a fixed seed.
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from graders.exercises.sampling.reference import (NEG_INF, apply_frequency_penalty,
                                                   apply_temperature, greedy_search, token_counts)
 from graders.judging.cases import Case, rand_float
-from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash
+from graders.exercises.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -20,6 +22,8 @@ from graders.judging.tolerance import PROBABILITY_SUM_SLACK, close
 
 DIMS = ("batch", "d_vocab")
 VOCAB = 50                       # vocabulary of the fixed logit batches
+TOP_TOKEN_REMOVED = ("the most likely token is not forced to stay; a filter must always keep at least the "
+                     "most likely token")
 
 
 # --- Judging transformed logits ------------------------------------------------------------------
@@ -40,9 +44,11 @@ def token_list(ids: torch.Tensor) -> str:
 
 
 def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint: str = "",
-                 rule=None) -> None:
+                 rule=None, fix: str = "", fixes: Mapping[str, str] = {}) -> None:
     """The tokens kept must be exactly the reference's; their probabilities must match.
-    `rule(row, kept_row)`, when given, says in words which rule the learner's kept tokens follow."""
+    `rule(row, kept_row)`, when given, says in words which rule the learner's kept tokens follow.
+    `hint` is printed only when no mistake is named; the message ends with the corrected code:
+    `fixes[description]` for a named mistake (TOP_TOKEN_REMOVED among them), else `fix`."""
     check_shape(what, actual, expected.shape, DIMS)
     if not actual.is_floating_point():
         raise CheckFailed(f"{what}: dtype {actual.dtype}; return floating-point logits.")
@@ -55,12 +61,12 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
         alive = ~(actual == NEG_INF).all(-1)
         for description, wrong in mistakes.items():
             if bool(alive.any()) and torch.equal((actual > NEG_INF)[alive], (wrong > NEG_INF)[alive]):
-                raise CheckFailed(f"{what}: row {row} has every token removed (all -inf). Likely "
-                                  f"mistake: {description} (and the most likely token must always "
-                                  "stay)")
-        raise CheckFailed(f"{what}: row {row} has every token removed (all -inf), so nothing can "
-                          "be sampled. Likely mistake: the most likely token is not forced to stay; "
-                          "a filter must always keep at least the most likely token.")
+                raise CheckFailed(with_fix(f"{what}: row {row} has every token removed (all -inf). Likely "
+                                           f"mistake: {description} (and the most likely token must always "
+                                           "stay)", fixes.get(description, fix)))
+        raise CheckFailed(with_fix(f"{what}: row {row} has every token removed (all -inf), so nothing can "
+                                   f"be sampled. Likely mistake: {TOP_TOKEN_REMOVED}.",
+                                   fixes.get(TOP_TOKEN_REMOVED, fix)))
     kept, kept_expected = as_probs(actual) > 0, as_probs(expected) > 0
 
     def same(x, kept_x, y, kept_y):
@@ -70,12 +76,12 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
         return
     for description, wrong in mistakes.items():
         if same(actual, kept, wrong, as_probs(wrong) > 0):
-            raise CheckFailed(f"{what} does not match the reference.\n  Likely mistake: "
-                              f"{description}" + (f"\n  Hint: {hint}" if hint else ""))
+            raise CheckFailed(with_fix(f"{what} does not match the reference.\n  Likely mistake: {description}",
+                                       fixes.get(description, fix)))
     if _looks_like_probabilities(actual) and not _looks_like_probabilities(expected):
-        raise CheckFailed(f"{what}: returned what looks like probabilities (values in [0, 1] "
-                          "summing to at most 1). Return logits: leave the kept logits as they "
-                          "are and set removed tokens to -inf; the sampler applies the softmax.")
+        raise CheckFailed(with_fix(f"{what}: returned what looks like probabilities (values in [0, 1] "
+                                   "summing to at most 1). Return logits: leave the kept logits as they "
+                                   "are and set removed tokens to -inf; the sampler applies the softmax.", fix))
     if not torch.equal(kept, kept_expected):
         row = int((kept != kept_expected).any(-1).nonzero()[0])
         extra = (kept[row] & ~kept_expected[row]).nonzero().flatten()
@@ -86,25 +92,25 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
             lines.append(f"  kept but should be removed (-inf): token ids {token_list(extra)}")
         if len(missing):
             lines.append(f"  removed but should be kept: token ids {token_list(missing)}")
-        for description, wrong in mistakes.items():
-            if torch.equal(kept, as_probs(wrong) > 0):
-                lines.append(f"  Likely mistake: {description}")
-                break
+        named = next((description for description, wrong in mistakes.items()
+                      if torch.equal(kept, as_probs(wrong) > 0)), None)
+        if named is not None:
+            lines.append(f"  Likely mistake: {named}")
         else:
             if rule is not None:
                 lines.append("  " + rule(row, kept[row]))
-        if hint:
-            lines.append(f"  Hint: {hint}")
-        raise CheckFailed("\n".join(lines))
+            if hint:
+                lines.append(f"  Hint: {hint}")
+        raise CheckFailed(with_fix("\n".join(lines), fixes.get(named, fix)))
     compare(f"{what} (compared as probabilities: the softmax of your logits)",
-            as_probs(actual).float(), as_probs(expected), DIMS, hint=hint)
+            as_probs(actual).float(), as_probs(expected), DIMS, hint=hint, fix=fix)
 
 
 def _run_transform(what: str, fn, cases: list[tuple[str, tuple]], signature=None,
-                   crash_cause=None) -> dict:
+                   crash_cause=None, fix: str = "") -> dict:
     """Run `fn(*args)` on each case, recording its output and whether it changed its inputs.
     A crash is reported with the input that triggered it (`signature(*args)`) and, when
-    `crash_cause(failure, *args)` knows it, the likely cause."""
+    `crash_cause(failure, *args)` knows it, the likely cause, then the corrected code `fix`."""
     outputs = {}
     for key, args in cases:
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
@@ -115,8 +121,9 @@ def _run_transform(what: str, fn, cases: list[tuple[str, tuple]], signature=None
                 raise
             shapes = ", ".join(f"{['input_ids', 'logits'][i] if len(args) == 3 else 'logits'} of shape "
                                f"{list(a.shape)}" for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            raise crash(what, failure, f"{what}({signature(*args)}) with {shapes}",
-                        crash_cause(failure, *args) if crash_cause else "") from failure.__cause__
+            cause = crash_cause(failure, *args) if crash_cause else ""
+            reported = crash(what, failure, f"{what}({signature(*args)}) with {shapes}", cause)
+            raise CheckFailed(with_fix(str(reported), fix if cause else "")) from failure.__cause__
         require_tensor(f"{what} on case {key}", outputs[key])
         outputs[f"{key}_modified"] = torch.tensor(any(
             isinstance(a, torch.Tensor) and not torch.equal(a, c) for a, c in zip(args, copies)))
@@ -131,21 +138,22 @@ def _no_in_place(what: str, outputs: dict, cases) -> None:
 
 
 def transform_exercise(name: str, cases, reference, mistakes, signature, hint: str,
-                       crash_cause=None, rule=None) -> Exercise:
+                       crash_cause=None, rule=None, fix: str = "", fixes: Mapping[str, str] = {}) -> Exercise:
     """An exercise for a logit transform `name(*args)`: the learner's function runs on each of
     `cases(case)` ((key, args) pairs), and each output is judged against `reference(*args)`
     with `mistakes(*args)` named; `signature(*args)` describes the call in messages,
     `crash_cause(failure, *args)` the likely cause of a crash, `rule(*args)` (a function of
-    (row, kept row)) which rule the tokens a learner kept follow."""
+    (row, kept row)) which rule the tokens a learner kept follow; `fixes` holds the corrected
+    code of a named mistake, `fix` the code of any other (judge_logits)."""
     def produce(fn, case: Case, inputs: dict) -> dict:
-        return _run_transform(name, fn, cases(case), signature, crash_cause)
+        return _run_transform(name, fn, cases(case), signature, crash_cause, fix)
 
     def judge(case: Case, outputs: dict) -> None:
         chosen = cases(case)
         _no_in_place(name, outputs, chosen)
         for key, args in chosen:
             judge_logits(f"{name}({signature(*args)})", outputs[key], reference(*args),
-                         mistakes(*args), hint=hint, rule=rule(*args) if rule else None)
+                         mistakes(*args), hint=hint, rule=rule(*args) if rule else None, fix=fix, fixes=fixes)
 
     return Exercise("08_sampling", name, produce, diagnosis_first(judge), defaults={"text": None})
 
@@ -220,7 +228,10 @@ def temperature_mistakes(logits, t) -> dict:
 
 temperature_exercise = transform_exercise(
     "apply_temperature", _temperature_cases, apply_temperature, temperature_mistakes,
-    lambda logits, t: f"logits, temperature={t}", hint="return logits / temperature.")
+    lambda logits, t: f"logits, temperature={t}",
+    hint="the temperature scales the logits, before the sampler's softmax: below 1 it sharpens the "
+         "distribution, above 1 it flattens it.",
+    fix="return logits / temperature")
 check_temperature = temperature_exercise.checker(
     "Grade `apply_temperature(logits, temperature)`.")
 
@@ -259,7 +270,9 @@ def penalty_mistakes(input_ids, logits, penalty) -> dict:
 penalty_exercise = transform_exercise(
     "apply_frequency_penalty", _penalty_cases, apply_frequency_penalty, penalty_mistakes,
     lambda input_ids, logits, penalty: f"input_ids, logits, freq_penalty={penalty}",
-    hint="count each token in its own row (torch.bincount or scatter_add) and subtract "
-         "freq_penalty * count from its logit.")
+    hint="a token's logit goes down by freq_penalty for every time the token already occurs in its own "
+         "row of input_ids (look up scatter_add or torch.bincount).",
+    fix="counts = torch.zeros_like(logits).scatter_add(1, input_ids, torch.ones_like(input_ids, "
+        "dtype=logits.dtype)); return logits - freq_penalty * counts")
 check_frequency_penalty = penalty_exercise.checker(
     "Grade `apply_frequency_penalty(input_ids, logits, freq_penalty)`.")

@@ -61,16 +61,19 @@ def judge(case: Case, outputs: dict) -> None:
     compare(f"per_position_accuracy on {case.batch} reversal sequences of a test model",
             outputs["accuracy"], right, ("prediction position",),
             mistakes={"no shift: position p's prediction is compared with token p itself; it "
-                      "predicts token p + 1, so compare the argmax of logits[:, :-1] with tokens[:, 1:]":
+                      "predicts token p + 1, the next one":
                           (predictions[:, :-1] == tokens[:, :-1]).double().mean(0),
                       "no shift (positions 1..15 compared with their own tokens): position p "
-                      "predicts token p + 1, so compare logits[:, :-1] with tokens[:, 1:]":
+                      "predicts token p + 1, the next one":
                           (predictions[:, 1:] == tokens[:, 1:]).double().mean(0),
                       "shifted the wrong way: position p + 1's prediction is compared with token p":
                           (predictions[:, 1:] == tokens[:, :-1]).double().mean(0),
                       "a count, not a fraction: divide by the number of sequences (take the mean)":
                           right * case.batch},
-            hint="accuracy[p] = mean over sequences of (argmax of logits[:, p] == tokens[:, p + 1]).")
+            hint="entry p is the fraction of sequences whose most likely token at position p is the token "
+                 "that comes next, at p + 1; the last position predicts nothing.",
+            fix="predictions = model(tokens)[:, :-1].argmax(dim=-1); "
+                "return (predictions == tokens[:, 1:]).float().mean(dim=0)")
 
 
 accuracy = Exercise("07_training", "per_position_accuracy", produce, diagnosis_first(judge),

@@ -231,8 +231,9 @@ def judge_evaluate(case: Case, outputs: dict) -> None:
                     outputs[f"loss_{i}"].reshape(1), expected.reshape(1), ("loss",),
                     mistakes={k: v.reshape(1) for k, v in evaluate_mistakes(model, tokens, logits,
                                                                             _eval_sets(case)[1 - i]).items()},
-                    hint="return the mean next-token loss of `model` on exactly `tokens`, "
-                         "under torch.no_grad().")
+                    hint="the mean next-token loss of `model` on exactly the `tokens` it is given, in "
+                         "evaluation mode (its mode put back after) and without gradients (look up "
+                         "torch.no_grad and model.eval).")
         tokens = _eval_sets(case)[1]          # the set produce_evaluate gave the dropout model
         _judge_modes(outputs, reference_loss(model(tokens), tokens))
 
