@@ -119,8 +119,9 @@ def test_a_failed_check_shows_the_diagnosis_in_the_notebook_and_in_validate(lab,
         shown = error.inner_text()
         lines = shown.strip().splitlines()
         assert lines[0].startswith("\N{BALLOT X} LayerNorm") and DIAGNOSIS in " ".join(lines[:2]), shown
-        assert "Hint:" in shown and "Traceback" not in shown, shown
+        assert "Hint:" not in shown and "Traceback" not in shown, shown    # named: no general hint under it
         outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "Show the fix" in outputs, outputs                           # the corrected line, folded
         assert "graders/" not in outputs and "site-packages" not in outputs, outputs
         assert "0 of 5 points" in outputs and "LayerNorm (5 points, its check fails)" in outputs
 
@@ -129,7 +130,7 @@ def test_a_failed_check_shows_the_diagnosis_in_the_notebook_and_in_validate(lab,
         dialog.wait_for(timeout=VALIDATE * 1000)
         page.screenshot(path=str(SHOTS / "01_validate_dialog.png"))
         text = dialog.inner_text()
-        assert DIAGNOSIS in text and "Hint:" in text and "graders/" not in text, text
+        assert DIAGNOSIS in text and "Show the fix:" in text and "graders/" not in text, text   # one text, whole
         # Without scrolling: the diagnosis lies inside the viewport and the dialog, and no box
         # in the dialog needs a scrollbar (nbgrader's error box does not wrap long lines).
         clipped = page.evaluate("""(needle) => {
