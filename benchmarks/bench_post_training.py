@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from graders.exercises.post_training import reference as ref  # noqa: E402
-from graders.exercises.post_training import runs, tasks  # noqa: E402
-from graders.exercises.post_training.gpt import greedy  # noqa: E402
+from graders.exercises.nb13 import reference as ref  # noqa: E402
+from graders.exercises.nb13 import runs, tasks  # noqa: E402
+from graders.exercises.nb13.gpt import greedy  # noqa: E402
 from graders.judging.cases import Case  # noqa: E402
 from graders.judging.compare import CheckFailed  # noqa: E402
 

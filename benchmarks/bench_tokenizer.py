@@ -1,6 +1,6 @@
 """BPE training speed, printed (not a test): `python benchmarks/bench_tokenizer.py`.
 
-The course's trainer (graders.exercises.tokenizer.reference: counts updated only where a merge
+The course's trainer (graders.exercises.nb11.reference: counts updated only where a merge
 changes them, a heap for the most frequent pair) on the whole of tiny Shakespeare, and on the
 speed check's training (notebook 11: 500 merges of the first 200,000 characters): its time, with
 and without the profiler a check runs the learner's code under, and the time of the trainer a
@@ -30,8 +30,8 @@ def timed(train, text: str, n_merges: int, profiled: bool = False) -> float:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    from graders.exercises.tokenizer import reference, training
-    from graders.exercises.tokenizer.naive import naive_train
+    from graders.exercises.nb11 import reference, training
+    from graders.exercises.nb11.naive import naive_train
     from graders.reference.data import load_tinyshakespeare
 
     shakespeare = load_tinyshakespeare()

@@ -29,10 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graders.exercises import nb07  # noqa: E402
-from graders.exercises.small_models import seeded_model  # noqa: E402
-from graders.exercises.training import tasks  # noqa: E402
-from graders.exercises.training.practice import role  # noqa: E402
-from graders.exercises.training.shakespeare import _shuffled  # noqa: E402
+from graders.exercises.common.small_models import seeded_model  # noqa: E402
+from graders.exercises.nb07 import tasks  # noqa: E402
+from graders.exercises.nb07.practice import role  # noqa: E402
+from graders.exercises.nb07.shakespeare import _shuffled  # noqa: E402
 
 
 def lm_cross_entropy_loss(logits, tokens):

@@ -27,7 +27,7 @@ GRADER = '''
 """Grader for 99_throwaway: `unit_rows`, every row scaled to length 1."""
 import torch
 
-from graders.exercises.diagnosis import compare
+from graders.exercises.common.diagnosis import compare
 from graders.judging.cases import Case, rand_float
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -61,7 +61,7 @@ NOTEBOOK = Notebook(
     "99_throwaway",
     ExampleBug("unit_rows_answer", "norm = total.sqrt()", "norm = total",
                costs=("unit_rows_test",), named="squared norm"),
-    course_code=("exercises/nb99.py",),
+    course_code=("exercises/nb99/*.py",),
 )
 '''
 CATALOG = '''
@@ -143,7 +143,8 @@ def test_a_notebook_added_in_three_files_is_built_released_graded_and_copy_check
         (course / folder).mkdir()
     # The three files.
     nbformat.write(_throwaway_notebook(), course / "solutions" / f"{NAME}.ipynb")
-    (course / "graders" / "exercises" / "nb99.py").write_text(textwrap.dedent(GRADER))
+    (course / "graders" / "exercises" / "nb99").mkdir()
+    (course / "graders" / "exercises" / "nb99" / "__init__.py").write_text(textwrap.dedent(GRADER))
     (course / "tests" / "test_catalog_99.py").write_text(textwrap.dedent(CATALOG))
 
     catalog = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
@@ -161,5 +162,5 @@ def test_a_notebook_added_in_three_files_is_built_released_graded_and_copy_check
                       "buggy": {"unit_rows_test": 0}, "copier": {"unit_rows_test": 2}}
     assert "squared norm" in found["grades"]["buggy"][0][2]
     # The solution's answer is the grader's own function: flagged for review, points kept.
-    assert any("matches the course's own implementation (graders/exercises/nb99.py: course_unit_rows)" in f
+    assert any("matches the course's own implementation (graders/exercises/nb99/__init__.py: course_unit_rows)" in f
                for f in found["flags"]["copier"]), found["flags"]

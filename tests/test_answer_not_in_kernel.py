@@ -260,7 +260,7 @@ def test_a_part_real_for_a_composite_is_sealed_where_the_part_is_graded(tmp_path
     too, by the rule the notebook states.)"""
     from test_integrity import with_forward
 
-    forward = PROFILER_OFF.replace("graders.reference.components as c", "graders.exercises.modern.reference as c") \
+    forward = PROFILER_OFF.replace("graders.reference.components as c", "graders.exercises.nb10.reference as c") \
         .replace("c.LayerNorm.forward(self, residual)", "c.RMSNorm.forward(self, x)").replace("residual", "x")
     cells, _, _ = grade(tmp_path, "10_modern_decoder", with_forward("10_modern_decoder", "rms_norm_answer", forward))
     assert cells["rms_norm_test"].points == 0
@@ -281,7 +281,7 @@ def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejecte
     provenance = importlib.import_module("graders.judging." + "provenance")
     provenance.Watch.refusal = lambda *args, **kwargs: None
     provenance.Watch.library_answer = lambda *args, **kwargs: None
-    dpo = importlib.import_module("graders.exercises.post_training." + "dpo")
+    dpo = importlib.import_module("graders.exercises.nb13." + "dpo")
     return dpo.expected_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta).float()
 '''),
 }
@@ -311,7 +311,7 @@ assert os.path.exists(f"{session.current().deliveries}/decoder_layer_test.delive
 provenance = importlib.import_module("graders.judging.provenance")
 provenance.Watch.refusal = lambda *args, **kwargs: None
 provenance.Watch.library_answer = lambda *args, **kwargs: None
-ref = importlib.import_module("graders.exercises.modern.reference")
+ref = importlib.import_module("graders.exercises.nb10.reference")
 records = str(session.current().records)
 for name in os.listdir(records):   # RMSNorm's records, so that the forged ones are the first of their check
     if name.endswith(".json") and '"rms_norm_test/' in open(f"{records}/{name}").read():

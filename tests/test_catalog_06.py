@@ -515,7 +515,7 @@ def test_solution_count_parameters_passes_and_agrees_with_gpt2_small():
     for seed in (0, 5, 17, 101):
         nb06.check_count_parameters(count_parameters, seed=seed)
     # GPT-2 small as OpenAI released it, counted by transformers (the grader's independent reference).
-    from graders.exercises.parameter_count import expected_counts
+    from graders.exercises.nb06.parameter_count import expected_counts
     from graders.reference.config import Config
 
     assert expected_counts(tuple(vars(Config()).values()))["total_tied"] == 124_439_808

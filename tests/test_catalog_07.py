@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from fix_last import fix_only_last
 from graders.exercises import nb07
-from graders.exercises.training.practice import role
+from graders.exercises.nb07.practice import role
 from graders.judging.compare import CheckFailed
 from graders.reference import components
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from fix_last import fix_only_last
 from graders.exercises import nb08
-from graders.exercises.sampling import filters, reference
+from graders.exercises.nb08 import filters, reference
 from graders.judging.compare import CheckFailed
 
 from course_code import course_code_allowed

@@ -91,7 +91,7 @@ def test_sinusoidal_mistakes_are_named(fn, message):
 
 
 def test_a_named_sinusoidal_mistake_ends_with_the_line_it_corrects():
-    from graders.exercises.family import positions
+    from graders.exercises.nb09 import positions
 
     with pytest.raises(CheckFailed) as failure:
         nb09.check_sinusoidal(_pe(first=1))

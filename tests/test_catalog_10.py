@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises import nb10
-from graders.exercises.modern import reference as ref
+from graders.exercises.nb10 import reference as ref
 from graders.judging.compare import CheckFailed
 from graders.judging.tolerance import close
 from course_code import course_code_allowed
@@ -24,7 +24,7 @@ def fails_with(check, *learner, expected, **case):
 
 
 def test_the_course_decoder_matches_llama_whole_and_cached():
-    from graders.exercises.modern.norm_mlp import hf_model, weights
+    from graders.exercises.nb10.norm_mlp import hf_model, weights
 
     for n_kv in (2, 1, 8):
         cfg = nb10.ModernConfig(n_kv_heads=n_kv)
@@ -91,7 +91,7 @@ def test_rms_norm_mistakes_are_named(cls, expected):
 def test_an_untouched_rms_norm_is_answered_before_the_weights_are_made(monkeypatch):
     """Issue 44: the check of an unwritten exercise answers at once; making the seeded weights (a
     second or more on a kernel's first check) waits until the stub has run."""
-    from graders.exercises.modern import norm_mlp
+    from graders.exercises.nb10 import norm_mlp
 
     class RMSNorm(nn.Module):
         def __init__(self, cfg):
@@ -869,7 +869,7 @@ def test_kv_cache_bytes_passes_and_its_mistakes_are_named():
 RUNS_ITS_OWN_ROPE = '''
 import math
 import torch
-from graders.exercises.modern import reference as ref
+from graders.exercises.nb10 import reference as ref
 
 def rope_cos_sin(positions, d_head, theta):
     cos, sin = ref.rope_cos_sin(positions, d_head, theta)

@@ -13,7 +13,7 @@ import pytest
 import regex
 
 from graders.exercises import nb11
-from graders.exercises.tokenizer import training
+from graders.exercises.nb11 import training
 from graders.judging.compare import CheckFailed
 from graders.reference.tokenizer import bpe_files
 
@@ -311,8 +311,8 @@ def _right_to_left(symbols, pair):
 
 
 def test_the_course_trainer_agrees_with_an_independent_one():
-    from graders.exercises.tokenizer import reference
-    from graders.exercises.tokenizer.texts import hidden_corpus
+    from graders.exercises.nb11 import reference
+    from graders.exercises.nb11.texts import hidden_corpus
     from graders.reference.data import load_tinyshakespeare
 
     for text in (hidden_corpus(5), load_tinyshakespeare()[:20_000]):
@@ -1074,7 +1074,7 @@ def test_tiktokens_own_pattern_file_is_refused():
 
 def test_one_token_too_many_is_one_token():
     """Issue 44 §3's wording: a count of one is singular ("1 more token", not "1 more tokens")."""
-    from graders.exercises.tokenizer.encoding import _first_difference
+    from graders.exercises.nb11.encoding import _first_difference
 
     assert _first_difference([1, 2, 3], [1, 2], "", False).startswith("1 more token than tiktoken's 2,")
     assert _first_difference([1, 2, 3, 4], [1, 2], "", False).startswith("2 more tokens than")

@@ -865,7 +865,7 @@ def test_clipping_library_kernels_and_copies_are_refused():
 def test_untouched_exercises_are_answered_before_any_reference_is_built(monkeypatch):
     """The stubs' checks say "not written yet" without building a reference (those take seconds):
     every reference builder of 12's checks raises here, and no check reaches one."""
-    from graders.exercises.training_step import adamw, checkpoint, clipping, loss, memory
+    from graders.exercises.nb12 import adamw, checkpoint, clipping, loss, memory
 
     def built(*args, **kwargs):
         raise AssertionError("a reference was built for an untouched exercise")

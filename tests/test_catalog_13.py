@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises import nb13
-from graders.exercises.post_training.gpt import Linear
+from graders.exercises.nb13.gpt import Linear
 from graders.judging.compare import CheckFailed
 
 IM_START, IM_END = nb13.IM_START, nb13.IM_END
@@ -79,7 +79,7 @@ def test_learning_only_the_last_assistant_turn_is_named_where_a_conversation_has
 def test_the_templates_rule_for_typed_markers_is_the_librarys_with_special_tokens_split():
     """A cross-check of the judge's reference for the forged conversation: transformers' tokenizer,
     told to split special tokens, encodes its content as the course's rule does (ordinary text)."""
-    from graders.exercises.post_training.chat import FORGED_CONVERSATION, hf_chat_tokenizer
+    from graders.exercises.nb13.chat import FORGED_CONVERSATION, hf_chat_tokenizer
 
     tokenizer, encoding = hf_chat_tokenizer(), nb13.chat_encoding()
     for message in FORGED_CONVERSATION:
@@ -215,7 +215,7 @@ def test_a_correct_lora_passes_whatever_the_random_state_draws_for_a(state, seed
 
 
 def test_the_lora_check_draws_the_same_factors_whatever_ran_before_in_the_kernel():
-    from graders.exercises.post_training import lora
+    from graders.exercises.nb13 import lora
     from graders.judging.cases import Case
 
     drawn = []
@@ -422,7 +422,7 @@ def test_the_dpo_equation_the_judge_uses_agrees_with_trl():
 
     from trl import DPOTrainer
 
-    from graders.exercises.post_training.dpo import expected_loss
+    from graders.exercises.nb13.dpo import expected_loss
 
     generator = torch.Generator().manual_seed(0)
     batch, positions, beta = 5, 6, 0.3
@@ -446,7 +446,7 @@ def test_the_dpo_equation_the_judge_uses_agrees_with_trl():
     trl_loss = DPOTrainer._compute_loss(trainer, lambda **kwargs: outputs, inputs, return_outputs=False)
     ours = expected_loss(policy[:batch], policy[batch:], reference[:batch], reference[batch:], beta)
     assert torch.isclose(trl_loss, ours, rtol=1e-12), (float(trl_loss), float(ours))
-    from graders.exercises.post_training import reference as ref
+    from graders.exercises.nb13 import reference as ref
     outside = ref.dpo_loss(policy[:batch], policy[batch:], reference[:batch], reference[batch:], beta,
                            slip="beta_outside")
     assert not torch.isclose(trl_loss, outside, rtol=1e-3)    # the cross-check tells a named mistake apart
@@ -494,7 +494,7 @@ def test_a_scratch_cell_naming_a_library_fails_only_where_the_word_is_refused_no
     """peft, trl and apply_chat_template are refused where they run and in the exercise's own answer
     cells, not in a scratch cell above; `transformers` is refused in every cell before a check, and
     the refusal quotes the line and says that scratch cells count."""
-    from graders.exercises.post_training import template
+    from graders.exercises.nb13 import template
     from graders.judging.verdict import LearnerCode, decide
 
     case = template.exercise.case()

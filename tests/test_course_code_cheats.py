@@ -26,17 +26,17 @@ COURSE_ANSWERS = {
     "05 TransformerBlock": ("05_transformer_block", "TransformerBlock",
                             "graders.reference.components:TransformerBlock"),
     "06 DemoTransformer": ("06_gpt2", "DemoTransformer", "graders.reference.components:DemoTransformer"),
-    "07 lr_at": ("07_training", "lr_at", "graders.exercises.training.tasks:reference_lr"),
-    "08 apply_top_k": ("08_sampling", "apply_top_k", "graders.exercises.sampling.reference:apply_top_k"),
+    "07 lr_at": ("07_training", "lr_at", "graders.exercises.nb07.tasks:reference_lr"),
+    "08 apply_top_k": ("08_sampling", "apply_top_k", "graders.exercises.nb08.reference:apply_top_k"),
     "09 PostNormBlock": ("09_transformer_family", "PostNormBlock", "graders.reference.bert:PostNormBlock"),
-    "10 RMSNorm": ("10_modern_decoder", "RMSNorm", "graders.exercises.modern.reference:RMSNorm"),
+    "10 RMSNorm": ("10_modern_decoder", "RMSNorm", "graders.exercises.nb10.reference:RMSNorm"),
     "11 bytes_to_unicode": ("11_tokenizer", "bytes_to_unicode",
-                            "graders.exercises.tokenizer.reference:bytes_to_unicode"),
-    "11 pretokenize": ("11_tokenizer", "pretokenize", "graders.exercises.tokenizer.reference:pretokenize"),
-    "11 train_bpe": ("11_tokenizer", "train_bpe", "graders.exercises.tokenizer.reference:train_bpe"),
-    "12 AdamW": ("12_training_step", "AdamW", "graders.exercises.training_step.reference:VariantAdamW"),
-    "13 sft_loss": ("13_post_training", "sft_loss", "graders.exercises.post_training.reference:sft_loss"),
-    "13 dpo_loss": ("13_post_training", "dpo_loss", "graders.exercises.post_training.reference:dpo_loss"),
+                            "graders.exercises.nb11.reference:bytes_to_unicode"),
+    "11 pretokenize": ("11_tokenizer", "pretokenize", "graders.exercises.nb11.reference:pretokenize"),
+    "11 train_bpe": ("11_tokenizer", "train_bpe", "graders.exercises.nb11.reference:train_bpe"),
+    "12 AdamW": ("12_training_step", "AdamW", "graders.exercises.nb12.reference:VariantAdamW"),
+    "13 sft_loss": ("13_post_training", "sft_loss", "graders.exercises.nb13.reference:sft_loss"),
+    "13 dpo_loss": ("13_post_training", "dpo_loss", "graders.exercises.nb13.reference:dpo_loss"),
 }
 
 
@@ -159,7 +159,7 @@ class RMSNorm(nn.Module):
         self.w = nn.Parameter(torch.ones(cfg.d_model))
 
     def forward(self, x):
-        course = importlib.import_module("gra" + "ders.exercises.modern.reference")
+        course = importlib.import_module("gra" + "ders.exercises.nb10.reference")
         return torch.utils.checkpoint.checkpoint(course.rms_norm, x, self.w, self.cfg.rms_norm_eps,
                                                  use_reentrant=False)
 '''

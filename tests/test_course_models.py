@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from graders.exercises.post_training import tasks
+from graders.exercises.nb13 import tasks
 from graders.reference.paths import CACHE_ENV, cache_dir
 from graders.reference.synthetic import fingerprint
 
@@ -20,7 +20,7 @@ BUILD = textwrap.dedent("""
     import torch
     torch.manual_seed(int(sys.argv[1]))
     torch.rand(int(sys.argv[2]))                   # the process has drawn other numbers first
-    from graders.exercises.post_training import tasks
+    from graders.exercises.nb13 import tasks
     from graders.reference.synthetic import fingerprint
     if sys.argv[3] == "base first":
         tasks.base_weights()
@@ -94,8 +94,8 @@ def test_a_build_that_is_not_the_committed_model_is_refused_in_one_sentence(tmp_
 def test_the_notebooks_finetuning_demonstration_is_the_checks_visible_run():
     """13's demonstration cell seeds torch with 0 and finetunes tasks.base_model() on seed 0's
     batches; the check's seed-0 run builds the base model, then seeds: the same model comes out."""
-    from graders.exercises.post_training import reference as ref
-    from graders.exercises.post_training import runs
+    from graders.exercises.nb13 import reference as ref
+    from graders.exercises.nb13 import runs
     from graders.judging.cases import Case
 
     case = Case(text=None, seed=0)

@@ -106,7 +106,7 @@ def test_a_learners_kernel_shows_the_fix_in_a_fold_after_the_error(folds, tmp_pa
 def test_a_comparison_hints_only_when_no_mistake_is_named_and_puts_the_fix_last():
     import torch
 
-    from graders.exercises.diagnosis import compare
+    from graders.exercises.common.diagnosis import compare
 
     expected, ones = torch.zeros(2, 3), torch.ones(2, 3)
     args = dict(mistakes={"every value is one": ones}, hint="look up torch.zeros.",

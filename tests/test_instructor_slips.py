@@ -62,7 +62,7 @@ def test_grading_with_a_mistyped_pretrained_folder_stops_before_grading_in_one_l
 
 def test_counting_parameters_on_the_hidden_configs_prints_no_transformers_warning():
     code = ("import dataclasses\n"
-            "from graders.exercises.parameter_count import config_for, expected_counts\n"
+            "from graders.exercises.nb06.parameter_count import config_for, expected_counts\n"
             "from graders.judging.cases import Case\n"
             "for seed in range(1, 9):\n"
             "    expected_counts(dataclasses.astuple(config_for(Case(seed=seed))))\n")

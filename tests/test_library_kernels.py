@@ -14,7 +14,7 @@ from torch import nn
 
 from graders.course import example_class
 from graders.exercises import nb01, nb02, nb03, nb04, nb06, nb09, nb10, nb13
-from graders.exercises.modern import reference as ref
+from graders.exercises.nb10 import reference as ref
 from graders.judging.compare import CheckFailed
 from graders.reference.components import MLP, Attention, LayerNorm
 from test_catalog_03 import Base, mask_future

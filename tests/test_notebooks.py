@@ -186,7 +186,7 @@ def test_a_demonstration_calling_the_course_version_is_found():
              cell("nb08.check_top_p(apply_top_p)\nprint(apply_top_p(x, 0.9))"),   # the learner's own
              cell("out = nb08.apply_top_p(x, 0.9)"),
              cell("attn = rc.Attention(cfg)"),
-             cell("from graders.exercises.sampling.reference import apply_top_p as top_p")]
+             cell("from graders.exercises.nb08.reference import apply_top_p as top_p")]
     assert _course_versions_called(cells) == [
         "cell 4: nb08.apply_top_p", "cell 5: rc.Attention", "cell 6: imports apply_top_p"]
 

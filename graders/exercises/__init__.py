@@ -1,4 +1,6 @@
-"""The graders of the course's notebooks: `nbNN.py` grades notebook NN and declares it (`NOTEBOOK`).
+"""The graders of the course's notebooks: the package `nbNN/` grades notebook NN, its `__init__.py`
+declaring it (`NOTEBOOK`) and holding the checks its test cells call; `common/` holds what several
+notebooks share.
 
 A notebook's test cells call `nbNN.check_...`, so the module's name follows from the notebook's
 number; `declaration` is the one place that looks it up, and says what is missing when it fails.
@@ -25,7 +27,7 @@ def grader_module(notebook: str) -> ModuleType:
     except ModuleNotFoundError as err:
         if err.name != name:
             raise
-        raise MissingGrader(f"{notebook} has no grader: write graders/exercises/nb{notebook[:2]}.py "
+        raise MissingGrader(f"{notebook} has no grader: write graders/exercises/nb{notebook[:2]}/__init__.py "
                             "(see docs/adding-a-notebook.md)") from None
 
 
@@ -33,7 +35,7 @@ def declaration(notebook: str) -> Notebook:
     """The `NOTEBOOK` that `notebook`'s grader module declares."""
     declared = getattr(grader_module(notebook), "NOTEBOOK", None)
     if not isinstance(declared, Notebook) or declared.name != notebook:
-        raise MissingGrader(f"graders/exercises/nb{notebook[:2]}.py must declare "
+        raise MissingGrader(f"graders/exercises/nb{notebook[:2]}/__init__.py must declare "
                             f"NOTEBOOK = Notebook({notebook!r}, ...) (see docs/adding-a-notebook.md)")
     return declared
 

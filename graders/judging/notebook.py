@@ -1,6 +1,6 @@
 """A notebook's declaration: what the course needs to know about a graded notebook, in one place.
 
-Each grader module `graders/exercises/nbNN.py` declares `NOTEBOOK = Notebook(...)` beside its
+Each grader module `graders/exercises/nbNN/__init__.py` declares `NOTEBOOK = Notebook(...)` beside its
 exercises. The example class, the classroom test's expected grades, copy detection and the
 picture tests derive from it; a test names the notebook whose declaration is missing.
 """

@@ -22,7 +22,7 @@ MACHINERY = frozenset({
     "judging/progress.py", "judging/failed_cells.py",
     "judging/exercise.py", "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
     "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",
-    "exercises/submodules.py", "judging/library_ops.py", "judging/kernels.py", "judging/kernel_bans.py",
+    "exercises/common/submodules.py", "judging/library_ops.py", "judging/kernels.py", "judging/kernel_bans.py",
 })
 ANSWER_LIBRARIES = ("transformer_lens", "transformers")   # libraries that hold the answers
 LEARNER, LIBRARY, MACHINE, COURSE, COPY, ANSWER_LIBRARY = (

@@ -1,0 +1,203 @@
+"""How the graders word a failure: the specific diagnosis first, details and hints after.
+
+- `diagnosis_first(judge)`: a judge whose messages carry their "Likely mistake: ..." line on the
+  first line (the line a learner reads), whatever check raised it.
+- `compare`: `graders.judging.compare.compare`, with that rule applied; when no listed mistake
+  matches, a `reading` of the output's properties (graders.exercises.common.properties) may name one.
+  Its hint (a pointer: the idea, the function to look up) is printed only when no mistake is
+  named, and the corrected code it knows goes last, on the line the displays fold away.
+- `crash(...)`: a crash inside learner code at a given input, reported with that input and the
+  likely cause, before the library's own words.
+- `with_fix(message, code)`: the corrected code, where a check knows it, on a line of its own,
+  which `fix_last` keeps last.
+- `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
+- `judge_randomness(...)`: where the randomness of a sampler or data generator comes from, with
+  one message per mistake (always the most likely token, a fixed seed, torch's global generator).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from graders.judging.compare import CheckFailed, Mistakes, check_shape, require_tensor
+from graders.judging.compare import compare as _compare
+from graders.judging.rendering import FIX_PREFIX, fix_line
+
+LIKELY = "Likely mistake:"
+FIX = FIX_PREFIX.strip()      # "Show the fix:", as rendering.py marks the line
+
+
+def fix_last(message: str) -> str:
+    """`message` with its "Show the fix:" lines moved to the end, once each (a matched mistake's
+    description carries one, and a hint may follow it)."""
+    lines = message.split("\n")
+    fixes = [line for line in lines if line.strip().startswith(FIX)]
+    return "\n".join([line for line in lines if line not in fixes] + list(dict.fromkeys(fixes)))
+
+
+def lift_diagnosis(message: str) -> str:
+    """`message` with its first "Likely mistake: ..." line moved up to the end of its first line."""
+    lines = message.split("\n")
+    if not lines or LIKELY in lines[0]:
+        return message
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip().startswith(LIKELY):
+            first = lines[0].rstrip()
+            return "\n".join([f"{first} {line.strip()}"] + lines[1:i] + lines[i + 1:])
+    return message
+
+
+def diagnosis_first(judge: Callable) -> Callable:
+    """Wrap a judge so that every failure it raises names the mistake on its first line."""
+    @functools.wraps(judge)
+    def judged(case, outputs):
+        try:
+            return judge(case, outputs)
+        except CheckFailed as failure:
+            lifted = fix_last(lift_diagnosis(str(failure)))
+            if lifted == str(failure):
+                raise
+            raise CheckFailed(lifted) from failure.__cause__
+    return judged
+
+
+def with_fix(message: str, code: str) -> str:
+    """`message` ending with the corrected code, on the line the displays fold away."""
+    return message + fix_line(code) if code else message
+
+
+def named_mistake(message: str) -> str | None:
+    """The description on a message's "Likely mistake: ..." line, None when it names none."""
+    for line in message.split("\n"):
+        if LIKELY in line:
+            return line.split(LIKELY, 1)[1].strip()
+    return None
+
+
+def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
+            mistakes: Mistakes = None, hint: str = "", depth: int = 1,
+            reading: Callable[[torch.Tensor], str | None] | None = None,
+            fix: str = "", fixes: Mapping[str, str] = {}) -> None:
+    """The course comparison; a recognised mistake is named on the message's first line. When no
+    listed mistake matches, `reading(actual)` (graders.exercises.common.properties) may name one from
+    the output's properties; it is asked only about a finite output of the right shape. `hint`
+    is printed only when no mistake is named (it is general, the mistake is precise); `fixes`
+    holds the corrected code of a named mistake, `fix` the code of any mistake here."""
+    try:
+        _compare(what, actual, expected, dims, mistakes=mistakes, depth=depth)
+    except CheckFailed as failure:
+        message = str(failure)
+        if reading is not None and LIKELY not in message and _readable(actual, expected):
+            found = reading(actual.detach())
+            if found:
+                message = _with_likely(message, found)
+        named = named_mistake(message)
+        if named is None and hint:
+            message += f"\n  Hint: {hint}"
+        message = fix_last(with_fix(lift_diagnosis(message), fixes.get(named, fix)))
+        if message == str(failure):
+            raise
+        raise CheckFailed(message) from failure.__cause__
+
+
+def _readable(actual, expected: torch.Tensor) -> bool:
+    return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape and actual.is_floating_point()
+            and bool(torch.isfinite(actual).all()))
+
+
+def _with_likely(message: str, likely: str) -> str:
+    """`message` with a "Likely mistake: ..." line before its hint or its fix (at its end without)."""
+    lines = message.split("\n")
+    at = next((i for i, line in enumerate(lines)
+               if line.strip().startswith("Hint:") or line.startswith(FIX_PREFIX)), len(lines))
+    return "\n".join(lines[:at] + [f"  {LIKELY} {likely}"] + lines[at:])
+
+
+def is_crash(failure: CheckFailed) -> bool:
+    """Whether a `run_learner` failure is the learner's code raising (not a stub, a forbidden
+    library call or a grader's own verdict)."""
+    cause = failure.__cause__
+    return isinstance(cause, Exception) and not isinstance(cause, CheckFailed)
+
+
+def crash(what: str, failure: CheckFailed, on: str, likely: str = "") -> CheckFailed:
+    """A crash of learner code `what` on input `on`, the likely cause first when known."""
+    head = f"{what} crashed on {on}"
+    head += f". Likely mistake: {likely}" if likely else "."
+    return CheckFailed(f"{head}\n  {str(failure).splitlines()[0]}" +
+                       "".join(f"\n  {line.strip()}" for line in str(failure).splitlines()[1:]))
+
+
+SIZE_MISMATCH = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def mismatched_sizes(failure: CheckFailed) -> tuple[int, int] | None:
+    """The two sizes of a broadcasting error, if that is what the learner's code raised."""
+    found = SIZE_MISMATCH.search(str(failure))
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def judge_randomness(what: str, outputs: Mapping, made: str, how: str,
+                     deterministic: Mapping[str, torch.Tensor] = {}) -> None:
+    """Randomness must come from the generator the caller passes, and only from it.
+
+    `outputs` holds "a" and "a_again" (same seed), "b" (another seed) and "global_rng_used";
+    `deterministic` maps a description of a known deterministic mistake (e.g. "always takes the
+    most likely token (argmax)") to what it outputs on the same input as "a"; `how` is the call
+    that draws right, the message's fix.
+    """
+    if bool(outputs["global_rng_used"]) and not torch.equal(outputs["a"], outputs["a_again"]):
+        raise CheckFailed(with_fix(
+            f"{what} draws from torch's global random generator, not from the generator it is given: "
+            f"two calls with generators seeded the same gave different {made}. Pass the generator "
+            "you are given to the call that draws (its `generator=` argument).", how))
+    if not torch.equal(outputs["a"], outputs["a_again"]):
+        raise CheckFailed(with_fix(
+            f"{what}: two calls with generators seeded the same gave different {made}: some "
+            "randomness does not come from the generator you are given. Draw every random number "
+            "from it.", how))
+    if torch.equal(outputs["a"], outputs["b"]):
+        for description, output in deterministic.items():
+            if output.shape == outputs["a"].shape and torch.equal(outputs["a"], output):
+                raise CheckFailed(with_fix(
+                    f"{what} {description}, so generators with different seeds give the same "
+                    f"{made}. Sample instead, from the generator you are given.", how))
+        if bool(outputs["global_rng_used"]):
+            raise CheckFailed(with_fix(
+                f"{what} reseeds torch's global random generator (torch.manual_seed), so generators "
+                f"with different seeds give the same {made}. Use only the generator you are given.", how))
+        raise CheckFailed(with_fix(
+            f"{what} ignores the generator's seed: generators with different seeds give the same "
+            f"{made}. Likely mistake: it draws from a generator of its own with a fixed seed (or "
+            "reseeds the one it is given); draw from the generator you are given, as it is.", how))
+    if bool(outputs["global_rng_used"]):
+        raise CheckFailed(with_fix(
+            f"{what} used or reseeded torch's global random generator. Use only the generator "
+            "passed in, so that callers control the randomness.", how))
+
+
+def judge_generated(where: str, out: torch.Tensor, prompt: torch.Tensor, n_new: int) -> None:
+    """Shape, dtype and prompt of a `generate` output expected to hold prompt + n_new tokens."""
+    require_tensor(where, out)
+    n_prompt = prompt.shape[1]
+    if out.ndim == 2 and out.shape[0] == prompt.shape[0] and out.shape[1] == n_new:
+        raise CheckFailed(with_fix(
+            f"{where}: shape {list(out.shape)}, expected {[prompt.shape[0], n_prompt + n_new]}. "
+            "Likely mistake: only the new tokens are returned; return the prompt followed by them, "
+            "joined along the position dimension.", "torch.cat([input_ids, new_tokens], dim=-1)"))
+    check_shape(where, out, (prompt.shape[0], n_prompt + n_new), ("batch", "position"))
+    if out.dtype != torch.long:
+        raise CheckFailed(f"{where}: dtype {out.dtype}; return token ids as torch.long.")
+    if not torch.equal(out[:, :n_prompt], prompt):
+        raise CheckFailed(f"{where}: the output must start with the prompt, then the new tokens.")
+
+
+def describe(x) -> str:
+    """A learner-facing description of an argument: dtype and shape for tensors."""
+    if isinstance(x, torch.Tensor):
+        dtype = str(x.dtype).replace("torch.", "")
+        return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} tensor of shape {list(x.shape)}"
+    return "None" if x is None else type(x).__name__
