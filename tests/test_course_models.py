@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graders.exercises.nb13 import tasks
-from graders.reference.paths import CACHE_ENV, cache_dir
+from graders.reference.paths import CACHE_ENV
 from graders.reference.synthetic import fingerprint
 
 BUILD = textwrap.dedent("""
@@ -31,8 +31,8 @@ BUILD = textwrap.dedent("""
 
 def _cache_with_the_base(tmp_path):
     """A course cache holding only the machine's base model (pretraining it again takes a minute)."""
-    base = cache_dir("post-training") / f"base-v{tasks.VERSION}.pt"
     tasks.base_weights()                               # built here once, if this machine has not yet
+    base = tasks.cached_file("base")
     (tmp_path / "post-training").mkdir(parents=True)
     shutil.copy(base, tmp_path / "post-training")
     return tmp_path
@@ -76,7 +76,7 @@ def test_loading_a_course_model_draws_nothing_from_the_callers_generator():
 def test_a_cached_file_that_is_not_the_committed_model_is_built_again(tmp_path, monkeypatch):
     cache = _cache_with_the_base(tmp_path)
     monkeypatch.setenv(CACHE_ENV, str(cache))
-    stale = cache / "post-training" / f"sft-v{tasks.VERSION}.pt"
+    stale = tasks.cached_file("sft")
     torch.save(tasks.base_weights(), stale)           # a model of the right shapes, not the finetuned one
     model = tasks._cached("sft", lambda: tasks.loaded(tasks.sft_weights()))
     assert fingerprint(model.state_dict()) == tasks.expected_fingerprint("sft")
@@ -87,7 +87,7 @@ def test_a_build_that_is_not_the_committed_model_is_refused_in_one_sentence(tmp_
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     with pytest.raises(RuntimeError, match="sft model built on this machine .* is not the committed one"):
         tasks._cached("sft", tasks.base_model)
-    assert not (tmp_path / "post-training" / f"sft-v{tasks.VERSION}.pt").exists()
+    assert not tasks.cached_file("sft").exists()
 
 
 @pytest.mark.slow

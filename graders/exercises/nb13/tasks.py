@@ -188,13 +188,20 @@ def expected_fingerprint(name: str) -> str:
     return json.loads(MODELS_RECORD.read_text())[f"{name}-v{VERSION}"]
 
 
+def cached_file(name: str) -> Path:
+    """Where the course cache keeps the course's model `name`."""
+    from graders.reference.paths import cache_dir
+
+    return cache_dir("post-training") / f"{name}-v{VERSION}.pt"
+
+
 def _cached(name: str, make) -> GPT:
     """The course's model `name` from the course cache, built by `make` when missing or not the
     committed one (a truncated file, an older recipe): the same weights on every machine."""
-    from graders.reference.paths import atomic_write, cache_dir
+    from graders.reference.paths import atomic_write
     from graders.reference.synthetic import fingerprint
 
-    path, expected = cache_dir("post-training") / f"{name}-v{VERSION}.pt", expected_fingerprint(name)
+    path, expected = cached_file(name), expected_fingerprint(name)
     if path.is_file():
         try:
             model = loaded(torch.load(path, weights_only=True))
