@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BEFORE = "afabe8a"   # main before graders.judging.provenance and graders.harness.kernel_view
+BEFORE = "afabe8a"   # main before the provenance watch and the kernel views (graders.integrity)
 GRADE_ONE = """
 import sys, tempfile
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Grading core of the course *GPT-2 from scratch, autograded*, in five layers:
+"""Grading core of the course *GPT-2 from scratch, autograded*, in five layers and one concern:
 
 - ``graders.reference``: the reference GPT-2 small (pretrained or synthetic), its weights under
   the course's names, tokenizer, data, and the course's own components;
@@ -10,5 +10,8 @@
   next-token loss);
 - ``graders.harness``: running a submission in a sandboxed kernel and judging it outside,
   for one notebook (``check``), one student or a whole class (``classroom``);
-- ``graders.course``: generating, releasing and running the notebooks; the example class.
+- ``graders.course``: generating, releasing and running the notebooks; the example class;
+- ``graders.integrity``: keeping the course's answer out of the learner's kernel and library
+  answers out of their code, used through ``graders.integrity`` (the kernel's side, beside
+  judging) and ``graders.integrity.host`` (the grading host's, beside the harness) only.
 """

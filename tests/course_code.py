@@ -1,4 +1,4 @@
-"""Test helpers for the provenance check (graders.judging.provenance).
+"""Test helpers for the provenance check (graders.integrity.provenance).
 
 - `as_cell`: compile an answer as a notebook cell is compiled (IPython registers each cell's
   source in linecache under a name that is no file), so that it is the learner's code; code
@@ -10,7 +10,7 @@ import linecache
 
 import pytest
 
-from graders.judging import provenance
+from graders.integrity import provenance
 
 
 def as_cell(source: str, name: str):

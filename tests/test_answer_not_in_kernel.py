@@ -14,8 +14,9 @@ import pytest
 from code_search import file_codes, fingerprints, walk_files
 from graders.course import example_class
 from graders.exercises import declared_notebooks
-from graders.harness import grading, kernel_plan, kernel_view, sandbox
-from graders.judging.origins import PACKAGE
+from graders.harness import grading
+from graders.integrity import kernel_plan, kernel_view, sandbox
+from graders.integrity.origins import PACKAGE
 from test_integrity import crafted, grade, printed
 
 CONFINED = pytest.mark.skipif(bool(sandbox.confinement_unavailable()), reason="no user namespaces here")
@@ -47,7 +48,7 @@ def answers_of(notebook, group) -> set[str]:
 
 
 def received(notebook, grade_id) -> list:
-    """The code a kernel receives as test cell `grade_id` starts (graders.judging.deliveries)."""
+    """The code a kernel receives as test cell `grade_id` starts (graders.integrity.deliveries)."""
     data = kernel_view.delivery(notebook, grade_id)
     return [code for _, code, _ in marshal.loads(data)] if data else []
 
@@ -93,7 +94,7 @@ def test_a_composite_receives_its_parts_after_they_are_graded():
     """10's DecoderLayer check runs the course's RMSNorm, attention and SwiGLU: the kernel receives
     them as that cell starts, after the parts' own cells (and the search finds them there: the
     test above can fail). SwiGLU is graded in a kernel apart, which stops after it: it refuses
-    F.linear, which the model's unembedding may use (graders.harness.kernel_plan)."""
+    F.linear, which the model's unembedding may use (graders.integrity.kernel_plan)."""
     groups = kernel_plan.kernel_groups("10_modern_decoder")
     (group,) = [g for g in groups if "decoder_layer_test" in g]
     layer = group.index("decoder_layer_test")
@@ -143,7 +144,7 @@ def test_a_confined_kernel_finds_no_implementation_anywhere(tmp_path):
 
 VIEW_OF = """
 import marshal, sys
-from graders.harness.kernel_view import kernel_package
+from graders.integrity.kernel_view import kernel_package
 folder, deliveries = kernel_package("11_tokenizer", ("encode_test",))
 layout = (folder / "__pycache__").glob("layout.*.pyc")
 print(folder, marshal.loads(next(layout).read_bytes()[16:]).co_filename,
@@ -308,7 +309,7 @@ FORGER = '''# forge
 import importlib, os
 from graders.judging import session
 assert os.path.exists(f"{session.current().deliveries}/decoder_layer_test.delivery")   # the parts received
-provenance = importlib.import_module("graders.judging.provenance")
+provenance = importlib.import_module("graders.integrity.provenance")
 provenance.Watch.refusal = lambda *args, **kwargs: None
 provenance.Watch.library_answer = lambda *args, **kwargs: None
 ref = importlib.import_module("graders.exercises.nb10.reference")

@@ -180,8 +180,19 @@ def test_tests_marked_for_one_worker_share_it(tmp_path):
 LAYERS = ["layout", "reference", "judging", "exercises", "harness", "course"]
 
 
+# graders.integrity spans two layers: what runs in a kernel beside the checks sits with judging
+# (which calls it), what plans, confines and watches kernels from the host sits with the harness.
+INTEGRITY_ON_THE_HOST = {"host", "sandbox", "sandbox_kernel", "kernel_view", "kernel_plan", "library_seals",
+                         "disk_watch"}
+# What code outside graders.integrity may import of it: its two interfaces, and the torch
+# routines the exercises' declarations name.
+INTEGRITY_INTERFACE = {"graders.integrity", "graders.integrity.host", "graders.integrity.library_kernels"}
+
+
 def _layer(module: str) -> int | None:
     parts = module.split(".")
+    if parts[:2] == ["graders", "integrity"]:
+        return LAYERS.index("harness" if len(parts) > 2 and parts[2] in INTEGRITY_ON_THE_HOST else "judging")
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[0] == "graders" and parts[1] in LAYERS else None
 
 
@@ -308,3 +319,26 @@ def test_no_import_cycles_among_the_graders_modules_even_inside_a_function():
         rest = sorted(set(tangle) - set(cycle))
         cycles.append(" -> ".join(cycle) + arrows + (f"\n    in the same tangle: {', '.join(rest)}" if rest else ""))
     assert not cycles, "import cycles among graders' modules:\n" + "\n".join(cycles)
+
+
+def test_code_outside_the_integrity_package_uses_its_interface_only():
+    """Integrity is one concern behind a small interface: teaching and grading code (and the
+    benchmarks) import `graders.integrity`, `graders.integrity.host` or the declared torch
+    routines, never the modules behind them."""
+    inside = []
+    for path in sorted([*(ROOT / "graders").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
+        if path.is_relative_to(ROOT / "graders" / "integrity"):
+            continue
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                inside += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}"
+                           for name in _imported(node, module, path.name == "__init__.py")
+                           if name.startswith("graders.integrity.") and name.count(".") == 2
+                           and name not in INTEGRITY_INTERFACE and _is_module(name)]
+    assert not inside, inside
+
+
+def _is_module(name: str) -> bool:
+    return (ROOT / (name.replace(".", "/") + ".py")).is_file() or (ROOT / name.replace(".", "/")).is_dir()
+

@@ -1,7 +1,7 @@
-"""The watch on what a confined kernel writes to the host's disk (graders.harness.disk_watch)."""
+"""The watch on what a confined kernel writes to the host's disk (graders.integrity.disk_watch)."""
 import threading
 
-from graders.harness.disk_watch import DiskWatch, disk_use
+from graders.integrity.disk_watch import DiskWatch, disk_use
 
 
 def _watched(folder, **limits) -> DiskWatch:

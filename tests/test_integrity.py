@@ -13,7 +13,8 @@ import pytest
 
 from graders.course import example_class
 from graders.course.notebooks import SOLUTIONS
-from graders.harness import execute, grading, sandbox
+from graders.harness import execute, grading
+from graders.integrity import sandbox
 
 pytestmark = pytest.mark.xdist_group("integrity")
 
@@ -214,7 +215,7 @@ def test_learner_code_runs_unprivileged_offline_and_alone(tmp_path):
                "    os._exit(0)\n"
                "seen = [open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')\n"
                "        for p in os.listdir('/proc') if p.isdigit()]\n"
-               "ours = {b'sleep', b'graders.harness.sandbox_kernel', b'-c'}   # a zombie has no command line\n"
+               "ours = {b'sleep', b'graders.integrity.sandbox_kernel', b'-c'}   # a zombie has no command line\n"
                "print(os.getpid(), [b' '.join(c).decode()[:80] for c in seen\n"
                "                    if c != [b''] and not ours & set(c) and not c[0].endswith(b'bwrap')])\n")
         cells, _, executed = grade(tmp_path, "01_layernorm", crafted("01_layernorm", extra={"setup": [who]}))
@@ -235,7 +236,7 @@ def test_learner_code_runs_unprivileged_offline_and_alone(tmp_path):
 @CONFINED
 @pytest.mark.slow
 def test_a_kernel_can_fill_neither_memory_nor_disk(tmp_path):
-    from graders.harness.sandbox_kernel import FILE_MB, SCRATCH_MB
+    from graders.integrity.sandbox_kernel import FILE_MB, SCRATCH_MB
     from graders.reference.paths import cache_dir
 
     hidden = sandbox.library_paths(("transformers",))[0]
@@ -276,7 +277,7 @@ def test_a_kernel_can_fill_neither_memory_nor_disk(tmp_path):
 def test_a_kernel_flooding_the_graders_disk_is_stopped(tmp_path):
     import time
 
-    from graders.harness.disk_watch import MAX_ENTRIES
+    from graders.integrity.disk_watch import MAX_ENTRIES
 
     records = tmp_path / "work" / "records-0"
     flood = ("# flood\nimport os, time\n"
@@ -526,7 +527,7 @@ def test_regrading_is_deterministic(tmp_path):
 def test_the_kernel_is_told_which_reference_the_judge_uses(tmp_path, monkeypatch):
     """A kernel has its own HOME: left to `auto` it would miss a pretrained GPT-2 in the grader's
     Hugging Face cache and produce outputs with other weights than the judge compares with."""
-    from graders.harness.sandbox import sandbox_env
+    from graders.integrity.sandbox import sandbox_env
     from graders.reference import store
     from graders.reference.model import ReferenceId, identify
 

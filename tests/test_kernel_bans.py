@@ -1,5 +1,5 @@
 """Torch's kernels for an answer, taken out of a grading kernel's dispatcher before any learner code
-runs (graders.judging.kernel_bans), and a grading kernel that cannot start a program (issue 43's
+runs (graders.integrity.kernel_bans), and a grading kernel that cannot start a program (issue 43's
 "library answers refused at the level they run", once the in-kernel watches are switched off).
 
 Arming is for a process's life, so every arming here happens in a process of its own: a child
@@ -13,7 +13,7 @@ import pytest
 
 from graders.course import example_class
 from graders.exercises import declared_notebooks, find
-from graders.harness import kernel_plan
+from graders.integrity import kernel_plan
 from graders.judging.compare import CheckFailed
 from test_integrity import CONFINED, grade, printed
 
@@ -43,7 +43,7 @@ PROGRAM = textwrap.dedent("""
     import torch.nn.functional as F
     from torch import nn
     from graders.exercises import find
-    from graders.judging.kernel_bans import arm
+    from graders.integrity.kernel_bans import arm, exercise_bans
     from graders.judging.compare import CheckFailed
 
     K = torch._C.DispatchKey
@@ -59,7 +59,7 @@ PROGRAM = textwrap.dedent("""
         gc.collect()
         return torch.native_layer_norm(x, (4,), None, None, 1e-5)
 
-    arm(find(("01_layernorm", "LayerNorm")).kernel_bans())
+    arm(exercise_bans(find(("01_layernorm", "LayerNorm"))))
     gc.collect()
     found = {}
     for name, route in json.loads(sys.argv[1]).items():
@@ -107,9 +107,9 @@ def test_every_refused_operator_is_replaced_at_every_key_that_computes_it():
         import json, re, torch
         from graders.exercises import declared_notebooks, find
         from graders.harness.manifest import notebook_checks
-        from graders.judging.kernel_bans import arm, operators
+        from graders.integrity.kernel_bans import arm, exercise_bans, operators
         bans = {p: r for nb in declared_notebooks() for checks in notebook_checks(nb).values()
-                for key, _ in checks for p, r in find(key).kernel_bans()}
+                for key, _ in checks for p, r in exercise_bans(find(key))}
         arm(bans.items())
         active = {op: re.findall(r"^(\\w+)(?:\\[alias\\])?: registered at (\\S+)", torch._C._dispatch_dump(op), re.M)
                   for pattern in bans for op in operators(pattern)}
@@ -131,7 +131,7 @@ def test_every_refused_operator_is_replaced_at_every_key_that_computes_it():
 
 @pytest.mark.parametrize("notebook", sorted(declared_notebooks()))
 def test_no_kernel_refuses_what_an_exercise_it_grades_may_run(notebook):
-    from graders.judging.kernels import matches
+    from graders.integrity.kernels import matches
 
     for group in kernel_plan.kernel_groups(notebook):
         refused = [pattern for pattern, _ in kernel_plan.refused_kernels(notebook, group)]
@@ -409,7 +409,7 @@ def test_torchs_python_clipping_is_right_once_the_watches_are_off(form, monkeypa
 @pytest.mark.parametrize("form", PYTHON_ROUTES)
 def test_torchs_python_routines_are_sealed_in_the_kernel_that_grades_them(form, tmp_path):
     """With every in-kernel watch off, torch's clip_grad_norm_ (called, or its shipped bytecode
-    run again) is a sealed copy in the kernel grading 12's clipping (graders.harness.library_seals);
+    run again) is a sealed copy in the kernel grading 12's clipping (graders.integrity.library_seals);
     the kernel grading 12's checkpoints, whose course code runs clip_grad_norm_, has the real one."""
     source = SWITCH_OFF.format(module="nb12") + textwrap.dedent(PYTHON_ROUTES[form])
     cells, _, _ = grade(tmp_path, "12_training_step", answered("12_training_step", "clip_answer", source))
@@ -456,7 +456,7 @@ def test_a_sealed_module_keeps_what_runs_as_torch_loads():
     """clip_grad's `_no_grad` decorates its functions as the module loads, and torch._decomp's
     `register_decomposition` decorates other modules' functions as torch loads: both stay real,
     or torch would not load in the kernel; the routines that compute answers are sealed."""
-    from graders.harness.library_seals import seals
+    from graders.integrity.library_seals import seals
 
     (clip,) = seals(["torch.nn.utils.clip_grad"]).values()
     assert "clip_grad_norm_" in clip and "_get_total_norm" in clip and "_no_grad" not in clip

@@ -1,13 +1,13 @@
-"""What a confined grading kernel sees of the graders package (graders.harness.kernel_view): the
+"""What a confined grading kernel sees of the graders package (graders.integrity.kernel_view): the
 course's implementation of what its notebook grades, and every judge, only as a sealed copy."""
 import inspect
 from pathlib import Path
 
 import pytest
 
-from graders.harness import kernel_view
-from graders.judging.origins import PACKAGE
-from graders.judging.provenance import CourseCodeSealed
+from graders.integrity import kernel_view
+from graders.integrity.origins import PACKAGE
+from graders.integrity.provenance import CourseCodeSealed
 from graders.reference import components
 
 COMPONENTS = PACKAGE / "reference" / "components.py"

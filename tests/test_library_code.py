@@ -4,7 +4,7 @@ however it was reached, and the refusal names it; other code of the same library
 import torch
 import torch.nn.functional as F
 
-from graders.judging import provenance
+from graders.integrity import provenance
 from graders.judging.learner import Forbidden
 
 ADAMW = Forbidden("AdamW", library_code=("torch.optim.adamw", "torch.optim.adam"))

@@ -202,7 +202,7 @@ class MLPWithTorchsGelu(nn.Module):
 
 def test_an_mlp_running_torchs_gelu_fails_naming_gelu_new():
     """04's text says the MLP calls gelu_new and that torch's GELU is refused there too (a grading
-    kernel of 04 has that kernel taken out: graders.judging.kernel_bans)."""
+    kernel of 04 has that kernel taken out: graders.integrity.kernel_bans)."""
     with pytest.raises(CheckFailed, match="MLP: your MLP runs aten::gelu, torch's own kernel for gelu_new"):
         nb04.check_mlp(MLPWithTorchsGelu)
 

@@ -59,7 +59,7 @@ SUBMISSIONS = {
     "computed-name call": lambda: _answer(lambda s: "import torch.nn.functional as F\n"
                                           + _library_call(s, 'getattr(F, "layer" + "_norm")')),
     "deleted test cell": _without_test_cell,
-    # The course's own LayerNorm (graders.judging.provenance), reached without the word `graders`.
+    # The course's own LayerNorm (graders.integrity.provenance), reached without the word `graders`.
     "course code subclassed": lambda: _answer(lambda s: COURSE_MODULE + SUBCLASSED),
     "course source executed": lambda: _answer(lambda s: COURSE_MODULE + EXECUTED),
     "crash": lambda: _answer(lambda s: s.replace(SOLVED_VARIANCE, "import os; os._exit(1)")),

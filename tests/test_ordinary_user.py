@@ -1,6 +1,6 @@
 """An instructor who is not root gets the same confinement and the same grades (issue 43): the
 example class graded as an ordinary user (uid 65534, no groups), on a notebook with no composite
-and one whose composite's cell receives the course's part (graders.judging.deliveries), with
+and one whose composite's cell receives the course's part (graders.integrity.deliveries), with
 issue 43's cheat families handed in by other students of the same class (one class run: the
 run builds a fresh course cache of its own, the longest part of it)."""
 import csv

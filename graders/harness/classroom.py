@@ -325,7 +325,7 @@ def main(argv=None) -> int:
 
     from graders.harness.limits import TimeLimits
     from graders.harness.gradebook import CourseError
-    from graders.harness.sandbox import confinement_unavailable, unconfined_notice
+    from graders.integrity.host import confinement_unavailable, unconfined_notice
     from graders.reference.model import ReferenceUnavailable
     from graders.reference.store import reference_id
 

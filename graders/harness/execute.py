@@ -4,29 +4,24 @@ The kernel's session (graders.judging.session) is made here and handed to the ke
 start: a grading kernel's test cells record what the learner's code produced. A kernel that dies (os._exit, a
 segfault, memory) is restarted; the cell that killed it is skipped and the learner's other
 cells are replayed, so only the affected tests are lost. So is a confined kernel that floods the
-host folders it writes (graders.harness.disk_watch), after those folders are emptied.
+host folders it writes (graders.integrity.disk_watch), after those folders are emptied.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import json
-import os
 import re
-import secrets
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import nbformat
 
 from graders.harness.cells import KERNEL_NAME, cell_label, is_test_cell, nbgrader_meta
-from graders.harness.disk_watch import DiskWatch
 from graders.harness.limits import TimeLimits
-from graders.harness.sandbox_kernel import SESSION_ARG
+from graders.integrity.host import DiskWatch, KernelPlan, confine, kernel_argv, sandbox_env
 from graders.judging.session import Session
-from graders.harness.sandbox import SANDBOX_UIDS, sandbox_env, sandbox_plan
 
 MAX_RESTARTS = 6
 OUTPUT_LIMIT = 20_000  # characters kept per cell output: a flood never reaches the gradebook
@@ -37,64 +32,45 @@ def _kernel_dir(root: Path, session: Session) -> Path:
     spec = root / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "graders.harness.sandbox_kernel", SESSION_ARG, session.to_json(),
-                 "-f", "{connection_file}"],
+        "argv": kernel_argv(session.to_json()),
         # Interrupted by a message: a signal would reach bubblewrap, not the kernel inside it.
         "display_name": "GPT-2 course sandbox", "language": "python", "interrupt_mode": "message"}))
     return root / "kernels"
 
 
-def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits,
-        confined_to: list[Path] | None = None, inputs_dir: Path | None = None,
-        demonstrations: bool = True, given: tuple[str, ...] = (),
-        view: Path | None = None, tests: set[str] | None = None, stop: bool = False,
-        around_test_cells: tuple | None = None, deliveries: Path | None = None,
-        without: tuple[Path, ...] = (), refused_kernels: tuple = (), sealed: list = ()) -> dict[int, str]:
+def run(notebook, records: Path | None, workdir: Path, limits: TimeLimits, kernel: KernelPlan | None = None,
+        inputs_dir: Path | None = None, demonstrations: bool = True, around_test_cells: tuple | None = None,
+        deliveries: Path | None = None) -> dict[int, str]:
     """Execute the restored notebook; return {cell index: problem} for cells that failed to run.
 
     With `records`, test cells record outputs for the judge and receive their inputs from
     `inputs_dir` (reference activations are withheld); without, they judge in the kernel (the
-    learner's own pre-submission check). With `confined_to`, the kernel is confined and sees
-    those of the grader's files only (see graders.harness.sandbox), and the graders package as
-    the folder `view` (its kernel view: graders.harness.kernel_view). Without `demonstrations`,
-    the demonstration cells skip themselves, as they do in grading. `given` names the notebook's
-    given parts for a grading kernel (graders.judging.provenance). With `tests`, only the test
-    cells of those grade_ids run (the others are graded in another kernel), and with `stop` no
-    cell after the last of them. `around_test_cells` is a pair of callables, each given a test
-    cell's grade_id, called as it starts and when it has run; the kernel takes what the first
-    leaves in `deliveries` (graders.judging.deliveries). A confined kernel has the installed
-    packages and modules `without` empty, and torch's kernels `refused_kernels` (pattern, refusal)
-    taken out of its dispatcher (graders.judging.kernel_bans), and the library modules of `sealed`
-    (graders.harness.library_seals) sealed.
+    learner's own pre-submission check). `kernel` is a grading kernel's plan
+    (graders.integrity.host): the test cells it grades (the others are graded in another kernel),
+    whether it stops after the last of them, the notebook's given parts, the torch kernels it has
+    refused, and its confinement, if any. Without `demonstrations`, the demonstration cells skip
+    themselves, as they do in grading. `around_test_cells` is a pair of callables, each given a
+    test cell's grade_id, called as it starts and when it has run; the kernel takes what the first
+    leaves in `deliveries` (graders.integrity.deliveries).
     """
-    session = Session(records, inputs_dir, demonstrations and records is None, tuple(given), deliveries,
-                      tuple(refused_kernels))
+    given, refused = (kernel.given, kernel.refused_kernels) if kernel else ((), ())
+    session = Session(records, inputs_dir, demonstrations and records is None, given, deliveries, refused)
+    tests, stop = (set(kernel.tests), kernel.stop) if kernel else (None, False)
     with tempfile.TemporaryDirectory(prefix="gpt2-kernel-") as private:
         # Outside `workdir`: a confined kernel owns that folder, and a kernelspec it could
         # rewrite would start the next kernel as root. Found by this kernel's manager only (not
         # through JUPYTER_PATH): other kernels of the same grading may be starting meanwhile.
         specs = _kernel_dir(Path(private), session)
-        env, config = sandbox_env(workdir), {}
-        if confined_to is not None:
-            from graders.harness.sandbox_kernel import PLAN_ENV
-
-            uid = secrets.randbelow(SANDBOX_UIDS[1] - SANDBOX_UIDS[0]) + SANDBOX_UIDS[0]
-            sockets = Path(private) / "sockets"
-            sockets.mkdir()
-            if os.geteuid() == 0:   # the kernel is this uid on the host too (sandbox_kernel)
-                for folder in (workdir, records, sockets):
-                    os.chown(folder, uid, uid)
-            env[PLAN_ENV] = json.dumps(sandbox_plan(workdir, records, confined_to, uid, sockets, view, without,
-                                                        sealed))
-            # The kernel has no network: it talks to this process over Unix sockets.
-            config = {"KernelManager": {"transport": "ipc", "ip": str(sockets / "kernel")}}
+        env = sandbox_env(workdir)
+        if kernel is not None and kernel.confinement is not None:
+            config, watched = confine(kernel.confinement, env, workdir, records, Path(private), deliveries)
             return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop,
-                                around_test_cells, watched=(records, sockets))
+                                around_test_cells, watched=watched)
         # Unix sockets in this private folder rather than TCP on localhost: no other user can
         # connect, and the kernel has no plain-text TCP to warn about.
         config = {"KernelManager": {"transport": "ipc", "ip": str(Path(private) / "kernel")}}
         return _run_kernels(notebook, records, workdir, limits, env, config, specs, tests, stop,
-                                around_test_cells)
+                            around_test_cells)
 
 
 def _test_cell_prelude(grade_id: str) -> str:
@@ -104,7 +80,7 @@ def _test_cell_prelude(grade_id: str) -> str:
 
 def _run_kernels(notebook, records, workdir, limits: TimeLimits, env, config, specs: Path, tests=None,
                  stop=False, around_test_cells=None, watched: tuple[Path, ...] = ()) -> dict[int, str]:
-    """`watched`: the host folders a confined kernel writes (graders.harness.disk_watch)."""
+    """`watched`: the host folders a confined kernel writes (graders.integrity.disk_watch)."""
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
     from nbclient import NotebookClient

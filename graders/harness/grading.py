@@ -8,9 +8,9 @@
    kernel can read them. Expected outputs never leave this process.
 4. Run (graders.harness.execute): the notebook in a fresh sandbox kernel (in several side by
    side when a test cell would grade course code the kernel received for an earlier one:
-   graders.harness.kernel_plan); test cells record what the learner's code produced
+   graders.integrity.kernel_plan); test cells record what the learner's code produced
    (graders.judging.records), and each cell's records are taken as it ends, before the next
-   cell receives the course code its checks run (graders.judging.deliveries).
+   cell receives the course code its checks run (graders.integrity.deliveries).
 5. Judge: each recorded output, found by its check id, with `graders.judging.verdict.decide`
    (what the learner's own check cell calls too). A test cell scores its points only if all
    its checks pass.
@@ -31,13 +31,9 @@ from graders.harness.copies import copy_flags
 from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
 from graders.exercises import declaration, find
-from graders.judging.allowed import given_part_names
 from graders.judging.records import load_records
 from graders.judging.verdict import LearnerCode, decide
-from graders.harness.kernel_plan import graded_exercises, kernel_groups, refused_kernels
-from graders.harness.library_seals import sealed_mounts
-from graders.harness.kernel_view import kernel_package
-from graders.harness.sandbox import confinement_unavailable, kernel_files, library_paths, unconfined_notice
+from graders.integrity.host import confinement_unavailable, hand_over, plan, unconfined_notice
 
 
 @dataclass
@@ -136,21 +132,14 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     inputs = workdir / "inputs"
     wanted = notebook_checks(name)
     prepare_inputs(wanted, inputs)
-    unavailable = confinement_unavailable()
-    if unavailable:
-        warnings.warn(unconfined_notice(unavailable), RuntimeWarning, stacklevel=2)
-    files = None if unavailable else kernel_files(inputs)
+    kernels = plan(name, inputs, declaration(name).without_libraries if wanted else ())   # 00 declares nothing
+    if kernels[0].confinement is None:
+        warnings.warn(unconfined_notice(confinement_unavailable()), RuntimeWarning, stacklevel=2)
     before = graders_snapshot()
-    groups = kernel_groups(name)
     # The kernels write outputs into their own copies; the first into `notebook`, which is returned.
-    copies = [notebook] + [copy.deepcopy(notebook) for _ in groups[1:]]
-    # Made here, not in the kernels' threads (ast.parse is not thread-safe in Python 3.11).
-    view, deliveries = kernel_package(name, tuple(g for group in groups for g in group))
-    view = None if unavailable else view
-    without = library_paths(declaration(name).without_libraries if wanted else ())   # 00 declares nothing
-    taken: list[dict[str, dict]] = [{} for _ in groups]
-    given = given_part_names(name)   # parsed here: the kernels' threads parse nothing (see copy_flags below)
-    sealed = [[] if files is None else sealed_mounts(graded_exercises(name, group)) for group in groups]
+    copies = [notebook] + [copy.deepcopy(notebook) for _ in kernels[1:]]
+    groups = [kernel.tests for kernel in kernels]
+    taken: list[dict[str, dict]] = [{} for _ in kernels]
 
     def run_kernel(number: int) -> dict[int, str]:
         # Each kernel has folders of its own: none sees, nor can prepare, another's.
@@ -159,19 +148,13 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
             folder.mkdir(parents=True)
         handed.chmod(0o755)   # read by the kernel's uid, written by this process only
 
-        def hand_over(grade_id: str) -> None:   # the course code this cell's checks run, as it starts
-            if deliveries[grade_id] is not None:
-                (handed / f"{grade_id}.delivery").write_bytes(deliveries[grade_id])
-
         def take(grade_id: str) -> None:   # its records, before a later cell receives anything
             taken[number].update({check: record for check, record in load_records(records).items()
                                   if check.split("/")[0] == grade_id})
 
-        return run(copies[number], records, home, limits, None if files is None else [*files, handed], inputs,
-                   given=given, view=view, tests=set(groups[number]),
-                   stop=number > 0,   # later kernels stop at their last test cell
-                   around_test_cells=(hand_over, take), deliveries=handed, without=without,
-                   refused_kernels=refused_kernels(name, groups[number]), sealed=sealed[number])
+        return run(copies[number], records, home, limits, kernels[number], inputs,
+                   around_test_cells=(lambda grade_id: hand_over(kernels[number], grade_id, handed), take),
+                   deliveries=handed)
 
     sources = {nbgrader_meta(c)["grade_id"]: c for c in test_cells(source)}
 
@@ -189,13 +172,13 @@ def grade_notebook(student: str, name: str, path: Path | None, workdir: Path,
     results: dict[int, CellResult] = {}
     answered = copy.deepcopy(notebook)   # before the first kernel writes its outputs into `notebook`
     with ThreadPoolExecutor(max_workers=max(1, kernels_at_once)) as pool:
-        kernels = {pool.submit(run_kernel, number): number for number in range(len(groups))}
+        running = {pool.submit(run_kernel, number): number for number in range(len(kernels))}
         # Here, while the kernels run, and never beside the judging: both parse Python, and
         # ast.parse in two threads at once fails in Python 3.11 (a recursion-depth SystemError).
         result.flags += copy_flags(answered, released)
-        for done in as_completed(kernels):
-            results.update(judged(kernels[done], done.result()))
-    for number in range(1, len(groups)):   # a test cell shows what it printed in its own kernel
+        for done in as_completed(running):
+            results.update(judged(running[done], done.result()))
+    for number in range(1, len(kernels)):   # a test cell shows what it printed in its own kernel
         for index in _test_indices(copies[number], groups[number]):
             notebook.cells[index]["outputs"] = copies[number].cells[index].get("outputs", [])
     tampered = changed_graders(before)

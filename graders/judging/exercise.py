@@ -18,7 +18,6 @@ verdict itself is always `graders.judging.verdict.decide`'s.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -26,13 +25,12 @@ from typing import Callable
 
 import torch
 
-from graders.judging import allowed, progress, provenance, session
+from graders import integrity
+from graders.judging import progress, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
 from graders.judging.failed_cells import did_not_run
-from graders.judging.kernel_bans import in_own_words
 from graders.judging.learner import Forbidden, renamed_submodules_loaded
-from graders.judging.origins import compiled_names
 from graders.judging.stubs import untouched
 from graders.judging.verdict import LearnerCode, decide, names_verdict
 
@@ -60,12 +58,12 @@ class Exercise:
     # checks of their own); the notebook's given parts are allowed in every check.
     supplies: tuple = ()
     describe: Callable[[Case], str] | None = None
-    # Torch's kernels for parts of the answer, beside `forbidden`'s: graders.judging.library_ops's
+    # Torch's kernels for parts of the answer, beside `forbidden`'s: graders.integrity.library_ops's
     # LibraryOps (notebook 12), watched by the check itself.
     library_ops: tuple = ()
     # Torch kernels that a correct answer of this exercise (or its check's own code) may run though
     # another exercise of the notebook refuses them (12's checkpoint check runs F.cross_entropy):
-    # the kernel plan grades the two in different kernels (graders.judging.kernel_bans).
+    # the kernel plan grades the two in different kernels (graders.integrity.kernel_bans).
     may_run: tuple[str, ...] = ()
     defined_at: str = field(default="", compare=False)
 
@@ -84,13 +82,6 @@ class Exercise:
     def key(self) -> tuple[str, str]:
         return (self.notebook, self.name)
 
-    def kernel_bans(self) -> list[tuple[str, str]]:
-        """(operator pattern, refusal) for each torch kernel this exercise refuses, "{op}" standing for
-        the operator: what a kernel that grades it takes out of torch's dispatcher."""
-        return [*((kernel, forbidden.kernel_refusal(self.name, "aten::{op}"))
-                  for forbidden in self.forbidden for kernel in forbidden.kernels),
-                *(ban for rule in self.library_ops for ban in rule.kernel_bans(self.name))]
-
     def case(self, **fields) -> Case:
         """The case a check function's keyword arguments ask for, with this exercise's defaults."""
         return Case(**{**self.defaults, **fields})
@@ -99,18 +90,15 @@ class Exercise:
         """What `produce` made of the learner's code, or how it failed. Both, when the learner's
         submodules are named otherwise than the exercise's and their code ran under their own
         names: `decide` fails the names and says whether the computation is right. An answer
-        that runs the course's own code fails, whatever it produced (graders.judging.provenance):
+        that runs the course's own code fails, whatever it produced (graders.integrity.watch):
         `answers` are what the learner passed to the check (`learner` may be built from them)."""
+        current = session.current()
         with renamed_submodules_loaded() as names_failures:
-            with provenance.Watch(builtins=self.refuses_compiled_code()) as watch:
-                try:
-                    outputs, failure = self.produce(learner, case, inputs), None
-                except CheckFailed as failed:
-                    outputs, failure = None, in_own_words(failed, self.kernel_bans())
-            refusal = watch.refusal(self.name, answers or learner, self.allowed_parts(),
-                                    inspect.unwrap(self.produce)) or watch.library_answer(self.name, self.forbidden)
-            if refusal:
-                return None, CheckFailed(refusal)
+            outputs, failure, refused = integrity.watch(self, answers or learner,
+                                                        lambda: self.produce(learner, case, inputs),
+                                                        current.given if current.recording else None)
+            if refused:
+                return None, failure
             if failure is not None:
                 if not names_failures:
                     return None, failure
@@ -118,19 +106,6 @@ class Exercise:
                 also_failed.__cause__ = failure.__cause__   # the learner's own line, if their code raised
                 return None, also_failed
         return outputs, (names_failures[0] if names_failures else None)
-
-    def refuses_compiled_code(self) -> bool:
-        """Whether a library routine this check refuses is compiled (tiktoken's CoreBPE): only then
-        does its profiler watch compiled calls, which every torch operator is."""
-        return any(compiled_names(tuple(rule.library_code)) for rule in self.forbidden)
-
-    def allowed_parts(self) -> tuple:
-        """The course's parts the learner's code may run in this check: those it supplies, and
-        those the notebook's given cells import (a grading kernel, which cannot read the notebook,
-        is handed their names in its session)."""
-        current = session.current()
-        given = current.given if current.recording else allowed.given_part_names(self.notebook)
-        return self.supplies + getattr(self.produce, "supplies", ()) + allowed.given_parts(given)
 
     def check(self, learner, case: Case, answers: tuple = ()) -> None:
         """Grade `learner` on one case: in a grading kernel, record what it produced; otherwise
@@ -211,5 +186,7 @@ def registered(key: tuple[str, str]) -> Exercise:
     return _REGISTRY[tuple(key)]
 
 
-# A learner's kernel watches which cells run from the moment a notebook imports its grader.
+# A learner's kernel watches which cells run, and arms its watches, from the moment a notebook
+# imports its grader (a grading kernel's launcher armed them already: graders.judging.session.install).
 session.history()
+integrity.arm(session.current())

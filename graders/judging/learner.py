@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from graders.judging.compare import CheckFailed
-from graders.judging.provenance import CourseCodeSealed
+from graders import integrity
+from graders.integrity import CourseCodeSealed
 from graders.judging.stubs import cached_source, source, unwritten, unwritten_part
 
 @dataclass
@@ -33,7 +34,7 @@ class Forbidden:
     # library). For the libraries a notebook teaches next to (tiktoken in 11, torch.optim in 12).
     library_code: Sequence[str] = field(default_factory=tuple)
     # Torch's operators that compute the answer, as its dispatcher names them ("aten::gelu", or a
-    # family "aten::_scaled_dot_product_*"): refused however they are called (graders.judging.kernels).
+    # family "aten::_scaled_dot_product_*"): refused however they are called (graders.integrity.kernels).
     kernels: Sequence[str] = field(default_factory=tuple)
     # What those kernels compute, where it is a part the learner calls rather than `what` itself
     # (04's MLP, which calls gelu_new, refuses the GELU kernel).
@@ -101,14 +102,14 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
                               f"implement {forbidden.what} yourself {forbidden.instead}; "
                               "replace the library call with your own computation.")
     try:
-        with _tripwires(forbidden), torch.no_grad(), _kernels_refused(forbidden, what):
+        with _tripwires(forbidden), torch.no_grad(), integrity.kernel_refusals(forbidden, what):
             return fn(*args, **kwargs)
     except LibraryUsed as used:
         raise CheckFailed(f"{what}: your code calls `{used}`. Implement {forbidden.what} yourself "
                           f"{forbidden.instead} instead of calling the library version.") from None
     except CheckFailed:
         raise
-    except CourseCodeSealed as sealed:   # a grading kernel's sealed copy (graders.harness.kernel_view)
+    except CourseCodeSealed as sealed:   # a grading kernel's sealed copy (graders.integrity.kernel_view)
         raise CheckFailed(sealed.message(what)) from None
     except NotImplementedError as err:
         raised = unwritten_part(err, fn)
@@ -117,14 +118,6 @@ def run_learner(what: str, fn: Callable, *args, forbidden: Forbidden | None = No
     except Exception as err:  # the learner's bug: report it in their terms, not torch's
         raise CheckFailed(f"{what} raised {type(err).__name__}: {err}\n"
                           f"  while running on {describe_args(args)}.") from err
-
-
-def _kernels_refused(forbidden: Forbidden, what: str):
-    if not forbidden.kernels:
-        return contextlib.nullcontext()
-    from graders.judging.kernels import refused
-
-    return refused(forbidden, what)
 
 
 def _namespace(learner) -> dict | None:

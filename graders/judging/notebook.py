@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graders.judging.origins import ANSWER_LIBRARIES
+from graders.integrity import ANSWER_LIBRARIES
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,13 @@ class Notebook:
     course_code: tuple[str, ...] = ()
     # The course's implementations of this notebook's exercises ("reference/components.py:LayerNorm",
     # under graders/): sealed in every grading kernel but where a check runs it
-    # (graders.harness.kernel_view, kernel_plan).
+    # (graders.integrity.kernel_view, kernel_plan).
     implementations: tuple[str, ...] = ()
     # (the course's name, the notebook's name) of implementations named otherwise in the notebook
     # ("reference_lr", "lr_at"): how a grading kernel knows which check an implementation answers.
     renamed: tuple[tuple[str, str], ...] = ()
     # Installed modules or packages that answer this notebook's exercises and that its kernel does
-    # not need: its grading kernels have them empty (graders.harness.sandbox.sandbox_plan), so no
+    # not need: its grading kernels have them empty (graders.integrity.sandbox.sandbox_plan), so no
     # way of reaching them reaches anything. By default the libraries the judge's references are
     # built on (transformers, transformer_lens); a notebook whose kernel needs one says so.
     without_libraries: tuple[str, ...] = ANSWER_LIBRARIES

@@ -8,7 +8,7 @@
 - `demonstrations=False`: demonstration cells skip themselves (grading, `make check`).
 
 The harness creates the session and hands it to the kernel it starts, before any learner code
-runs (graders.harness.sandbox_kernel); before each test cell it names the cell
+runs (graders.integrity.sandbox_kernel); before each test cell it names the cell
 (`enter_cell`), so that a check's record carries its id in the course's manifest
 (graders.judging.testcells): `grade_id/index`.
 """
@@ -22,6 +22,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+from graders import integrity
 from graders.judging.failed_cells import names_before, stand_in
 from graders.judging.testcells import (TestCell, released_course_sources, released_test_cells, split_hidden,
                                       test_sources)
@@ -40,7 +41,7 @@ class Session:
     given: tuple = ()                # a grading kernel's notebook's given parts (provenance)
     deliveries: Path | None = None   # ... and receives the course code a test cell's checks run here
     # ... and has these torch kernels (pattern, refusal) taken out of its dispatcher, for good
-    # (graders.judging.kernel_bans), before any learner code runs
+    # (graders.integrity.kernel_bans), before any learner code runs
     refused_kernels: tuple = ()
 
     @property
@@ -71,21 +72,16 @@ def install(session: Session) -> None:
     """Called by the kernel's launcher, before any learner code runs."""
     global _session
     _session = session
-    if session.refused_kernels:
-        from graders.judging.kernel_bans import arm
-
-        arm(session.refused_kernels)
+    integrity.arm(session)
 
 
 def enter_cell(grade_id: str) -> None:
     """The harness's line before each test cell of a grading kernel: it takes the course code the
-    cell's checks run, when the grader has handed it over (graders.judging.deliveries)."""
+    cell's checks run, when the grader has handed it over (graders.integrity.deliveries)."""
     global _test_cell, _checks_in_cell
     _test_cell, _checks_in_cell = grade_id, 0
     if _session.deliveries is not None:
-        from graders.judging.deliveries import receive
-
-        receive(_session.deliveries / f"{grade_id}.delivery")
+        integrity.receive(_session.deliveries / f"{grade_id}.delivery")
 
 
 def next_check_id() -> str | None:

@@ -119,7 +119,7 @@ def _unwritten_built(answer) -> str | None:
 def unwritten_part(err: NotImplementedError, learner) -> str | None:
     """The learner's method that raised `err`, when it is not one of `learner`'s own (a given
     __init__ building the learner's unwritten DecoderLayer): its qualified name."""
-    from graders.judging.origins import LEARNER, origin
+    from graders.integrity import LEARNER, origin
 
     tb = err.__traceback__
     while tb is not None and tb.tb_next is not None:

@@ -12,7 +12,7 @@ from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
 from graders.judging.learner import Forbidden, reads_global, run_learner
-from graders.exercises.common.library_kernels import NORMALISATION_KERNELS, TORCH_REFERENCES
+from graders.integrity.library_kernels import NORMALISATION_KERNELS, TORCH_REFERENCES
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden(

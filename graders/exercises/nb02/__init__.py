@@ -15,7 +15,7 @@ from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, require_tensor
 from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
-from graders.exercises.common.library_kernels import EMBEDDING_KERNELS, TORCH_REFERENCES
+from graders.integrity.library_kernels import EMBEDDING_KERNELS, TORCH_REFERENCES
 
 DIMS = ("batch", "position", "d_model")
 SMALL_SHAPE = (2, 5)     # the first, small input: ids below 768 so that index mix-ups do not crash

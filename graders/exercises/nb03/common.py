@@ -13,7 +13,7 @@ from graders.judging.cases import activations as _load_activations
 from graders.judging.learner import Forbidden
 from graders.reference import components
 from graders.reference.store import part
-from graders.exercises.common.library_kernels import ATTENTION_CODE, ATTENTION_KERNELS
+from graders.integrity.library_kernels import ATTENTION_CODE, ATTENTION_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 SCORE_DIMS = ("batch", "head", "query_pos", "key_pos")

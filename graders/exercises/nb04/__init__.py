@@ -20,7 +20,7 @@ from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
 from graders.judging.learner import Forbidden, run_learner, with_course_functions
-from graders.exercises.common.library_kernels import GELU_KERNELS, TORCH_REFERENCES
+from graders.integrity.library_kernels import GELU_KERNELS, TORCH_REFERENCES
 
 GELU_FORBIDDEN = Forbidden(
     "gelu_new",

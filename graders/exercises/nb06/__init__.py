@@ -34,7 +34,7 @@ from graders.exercises.common.divergence import first_divergence
 from graders.exercises.common.next_token import FLATTENED_FIX, judge_loss_value, named_crash
 from graders.exercises.nb06.parameter_count import check_count_parameters  # noqa: F401 (the notebook's check)
 from graders.exercises.nb06.model_trace import mistake_traces, model_hooks, model_trace
-from graders.exercises.common.library_kernels import LINEAR_KERNELS
+from graders.integrity.library_kernels import LINEAR_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 LOGIT_DIMS = ("batch", "position", "d_vocab")

@@ -28,7 +28,7 @@ from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close
 from graders.reference import bert
 from graders.reference.weights import load_strict
-from graders.exercises.common.library_kernels import ENCODER_LAYER_CODE, ENCODER_LAYER_KERNELS
+from graders.integrity.library_kernels import ENCODER_LAYER_CODE, ENCODER_LAYER_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 SUBMODULES = ("attn", "ln1", "mlp", "ln2")

@@ -24,7 +24,7 @@ from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_module, run_learner, with_course_functions
 from graders.reference.weights import WeightLoadError, component, load_strict
-from graders.exercises.common.library_kernels import ATTENTION_CODE, ATTENTION_KERNELS
+from graders.integrity.library_kernels import ATTENTION_CODE, ATTENTION_KERNELS
 
 DIMS = ("batch", "position", "d_model")
 FORBIDDEN = Forbidden("grouped-query attention",

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from graders.exercises.common.diagnosis import compare, diagnosis_first, judge_generated
-from graders.exercises.common.library_kernels import LINEAR_KERNELS
+from graders.integrity.library_kernels import LINEAR_KERNELS
 from graders.exercises.common.divergence import first_divergence
 from graders.exercises.nb10 import layer_flow, model_flow
 from graders.exercises.nb10 import reference as ref
@@ -49,7 +49,7 @@ def with_course_parts(module: nn.Module, cfg: ref.ModernConfig) -> nn.Module:
 def with_course_layers(module: nn.Module, cfg: ref.ModernConfig) -> nn.Module:
     """The learner's model with the course's layers and final norm, likewise. (Apart from
     with_course_parts: a layer's check does not run the course's layer, so its kernel need not
-    hold it: graders.harness.kernel_plan.)"""
+    hold it: graders.integrity.kernel_plan.)"""
     if isinstance(getattr(module, "ln_final", None), nn.Module):
         module.ln_final = ref.RMSNorm(cfg)
     blocks = getattr(module, "blocks", None)

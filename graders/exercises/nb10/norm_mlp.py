@@ -23,7 +23,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close_in_half
 from graders.reference.weights import component
-from graders.exercises.common.library_kernels import LINEAR_KERNELS, RMS_NORM_CODE, RMS_NORM_KERNELS
+from graders.integrity.library_kernels import LINEAR_KERNELS, RMS_NORM_CODE, RMS_NORM_KERNELS
 
 NOTEBOOK = "10_modern_decoder"
 DIMS = ("batch", "position", "d_model")

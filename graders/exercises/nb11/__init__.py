@@ -9,7 +9,7 @@ from graders.exercises.nb11.encoding import check_encode
 from graders.exercises.nb11.pieces import VISIBLE_TEXT, check_bytes, check_bytes_to_unicode, check_pretokenize
 from graders.exercises.nb11.training import VISIBLE_CORPUS, check_train_bpe, check_train_bpe_speed
 from graders.judging.notebook import ExampleBug, Notebook
-from graders.judging.origins import ANSWER_LIBRARIES
+from graders.integrity import ANSWER_LIBRARIES
 
 __all__ = ["NOTEBOOK", "VISIBLE_TEXT", "VISIBLE_CORPUS", "check_bytes", "check_bytes_to_unicode",
            "check_pretokenize", "check_train_bpe", "check_train_bpe_speed", "check_encode", "check_decode"]

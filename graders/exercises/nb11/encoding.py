@@ -31,7 +31,7 @@ class CourseTable(dict):
     """The course's byte table, supplied to a check under the learner's name for it (hashable, as
     the parts a check supplies are). Filled by the check that supplies it, not when the module is
     imported: the kernel that grades the table itself holds no course table
-    (graders.harness.kernel_plan)."""
+    (graders.integrity.kernel_plan)."""
     __hash__ = object.__hash__
 
     def __init__(self, make):

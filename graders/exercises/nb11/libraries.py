@@ -6,7 +6,7 @@ through for
   functions are known by their bytecode, names and constants, as the course's are;
 - data of a library (tiktoken's `_pat_str`, gpt3_tokenizer's byte table and pattern), by identity;
 - a library's module or one of its objects (an `Encoding`, an HF `Tokenizer`).
-The profiler (graders.judging.provenance, `Forbidden.library_code`) refuses the libraries' code
+The profiler (graders.integrity.provenance, `Forbidden.library_code`) refuses the libraries' code
 that runs, wherever it was reached from; HF tokenizers' compiled methods are tripwired
 (`Forbidden.targets`, TOKENIZER_TARGETS)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from graders.judging.compare import CheckFailed
-from graders.judging.origins import LEARNER, file_functions, fingerprint, origin
+from graders.integrity import LEARNER, file_functions, fingerprint, origin
 
 LIBRARIES = ("tiktoken", "tiktoken_ext", "gpt3_tokenizer", "tokenizers")
 _LARGE = 20   # data of a library this long or longer is its own (shorter strings are interned)

@@ -1,5 +1,5 @@
 """The course's answers to notebook 11 that its checks need (sealed in the grading kernels,
-graders.harness.kernel_view): GPT-2's byte-to-unicode table and pre-tokenizer (run in place of the
+graders.integrity.kernel_view): GPT-2's byte-to-unicode table and pre-tokenizer (run in place of the
 learner's in the later checks), and the incremental BPE trainer that training is judged against
 (tiktoken has none). Encoding and decoding are judged against tiktoken itself."""
 from __future__ import annotations

@@ -30,7 +30,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner, text_record
-from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
+from graders.integrity import WATCH_PARTS, LibraryOps, refused_ops
 from graders.judging.tolerance import close
 from graders.reference.config import Config
 
@@ -150,13 +150,13 @@ def produce(AdamW, case: Case, inputs: dict) -> dict:
         raise CheckFailed("AdamW: your class subclasses torch.optim.Adam (or AdamW), whose step is the "
                           "answer. Subclass torch.optim.Optimizer and write step() yourself.")
     params = named_params(case)
-    with refused(LIBRARY_OPS, "AdamW"):
+    with refused_ops(LIBRARY_OPS, "AdamW"):
         optimizer = run_learner("AdamW", AdamW, groups(params, case), forbidden=FORBIDDEN, **setting(case).kwargs())
     _groups_of(optimizer)
 
     def step():
         try:   # with autograd on, as in a training loop
-            with refused(LIBRARY_OPS, "AdamW.step"):
+            with refused_ops(LIBRARY_OPS, "AdamW.step"):
                 run_learner("AdamW.step", with_grad, optimizer.step, forbidden=FORBIDDEN)
         except CheckFailed as failure:
             raise _named_crash(failure) from failure.__cause__

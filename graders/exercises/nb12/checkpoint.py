@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises.nb07.runs import one_thread
-from graders.exercises.common.library_kernels import CLIP_GRAD_RUNS, CROSS_ENTROPY_RUNS, SOFTMAX_RUNS
+from graders.integrity.library_kernels import CLIP_GRAD_RUNS, CROSS_ENTROPY_RUNS, SOFTMAX_RUNS
 from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import items_of, shown, whole_number
 from graders.judging.cases import Case

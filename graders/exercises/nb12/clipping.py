@@ -13,7 +13,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
-from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
+from graders.integrity import WATCH_PARTS, LibraryOps, refused_ops
 from graders.judging.tolerance import close
 
 FORBIDDEN = Forbidden(
@@ -63,7 +63,7 @@ def produce(clip_grad_norm, case: Case, inputs: dict) -> dict:
         params = with_gradients(case, factor)
         # A one-pass iterator, as model.parameters() is (a C iterator: no frame of ours is left
         # suspended in it, to be closed later inside another check's learner code).
-        with refused(LIBRARY_OPS, "clip_grad_norm"):
+        with refused_ops(LIBRARY_OPS, "clip_grad_norm"):
             norm = run_learner("clip_grad_norm", clip_grad_norm, iter([p for _, p in params]), max_norm_of(case),
                                forbidden=FORBIDDEN)
         number = real_number(norm)

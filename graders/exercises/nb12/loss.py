@@ -17,7 +17,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
-from graders.judging.library_ops import WATCH_PARTS, LibraryOps, refused
+from graders.integrity import WATCH_PARTS, LibraryOps, refused_ops
 from graders.judging.tolerance import close
 
 NOTEBOOK = "12_training_step"
@@ -102,7 +102,7 @@ def produce(cross_entropy, case: Case, inputs: dict) -> dict:
     outputs = {}
     for label, logits, targets in loss_inputs(case):
         try:
-            with refused(LIBRARY_OPS, "cross_entropy"):
+            with refused_ops(LIBRARY_OPS, "cross_entropy"):
                 loss = run_learner("cross_entropy", cross_entropy, logits, targets, ignore_index_of(case),
                                    forbidden=FORBIDDEN)
         except CheckFailed as failure:
@@ -127,7 +127,7 @@ def _one_position_at_a_time(cross_entropy, case: Case) -> dict:
     label, logits, targets = loss_inputs(case)[0]
     found = torch.full(targets.shape, float("nan"), dtype=torch.float64)
     try:
-        with refused(LIBRARY_OPS, "cross_entropy"):
+        with refused_ops(LIBRARY_OPS, "cross_entropy"):
             for b, p in (targets != ignore_index_of(case)).nonzero().tolist():
                 loss = run_learner("cross_entropy", cross_entropy, logits[b:b + 1, p:p + 1],
                                    targets[b:b + 1, p:p + 1], ignore_index_of(case), forbidden=FORBIDDEN)

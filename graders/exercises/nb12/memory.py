@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from graders.exercises.common.library_kernels import SOFTMAX_RUNS
+from graders.integrity.library_kernels import SOFTMAX_RUNS
 from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import described_keys, items_of, shown, whole_number
 from graders.judging.cases import Case

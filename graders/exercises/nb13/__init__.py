@@ -12,7 +12,7 @@ from graders.exercises.nb13.loss import check_sft_loss
 from graders.exercises.nb13.runs import check_finetune, check_train_dpo
 from graders.exercises.nb13.template import check_chat_tokens
 from graders.judging.notebook import ExampleBug, Notebook
-from graders.judging.origins import ANSWER_LIBRARIES
+from graders.integrity import ANSWER_LIBRARIES
 
 __all__ = ["NOTEBOOK", "IM_START", "IM_END", "chat_encoding", "check_chat_tokens", "check_sft_loss", "check_lora",
            "check_finetune", "check_sequence_logprob", "check_dpo_loss", "check_train_dpo"]

@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from graders.exercises.common.library_kernels import CROSS_ENTROPY_RUNS
+from graders.integrity.library_kernels import CROSS_ENTROPY_RUNS
 from graders.exercises.nb13 import reference as ref
 from graders.exercises.nb13.gpt import GPTConfig, jittered_gpt
 from graders.judging.cases import Case

@@ -18,7 +18,7 @@ from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.tolerance import close
-from graders.exercises.common.library_kernels import LOSS_KERNELS, TORCH_REFERENCES
+from graders.integrity.library_kernels import LOSS_KERNELS, TORCH_REFERENCES
 
 NOTEBOOK = "13_post_training"
 D_VOCAB = 40

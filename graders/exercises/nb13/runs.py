@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graders.exercises.common.library_kernels import CROSS_ENTROPY_RUNS
+from graders.integrity.library_kernels import CROSS_ENTROPY_RUNS
 from graders.exercises.nb13 import reference as ref
 from graders.exercises.nb13 import tasks
 from graders.exercises.nb13.gpt import GPT, greedy

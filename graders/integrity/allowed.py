@@ -1,6 +1,6 @@
 """What of the course's code a check lets the learner's code run: the parts the check supplies
 (a composite's layers, a model it hands over) and the notebook's given parts, with the course
-functions and classes they name, transitively (graders.judging.provenance refuses the rest).
+functions and classes they name, transitively (graders.integrity.provenance refuses the rest).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 import functools
 import inspect
 
-from graders.judging.origins import LEARNER, library_class, origin
+from graders.integrity.origins import LEARNER, library_class, origin
 
 
 def parts_of(obj) -> list:

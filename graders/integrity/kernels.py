@@ -7,7 +7,7 @@ names the operator to torch's autograd profiler, composite operators included
 (`aten::rms_norm`, `aten::scaled_dot_product_attention`). `refused` keeps that profiler on
 while the learner's code runs and fails the check when an operator that `Forbidden.kernels`
 declares for the exercise ran. The profiler starts in milliseconds (a TorchDispatchMode, as
-graders.judging.library_ops uses for notebook 12, first imports torch's compiler). It watches
+graders.integrity.library_ops uses for notebook 12, first imports torch's compiler). It watches
 every thread, so that a thread the learner's code started before the check (a worker waiting on
 a queue, a thread pool) does not run the kernel unseen.
 """

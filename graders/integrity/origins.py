@@ -1,6 +1,6 @@
 """Where a function that ran comes from: the learner's cells, a library, the course's machinery,
 the course's own code, a copy of it compiled from a string, or a library that holds the answers.
-graders.judging.provenance decides from these origins whether a check's answer is the learner's.
+graders.integrity.provenance decides from these origins whether a check's answer is the learner's.
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # None of them implements anything a notebook grades.
 MACHINERY = frozenset({
     "__init__.py", "layout.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
-    "judging/provenance.py", "judging/allowed.py", "judging/origins.py", "judging/stubs.py", "judging/session.py",
-    "judging/progress.py", "judging/failed_cells.py",
-    "judging/exercise.py", "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
+    "judging/stubs.py", "judging/session.py", "judging/progress.py", "judging/failed_cells.py", "judging/exercise.py",
+    "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
     "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",
-    "exercises/common/submodules.py", "judging/library_ops.py", "judging/kernels.py", "judging/kernel_bans.py",
+    "exercises/common/submodules.py",
+    "integrity/__init__.py", "integrity/provenance.py", "integrity/allowed.py", "integrity/origins.py",
+    "integrity/library_ops.py", "integrity/kernels.py", "integrity/kernel_bans.py",
 })
 ANSWER_LIBRARIES = ("transformer_lens", "transformers")   # libraries that hold the answers
 LEARNER, LIBRARY, MACHINE, COURSE, COPY, ANSWER_LIBRARY = (

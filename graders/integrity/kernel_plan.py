@@ -1,8 +1,8 @@
 """In which kernels a notebook is graded: none may hold real the answer of a check it grades.
 
 A check whose `produce` runs course code in the kernel (a composite's supplied parts, a course
-model it hands over) makes that code real there (graders.harness.kernel_view.kept_real): the
-kernel receives it as that test cell starts (graders.judging.deliveries), after the records of
+model it hands over) makes that code real there (graders.integrity.kernel_view.kept_real): the
+kernel receives it as that test cell starts (graders.integrity.deliveries), after the records of
 every earlier cell were taken, and holds it from then on. So the test cells are put, in notebook
 order, each into the first kernel where none of its answers is real yet nor made real by its own
 checks. A composite comes after its parts, so most notebooks take one kernel. Several run side by
@@ -11,7 +11,7 @@ grades count from it (graders.harness.grading). A check that makes its own answe
 graded without it and is listed by `self_answering`, which a test keeps empty.
 
 A kernel is also started with the torch kernels its graded exercises refuse taken out of its
-dispatcher, for its whole life (graders.judging.kernel_bans): an exercise that refuses a kernel
+dispatcher, for its whole life (graders.integrity.kernel_bans): an exercise that refuses a kernel
 another's correct answers or check may run (`Exercise.may_run`: 12's checkpoint check runs the
 course's training step, with F.cross_entropy, which 12's loss refuses) is graded in a kernel
 apart, which stops after it.
@@ -25,7 +25,8 @@ import contextlib
 import functools
 import json
 
-from graders.harness.kernel_view import kept_real, views_folder
+from graders.integrity.kernel_bans import exercise_bans
+from graders.integrity.kernel_view import kept_real, views_folder
 from graders.reference.paths import atomic_write
 
 
@@ -48,7 +49,7 @@ def answers(notebook: str) -> dict[str, frozenset[str]]:
 def real_answers(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
     """The notebook's names of the course implementations real in the kernel grading `cells`."""
     from graders.exercises import declared_notebooks
-    from graders.judging.origins import PACKAGE
+    from graders.integrity.origins import PACKAGE
 
     declared = declared_notebooks()
     renamed = {course: mine for d in declared.values() for course, mine in d.renamed}
@@ -64,7 +65,7 @@ def real_answers(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
 
 def _clash(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
     """The answers graded by the last of `cells` (in notebook order, one kernel's) that are real
-    by the time it runs: received by it or by a cell before it (graders.judging.deliveries)."""
+    by the time it runs: received by it or by a cell before it (graders.integrity.deliveries)."""
     real = frozenset().union(*(real_answers(notebook, (c,)) for c in cells))
     return real & answers(notebook).get(cells[-1], frozenset())
 
@@ -100,17 +101,17 @@ def graded_exercises(notebook: str, cells: tuple[str, ...]) -> list:
 
 def refused_kernels(notebook: str, cells: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """(operator pattern, refusal): the torch kernels that the exercises `cells` grade refuse, which
-    the kernel grading them has taken out of its dispatcher (graders.judging.kernel_bans)."""
+    the kernel grading them has taken out of its dispatcher (graders.integrity.kernel_bans)."""
     bans: dict[str, str] = {}
     for exercise in graded_exercises(notebook, cells):
-        for pattern, refusal in exercise.kernel_bans():
+        for pattern, refusal in exercise_bans(exercise):
             bans.setdefault(pattern, refusal)
     return tuple(bans.items())
 
 
 def _refuses_what_others_run(notebook: str, grade_id: str, others: tuple[str, ...]) -> bool:
     """Whether `grade_id`'s exercises refuse a kernel that a correct answer of one of `others` may run."""
-    from graders.judging.kernels import matches
+    from graders.integrity.kernels import matches
 
     may_run = [op for exercise in graded_exercises(notebook, others) for op in exercise.may_run]
     return any(matches(pattern, op) for pattern, _ in refused_kernels(notebook, (grade_id,)) for op in may_run)

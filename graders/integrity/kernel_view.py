@@ -8,14 +8,14 @@ thing is sealed too) or judges one (every exercise's `judge` and `inputs`, and t
 catalogs), and every course function or class those call (a judge's expected value computed in
 float64 is an answer too), is shown to the kernel as a sealed copy: the same names, classes and
 signatures, every such body replaced by a `raise`. Imports keep working and a learner who reaches for the course's
-code gets the same refusal as in their own kernel (graders.judging.provenance), but no correct
+code gets the same refusal as in their own kernel (graders.integrity.provenance), but no correct
 implementation is on the kernel's file system, as source or as bytecode: the kernel sees the
 package as a folder of its own (`kernel_package`), compiled from those copies.
 
 Kept real: what the notebook's given cells import, with the course functions and classes they
 name. What a test cell's checks run of the sealed code (a composite's parts, a course model
-handed over) reaches the kernel as that cell starts (`delivery`, graders.judging.deliveries),
-and no later test cell of that kernel grades it (graders.harness.kernel_plan).
+handed over) reaches the kernel as that cell starts (`delivery`, graders.integrity.deliveries),
+and no later test cell of that kernel grades it (graders.integrity.kernel_plan).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import functools
 import inspect
 from pathlib import Path
 
-from graders.judging.origins import MACHINERY, PACKAGE
-from graders.judging.allowed import allowed_code, given_part_names, given_parts
+from graders.integrity.origins import MACHINERY, PACKAGE
+from graders.integrity.allowed import allowed_code, given_part_names, given_parts
 
 SEALED_ERROR = "CourseCodeSealed"
 
@@ -259,7 +259,7 @@ def delivered(notebook: str, grade_id: str) -> dict[Path, set[str]]:
 
 
 def delivery(notebook: str, grade_id: str) -> bytes | None:
-    """`delivered(...)`'s real code, marshalled for graders.judging.deliveries: for each module,
+    """`delivered(...)`'s real code, marshalled for graders.integrity.deliveries: for each module,
     the code of just those top-level definitions (nothing else of the module runs again)."""
     import marshal
 
@@ -298,13 +298,13 @@ def sealed_source(path: Path, names: set[str]) -> str:
         uses_class = method is not None and any(isinstance(n, ast.Name) and n.id in ("super", "__class__")
                                                 for n in ast.walk(method))
         # Never reached; it keeps the `__class__` cell of a method that calls super(), so that a
-        # delivery (graders.judging.deliveries) can hand the method its real code.
+        # delivery (graders.integrity.deliveries) can hand the method its real code.
         return body + (ast.parse("__class__").body if uses_class else [])
 
     seal_bodies(tree, names, raising, methods_only=True)
     at = next((i for i, n in enumerate(tree.body) if not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
                and not (i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))), 0)
-    tree.body[at:at] = ast.parse(f"from graders.judging.provenance import {SEALED_ERROR}").body
+    tree.body[at:at] = ast.parse(f"from graders.integrity.provenance import {SEALED_ERROR}").body
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 

@@ -1,15 +1,15 @@
 """Library routines that compute an exercise's answer, refused at the level they run.
 
 The word scan and the tripwires (graders.judging.learner) see names, and the profiler
-(graders.judging.provenance) sees Python functions and the compiled entry points it is told of.
+(graders.integrity.provenance) sees Python functions and the compiled entry points it is told of.
 An operator reached another way passes both: torch.ops.aten._log_softmax, torch._C._nn, a Tensor
 method, a fused kernel, or torch's own Python source compiled again under another file name. Every
 tensor operation reaches torch's dispatcher, so `refused` watches there: while the learner's code
 runs, torch's profiler records each aten operator of every thread, in the order they start
-(graders.judging.kernels), and a TorchDispatchMode the Python functions on the stack when one
+(graders.integrity.kernels), and a TorchDispatchMode the Python functions on the stack when one
 runs. Afterwards the check fails when one of them is declared (`LibraryOps`) as computing the
 exercise's answer (a grading kernel has those operators taken out of its dispatcher too:
-graders.judging.kernel_bans):
+graders.integrity.kernel_bans):
 - an aten operator, by name or by family ("_foreach_", torch's multi-tensor kernels);
 - a function of a library module, whether it ran from the library's file or from a copy compiled
   from its source (code compiled from a library file's source is the library's code).
@@ -27,8 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from graders.judging.compare import CheckFailed
-from graders.judging.kernels import OperatorWatch, matches, switched_off
-from graders.judging.origins import file_functions, fingerprint
+from graders.integrity.kernels import OperatorWatch, matches, switched_off
+from graders.integrity.origins import file_functions, fingerprint
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class LibraryOps:
                 f"yourself {self.instead}.")
 
     def kernel_bans(self, name: str) -> list[tuple[str, str]]:
-        """(operator pattern, refusal) for graders.judging.kernel_bans, "{op}" standing for the operator."""
+        """(operator pattern, refusal) for graders.integrity.kernel_bans, "{op}" standing for the operator."""
         return [(f"aten::{pattern}", self.refusal(name, "{op}", what)) for pattern, what in self.ops]
 
 
@@ -97,7 +97,7 @@ SWITCHES = (("torch.utils._python_dispatch", "_disable_current_modes"),
 
 @contextlib.contextmanager
 def _switches_watched(watch: OpWatch):
-    from graders.judging.origins import COPY, LEARNER, origin
+    from graders.integrity.origins import COPY, LEARNER, origin
 
     saved = []
 
@@ -156,7 +156,7 @@ def library_routine(rule: LibraryOps, name: str, watch: OpWatch, ops: list[tuple
     """Which of `rule`'s library routines the watch saw run (None: none did): its Python functions
     first (the outermost, the one the learner's code called), then its kernels among `ops` (the
     profiler's (operator, on another thread), in the order they started: the outermost first, as a
-    grading kernel's dispatcher refuses it, graders.judging.kernel_bans)."""
+    grading kernel's dispatcher refuses it, graders.integrity.kernel_bans)."""
     index = _source_index(rule.sources)
     for code in reversed(watch.codes.values()):   # the outermost first
         found = index.get(fingerprint(code))

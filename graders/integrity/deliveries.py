@@ -1,13 +1,13 @@
 """The course code a grading kernel receives as a test cell starts.
 
-A grading kernel sees every course answer sealed (graders.harness.kernel_view). A composite's
+A grading kernel sees every course answer sealed (graders.integrity.kernel_view). A composite's
 check runs course parts inside the learner's code (10's DecoderLayer check runs the course's
 RMSNorm, attention and MLP), and a check may hand over a course model: the grader writes that
 code (`kernel_view.delivery`) where this kernel can read it just before the cell runs, after the
 records of every earlier test cell were taken (graders.harness.grading). The sealed functions and
 classes then get their real code, in place: whatever holds them (a check's parts, a module
 imported `from`) holds the real thing from then on. No later test cell of this kernel grades an
-answer delivered here (graders.harness.kernel_plan).
+answer delivered here (graders.integrity.kernel_plan).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A confined kernel's writes to the host's disk, bounded.
 
-Its scratch folders are memory of a bounded size (graders.harness.sandbox_kernel.SCRATCH_MB), but
+Its scratch folders are memory of a bounded size (graders.integrity.sandbox_kernel.SCRATCH_MB), but
 its records and sockets are host folders this process reads, and no single file there grows past
 FILE_MB: only their number is left. A watch stops the kernel once they hold more than
 `max_bytes` of disk or `max_entries` files, so that one notebook cannot fill the disk under the

@@ -1,7 +1,7 @@
 """Torch's own kernels for a kernel's graded answers, taken out of its dispatcher before any
 learner code runs.
 
-The watches of graders.judging.kernels and graders.judging.library_ops run in the learner's own
+The watches of graders.integrity.kernels and graders.integrity.library_ops run in the learner's own
 process, and its code can switch them off (patch the graders' modules, stop the profiler). A
 grading kernel is therefore started with the kernels its graded exercises refuse replaced, in
 torch's dispatcher, by one that raises the exercise's refusal: every overload of each operator, at
@@ -14,7 +14,7 @@ refers to it (it is not an object the garbage collector lists), so no Python cod
 
 Only a kernel's graded exercises' refusals are armed, for its whole life: an exercise whose
 correct answers may run another's refused kernel is graded in another kernel
-(graders.harness.kernel_plan, `Exercise.may_run`).
+(graders.integrity.kernel_plan, `Exercise.may_run`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Iterable
 import torch
 
 from graders.judging.compare import CheckFailed
-from graders.judging.kernels import matches
+from graders.integrity.kernels import matches
 
 # What an operator's registration dump lists that is not a dispatch key of a kernel, and the key
 # whose kernels compute only shapes (never an answer).
@@ -56,6 +56,14 @@ def _refusing(message: str, operator: str):
     def refuse(*args, **kwargs):
         raise KernelRefused(message, operator)
     return refuse
+
+
+def exercise_bans(exercise) -> list[tuple[str, str]]:
+    """(operator pattern, refusal) for each torch kernel `exercise` refuses, "{op}" standing for
+    the operator: what a kernel that grades it takes out of torch's dispatcher."""
+    return [*((kernel, forbidden.kernel_refusal(exercise.name, "aten::{op}"))
+              for forbidden in exercise.forbidden for kernel in forbidden.kernels),
+            *(ban for rule in exercise.library_ops for ban in rule.kernel_bans(exercise.name))]
 
 
 def in_own_words(failure: CheckFailed, bans: list[tuple[str, str]]) -> CheckFailed:

@@ -1,9 +1,9 @@
 """The learner's kernel: a scrubbed environment, and a confined file system where user namespaces
 are available (root or not).
 
-A confined kernel (bubblewrap: see `graders.harness.sandbox_kernel.bwrap_argv`) sees the system, Python and the
+A confined kernel (bubblewrap: see `graders.integrity.sandbox_kernel.bwrap_argv`) sees the system, Python and the
 graders package read-only, the latter as its notebook's kernel view (the course's
-implementations and judges sealed: graders.harness.kernel_view); the course weights it loads
+implementations and judges sealed: graders.integrity.kernel_view); the course weights it loads
 the learner's modules with; the tokenizer files; tiny Shakespeare; the inputs its checks
 receive; its own folder and sockets; a fresh /tmp and course cache. It never sees the reference
 activations, the reference model's own files, solutions/, .git, the grading output or other
@@ -48,7 +48,7 @@ def sandbox_env(home: Path) -> dict:
 def confinement_unavailable() -> str | None:
     """Why learner code cannot be confined here (None when it can): bubblewrap needs user
     namespaces, which a throwaway sandbox tries once."""
-    from graders.harness.sandbox_kernel import probe
+    from graders.integrity.sandbox_kernel import probe
 
     return probe()
 
@@ -58,7 +58,7 @@ def unconfined_notice(why: str) -> str:
     return (f"NOT CONFINED: {why}. Learner code will run with your own file access and network: it "
             "can read solutions/ (and the hidden tests in them), the course's implementations, the "
             "course cache and other students' folders, and write where you can. An answer that is the "
-            "course's own code still fails its check (graders/judging/provenance.py), but code that "
+            "course's own code still fails its check (graders/integrity/provenance.py), but code that "
             "first disables that check is not stopped. Kernels are confined with bubblewrap, which "
             "needs unprivileged user namespaces: enable them (`sysctl -w user.max_user_namespaces=15000`; "
             "on Debian before 11 also `kernel.unprivileged_userns_clone=1`; on Ubuntu 24.04 and later "
@@ -110,12 +110,12 @@ def kernel_files(inputs_dir: Path) -> list[Path]:
 
 def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sockets: Path,
                  view: Path | None, without: tuple[Path, ...] = (), sealed: list = ()) -> dict:
-    """What a confined kernel sees (graders.harness.sandbox_kernel.bwrap_argv): the system and
+    """What a confined kernel sees (graders.integrity.sandbox_kernel.bwrap_argv): the system and
     Python read-only, the graders package as `view` (its notebook's kernel view:
-    graders.harness.kernel_view), `files`, its records and sockets; a fresh home (`workdir`), /tmp
+    graders.integrity.kernel_view), `files`, its records and sockets; a fresh home (`workdir`), /tmp
     and course cache in memory of a bounded size; nothing else of the course folder. The installed
     packages (folders) and modules (files) `without` are there empty and read-only, and the `sealed`
-    mounts (graders.harness.library_seals) show sealed copies of library modules."""
+    mounts (graders.integrity.library_seals) show sealed copies of library modules."""
     from graders.reference.paths import cache_dir
 
     package = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """Torch's own routines for the answers several notebooks build, declared once for their checks
-(`Forbidden.kernels`, refused at the dispatcher by graders.judging.kernels; `Forbidden.library_code`,
-torch's Python versions, refused by the profiler of graders.judging.provenance)."""
+(`Forbidden.kernels`, refused at the dispatcher by graders.integrity.kernels; `Forbidden.library_code`,
+torch's Python versions, refused by the profiler of graders.integrity.provenance)."""
 
 # torch's Python reference implementations (torch._refs, its decompositions and primitives): in
 # eager mode they compute with ordinary operators, so only their Python code gives them away.

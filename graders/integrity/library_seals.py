@@ -2,9 +2,9 @@
 
 An exercise declares the library code that computes its answer (`Forbidden.library_code`,
 `LibraryOps.sources`: torch.optim's Adam, clip_grad_norm_, F.multi_head_attention_forward, ...).
-In the learner's process a profiler refuses it (graders.judging.provenance), which the learner's
+In the learner's process a profiler refuses it (graders.integrity.provenance), which the learner's
 code can switch off; and such routines compute from ordinary operators, which no dispatcher
-refusal (graders.judging.kernel_bans) touches. So a confined kernel that grades the exercise sees
+refusal (graders.integrity.kernel_bans) touches. So a confined kernel that grades the exercise sees
 each such module as a sealed copy, its routines' bodies replaced by a raise, in place of the file
 and of its compiled copy (which would otherwise give the real code to `marshal`). Modules that
 torch's own import runs, or whose functions run as it imports (a decorator, a table), keep those.
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from graders.harness.kernel_view import import_time_calls, seal_bodies, views_folder
+from graders.integrity.kernel_view import import_time_calls, seal_bodies, views_folder
 from graders.reference.paths import atomic_write
 
 SEALED = "RuntimeError"
@@ -52,7 +52,7 @@ def profile(frame, event, arg):
 sys.setprofile(profile)
 threading.setprofile(profile)
 import torch
-import graders.judging.exercise, graders.judging.library_ops, graders.exercises
+import graders.judging.exercise, graders.integrity.library_ops, graders.exercises
 x = torch.randn(3, 5, requires_grad=True)
 (x.softmax(-1) * x.tanh()).sum().backward()
 sys.setprofile(None)
@@ -122,7 +122,7 @@ def _sealed_source(path: Path, module: str, names: frozenset[str]) -> str:
 
 
 def sealed_mounts(exercises) -> list[tuple[str, str, str]]:
-    """The sandbox plan's mounts (graders.harness.sandbox_kernel.bwrap_argv) showing each module
+    """The sandbox plan's mounts (graders.integrity.sandbox_kernel.bwrap_argv) showing each module
     sealed for `exercises` at its place: its source and, when torch ships one, its compiled copy.
     Made once per version of the graders and of torch (the course cache's views folder), each
     sealed file compiled beside its copy, so that a kernel compiles nothing (and a grading reads

@@ -1,7 +1,7 @@
 """Where the code a check ran comes from: the second line of defence of the course's integrity.
 
 The first line is the grading kernel's file system, which holds no correct implementation of
-what its notebook grades (graders.harness.kernel_view). This one holds in every kernel, the
+what its notebook grades (graders.integrity.kernel_view). This one holds in every kernel, the
 learner's own included, so that the check cell, Validate, `make check` and the grade refuse a
 borrowed answer in the same words. While a check runs the learner's code (`Exercise.run`), a
 C-level profiler (cProfile: every Python function called and by whom) is on; afterwards a check
@@ -16,14 +16,15 @@ fails when its answer
 from __future__ import annotations
 
 import cProfile
+import functools
 import inspect
 import os
 import sys
 import threading
 from dataclasses import dataclass, field
 
-from graders.judging.allowed import allowed_code, code_of, named_by, nested
-from graders.judging.origins import (
+from graders.integrity.allowed import allowed_code, code_of, named_by, nested
+from graders.integrity.origins import (
     ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, MACHINE, Origin, compiled_call, compiled_names, library_answer_spec,
     origin)
 
@@ -36,7 +37,7 @@ SPAWNING = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.sp
 
 
 class CourseCodeSealed(RuntimeError):
-    """Raised by the course's code as a grading kernel sees it (graders.harness.kernel_view):
+    """Raised by the course's code as a grading kernel sees it (graders.integrity.kernel_view):
     `where` (graders/...py) and the function's qualified name."""
 
     def __init__(self, where: str, qualname: str):
@@ -75,7 +76,11 @@ def _learner_below(frame) -> bool:
     return False
 
 
-sys.addaudithook(_audit)
+@functools.cache
+def install_audit_hook() -> None:
+    """Let every `Watch` hear of a profiler replaced or a process started: once per process (an
+    audit hook cannot be removed), by graders.integrity.arm."""
+    sys.addaudithook(_audit)
 
 
 @dataclass
