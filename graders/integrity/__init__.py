@@ -25,9 +25,9 @@ from graders.integrity import provenance as _provenance
 from graders.integrity.allowed import given_part_names, given_parts
 from graders.integrity.deliveries import receive
 from graders.integrity.kernel_bans import exercise_bans
-from graders.integrity.kernels import refused as _refused_kernels
+from graders.integrity import kernels as _kernels
+from graders.integrity import library_ops as _library_ops
 from graders.integrity.library_ops import WATCH_PARTS, LibraryOps
-from graders.integrity.library_ops import refused as refused_ops
 from graders.integrity.origins import ANSWER_LIBRARIES, LEARNER, compiled_names, file_functions, fingerprint, origin
 from graders.integrity.provenance import CourseCodeSealed
 from graders.judging.compare import CheckFailed
@@ -45,7 +45,12 @@ def arm(session) -> None:
 
 def kernel_refusals(forbidden, what: str):
     """A context in which torch's kernels that `forbidden` names raise its refusal."""
-    return _refused_kernels(forbidden, what) if forbidden.kernels else contextlib.nullcontext()
+    return _kernels.refused(forbidden, what) if forbidden.kernels else contextlib.nullcontext()
+
+
+def refused_ops(rule: LibraryOps, what: str):
+    """A context in which the library routines `rule` names raise its refusal (notebook 12)."""
+    return _library_ops.refused(rule, what)
 
 
 def allowed_parts(exercise, given: tuple[str, ...] | None) -> tuple:
