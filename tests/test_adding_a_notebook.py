@@ -23,15 +23,19 @@ ANSWER = """def unit_rows(x):
     return scaled
     ### END SOLUTION
 """
-GRADER = '''
+def minimal_declaration() -> str:
+    """The first Python block of docs/adding-a-notebook.md: the minimal declaration it shows."""
+    page = (ROOT / "docs" / "adding-a-notebook.md").read_text()
+    return textwrap.dedent(page.split("```python\n", 1)[1].split("```", 1)[0])
+
+
+HELPERS = '''
 """Grader for 99_throwaway: `unit_rows`, every row scaled to length 1."""
 import torch
 
 from graders.exercises.common.diagnosis import compare
 from graders.judging.cases import Case, rand_float
-from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
-from graders.judging.notebook import ExampleBug, Notebook
 
 
 def course_unit_rows(x):
@@ -54,15 +58,6 @@ def judge(case: Case, outputs: dict) -> None:
             hint="divide each row by the square root of its sum of squares.")
 
 
-unit_rows = Exercise("99_throwaway", "unit_rows", produce, judge)
-check_unit_rows = unit_rows.checker("Grade the learner's `unit_rows`.")
-
-NOTEBOOK = Notebook(
-    "99_throwaway",
-    ExampleBug("unit_rows_answer", "norm = total.sqrt()", "norm = total",
-               costs=("unit_rows_test",), named="squared norm"),
-    course_code=("exercises/nb99/*.py",),
-)
 '''
 CATALOG = '''
 import pytest
@@ -144,7 +139,8 @@ def test_a_notebook_added_in_three_files_is_built_released_graded_and_copy_check
     # The three files.
     nbformat.write(_throwaway_notebook(), course / "solutions" / f"{NAME}.ipynb")
     (course / "graders" / "exercises" / "nb99").mkdir()
-    (course / "graders" / "exercises" / "nb99" / "__init__.py").write_text(textwrap.dedent(GRADER))
+    grader = textwrap.dedent(HELPERS) + minimal_declaration()
+    (course / "graders" / "exercises" / "nb99" / "__init__.py").write_text(grader)
     (course / "tests" / "test_catalog_99.py").write_text(textwrap.dedent(CATALOG))
 
     catalog = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
@@ -164,3 +160,13 @@ def test_a_notebook_added_in_three_files_is_built_released_graded_and_copy_check
     # The solution's answer is the grader's own function: flagged for review, points kept.
     assert any("matches the course's own implementation (graders/exercises/nb99/__init__.py: course_unit_rows)" in f
                for f in found["flags"]["copier"]), found["flags"]
+
+
+def test_the_minimal_declaration_takes_at_most_ten_lines():
+    """The page's minimal path: an exercise and its notebook declared in at most ten lines, the
+    declaration the throwaway notebook above is graded with."""
+    declaration = minimal_declaration().strip().splitlines()
+    assert len(declaration) <= 10, declaration
+    assert any(line.startswith("unit_rows = Exercise(") for line in declaration)
+    assert any(line.startswith("NOTEBOOK = Notebook(") for line in declaration)
+

@@ -1,6 +1,7 @@
 """Keeping the course's answer out of the learner's kernel, and library answers out of their code.
 
 The teaching and grading core uses this package through a few names:
+- `Guard`: what an exercise's check needs of integrity beyond what it forbids the learner;
 - `arm(session)`: a kernel's watches, before any learner code runs (the audit hook that hears of
   a replaced profiler or a started process; in a grading kernel, the torch kernels its checks
   refuse taken out of torch's dispatcher);
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from dataclasses import dataclass
 from typing import Callable
 
 from graders.integrity import kernel_bans as _kernel_bans
 from graders.integrity import provenance as _provenance
-from graders.integrity.allowed import given_part_names, given_parts
+from graders.integrity.allowed import given_part_names, given_parts, supplied_parts
 from graders.integrity.deliveries import receive
 from graders.integrity.kernel_bans import exercise_bans
 from graders.integrity import kernels as _kernels
@@ -32,8 +34,25 @@ from graders.integrity.origins import ANSWER_LIBRARIES, LEARNER, compiled_names,
 from graders.integrity.provenance import CourseCodeSealed
 from graders.judging.compare import CheckFailed
 
-__all__ = ["ANSWER_LIBRARIES", "LEARNER", "WATCH_PARTS", "CourseCodeSealed", "LibraryOps", "arm", "file_functions",
-           "exercise_bans", "fingerprint", "kernel_refusals", "origin", "receive", "refused_ops", "watch"]
+
+@dataclass(frozen=True)
+class Guard:
+    """What integrity needs to know of one exercise's check, beyond what it forbids the learner
+    (`Exercise.forbidden`). The defaults are right for most exercises."""
+    # Course code the learner's code may run in this check, beside the composite's `course_parts`
+    # and the notebook's given parts: a base class it builds on, a batch source it is handed.
+    supplies: tuple = ()
+    # Library routines for parts of the answer, refused at torch's dispatcher by the check itself
+    # (`LibraryOps`, notebook 12).
+    library_ops: tuple = ()
+    # Torch kernels that a correct answer (or the check's own code) may run though another exercise
+    # of the notebook refuses them (12's checkpoint check runs F.cross_entropy): the two are graded
+    # in different kernels (graders.integrity.kernel_plan).
+    may_run: tuple[str, ...] = ()
+
+__all__ = ["ANSWER_LIBRARIES", "LEARNER", "WATCH_PARTS", "CourseCodeSealed", "Guard", "LibraryOps", "arm",
+           "exercise_bans", "file_functions", "fingerprint", "kernel_refusals", "origin", "receive", "refused_ops",
+           "supplied_parts", "watch"]
 
 
 def arm(session) -> None:
@@ -58,7 +77,7 @@ def allowed_parts(exercise, given: tuple[str, ...] | None) -> tuple:
     the notebook's given parts (`given`: their names as a grading kernel's session hands them over;
     None: read from the notebook, in a learner's own kernel)."""
     names = given_part_names(exercise.notebook) if given is None else given
-    return exercise.supplies + getattr(exercise.produce, "supplies", ()) + given_parts(names)
+    return supplied_parts(exercise) + given_parts(names)
 
 
 def watch(exercise, learner, produce: Callable[[], dict], given: tuple[str, ...] | None

@@ -101,6 +101,11 @@ def allowed_code(parts: tuple) -> frozenset:
     return frozenset(allowed)
 
 
+def supplied_parts(exercise) -> tuple:
+    """The course's code a check runs inside the learner's: its course parts and its guard's supplies."""
+    return (*exercise.course_parts.values(), *exercise.guard.supplies)
+
+
 @functools.lru_cache(maxsize=None)
 def given_part_names(notebook: str) -> tuple[str, ...]:
     """The course's classes and functions that `notebook`'s given cells import for the learner
@@ -122,7 +127,7 @@ def given_part_names(notebook: str) -> tuple[str, ...]:
 def given_parts(names: tuple[str, ...]) -> tuple:
     """The classes and functions named by `names` (module:name, as given_part_names lists them).
     The caller chooses the names: a grading kernel, which cannot read its notebook, takes those
-    handed to it in its session (graders.judging.exercise.Exercise.allowed_parts)."""
+    handed to it in its session (graders.integrity.allowed_parts)."""
     import importlib
 
     parts = []

@@ -14,7 +14,7 @@ refers to it (it is not an object the garbage collector lists), so no Python cod
 
 Only a kernel's graded exercises' refusals are armed, for its whole life: an exercise whose
 correct answers may run another's refused kernel is graded in another kernel
-(graders.integrity.kernel_plan, `Exercise.may_run`).
+(graders.integrity.kernel_plan, `Guard.may_run`).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def exercise_bans(exercise) -> list[tuple[str, str]]:
     the operator: what a kernel that grades it takes out of torch's dispatcher."""
     return [*((kernel, forbidden.kernel_refusal(exercise.name, "aten::{op}"))
               for forbidden in exercise.forbidden for kernel in forbidden.kernels),
-            *(ban for rule in exercise.library_ops for ban in rule.kernel_bans(exercise.name))]
+            *(ban for rule in exercise.guard.library_ops for ban in rule.kernel_bans(exercise.name))]
 
 
 def in_own_words(failure: CheckFailed, bans: list[tuple[str, str]]) -> CheckFailed:

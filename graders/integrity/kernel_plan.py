@@ -12,7 +12,7 @@ graded without it and is listed by `self_answering`, which a test keeps empty.
 
 A kernel is also started with the torch kernels its graded exercises refuse taken out of its
 dispatcher, for its whole life (graders.integrity.kernel_bans): an exercise that refuses a kernel
-another's correct answers or check may run (`Exercise.may_run`: 12's checkpoint check runs the
+another's correct answers or check may run (`Guard.may_run`: 12's checkpoint check runs the
 course's training step, with F.cross_entropy, which 12's loss refuses) is graded in a kernel
 apart, which stops after it.
 
@@ -113,7 +113,7 @@ def _refuses_what_others_run(notebook: str, grade_id: str, others: tuple[str, ..
     """Whether `grade_id`'s exercises refuse a kernel that a correct answer of one of `others` may run."""
     from graders.integrity.kernels import matches
 
-    may_run = [op for exercise in graded_exercises(notebook, others) for op in exercise.may_run]
+    may_run = [op for exercise in graded_exercises(notebook, others) for op in exercise.guard.may_run]
     return any(matches(pattern, op) for pattern, _ in refused_kernels(notebook, (grade_id,)) for op in may_run)
 
 

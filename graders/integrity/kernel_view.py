@@ -25,7 +25,7 @@ import inspect
 from pathlib import Path
 
 from graders.integrity.origins import MACHINERY, PACKAGE
-from graders.integrity.allowed import allowed_code, given_part_names, given_parts
+from graders.integrity.allowed import allowed_code, given_part_names, given_parts, supplied_parts
 
 SEALED_ERROR = "CourseCodeSealed"
 
@@ -36,11 +36,6 @@ def _exercises_of(notebook: str) -> list:
 
     grader_module(notebook)
     return [e for key, e in sorted(_REGISTRY.items()) if key[0] == notebook]
-
-
-def supplied_parts(exercise) -> tuple:
-    """The course's parts a composite's check runs inside the learner's code (none for others)."""
-    return (*exercise.supplies, *getattr(exercise.produce, "supplies", ()))
 
 
 def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, set[str]]:

@@ -28,7 +28,7 @@ GELU_KERNELS = ("aten::gelu",)
 LOSS_KERNELS = ("aten::cross_entropy_loss", "aten::nll_loss*")
 
 # What correct answers, or the course's code a check runs, may run though another exercise of their
-# notebook refuses it (`Exercise.may_run`): a model's attention, F.cross_entropy, clip_grad_norm_.
+# notebook refuses it (`Guard.may_run`): a model's attention, F.cross_entropy, clip_grad_norm_.
 SOFTMAX_RUNS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
 CROSS_ENTROPY_RUNS = ("aten::cross_entropy_loss", "aten::log_softmax", "aten::_log_softmax", "aten::nll_loss_nd",
                       "aten::nll_loss", "aten::nll_loss_forward")

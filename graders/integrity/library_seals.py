@@ -84,7 +84,7 @@ def library_code(exercises) -> list[str]:
     """What `exercises` declare as library code that computes their answers ("module[:Qualname]")."""
     return sorted({spec for exercise in exercises
                    for spec in [*(s for f in exercise.forbidden for s in f.library_code),
-                                *(s for rule in exercise.library_ops for s in rule.sources)]})
+                                *(s for rule in exercise.guard.library_ops for s in rule.sources)]})
 
 
 def seals(specs: list[str]) -> dict[Path, frozenset[str]]:

@@ -11,6 +11,9 @@ Each `Exercise` declares, in one place, everything the harness needs to grade it
 - `defaults`: case fields its check functions use unless the test cell says otherwise.
 - `describe`: how its messages name a case, where `Case.describe`'s words do not fit (notebook
   11's seeds choose hidden texts, not random inputs).
+- `course_parts`: a composite's parts run in the course's version, so a part's mistake costs
+  that part's check only.
+- `guard`: what integrity needs beyond `forbidden` (graders.integrity.Guard); most need nothing.
 A test cell is linked to its exercises through the check functions it calls (`checker`). What a
 check does with the verdict depends on its kernel's session (graders.judging.session); the
 verdict itself is always `graders.judging.verdict.decide`'s.
@@ -26,11 +29,12 @@ from typing import Callable
 import torch
 
 from graders import integrity
+from graders.integrity import Guard
 from graders.judging import progress, session
 from graders.judging.cases import CASE_FIELDS, Case
 from graders.judging.compare import CheckFailed, ok
 from graders.judging.failed_cells import did_not_run
-from graders.judging.learner import Forbidden, renamed_submodules_loaded
+from graders.judging.learner import Forbidden, renamed_submodules_loaded, with_course_functions
 from graders.judging.stubs import untouched
 from graders.judging.verdict import LearnerCode, decide, names_verdict
 
@@ -54,17 +58,13 @@ class Exercise:
     inputs: Callable[[Case], dict[str, torch.Tensor]] = no_inputs
     forbidden: tuple[Forbidden, ...] = ()
     defaults: dict = field(default_factory=dict)
-    # Course parts the learner's code may run in this check (a composite's parts, which have
-    # checks of their own); the notebook's given parts are allowed in every check.
-    supplies: tuple = ()
     describe: Callable[[Case], str] | None = None
-    # Torch's kernels for parts of the answer, beside `forbidden`'s: graders.integrity.library_ops's
-    # LibraryOps (notebook 12), watched by the check itself.
-    library_ops: tuple = ()
-    # Torch kernels that a correct answer of this exercise (or its check's own code) may run though
-    # another exercise of the notebook refuses them (12's checkpoint check runs F.cross_entropy):
-    # the kernel plan grades the two in different kernels (graders.integrity.kernel_bans).
-    may_run: tuple[str, ...] = ()
+    # The course's versions of a composite's parts, by the notebook's names for them ({"gelu_new":
+    # ...}): its check runs the learner's code with these in place of the learner's own, so that
+    # a mistake in a part costs that part's check only.
+    course_parts: dict = field(default_factory=dict)
+    # What integrity needs to know of the check beyond `forbidden` (graders.integrity.Guard).
+    guard: Guard = Guard()
     defined_at: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -77,6 +77,8 @@ class Exercise:
             raise DuplicateExercise(f"exercise {self.key} is defined twice: at {earlier.defined_at} "
                                     f"and at {self.defined_at}. Give one of them another name.")
         _REGISTRY[self.key] = self
+        if self.course_parts:
+            object.__setattr__(self, "produce", with_course_functions(self.produce, self.course_parts))
 
     @property
     def key(self) -> tuple[str, str]:

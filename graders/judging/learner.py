@@ -159,7 +159,6 @@ def with_course_functions(produce: Callable, parts: dict) -> Callable:
     def run(learner, case, inputs):
         with course_functions(learner, parts):
             return produce(learner, case, inputs)
-    run.supplies = tuple(parts.values())   # the learner's code may run these (provenance)
     return run
 
 

@@ -27,7 +27,8 @@ class Notebook:
     example_bug: ExampleBug
     pictures: int = 0           # cells tagged `picture` (each must draw one image)
     # Grader files (globs under graders/) whose functions solve this notebook's exercises: an
-    # answer that copies one is flagged for the instructor (graders.harness.copies).
+    # answer that copies one is flagged for the instructor (graders.harness.copies). By default
+    # the notebook's own grader package, graders/exercises/nbNN/.
     course_code: tuple[str, ...] = ()
     # The course's implementations of this notebook's exercises ("reference/components.py:LayerNorm",
     # under graders/): sealed in every grading kernel but where a check runs it
@@ -45,3 +46,5 @@ class Notebook:
     def __post_init__(self):
         if not (len(self.name) > 3 and self.name[:2].isdigit() and self.name[2] == "_"):
             raise ValueError(f"notebook name {self.name!r} must look like NN_topic (the solution's file stem)")
+        if not self.course_code:
+            object.__setattr__(self, "course_code", (f"exercises/nb{self.name[:2]}/*.py",))

@@ -19,7 +19,7 @@ from graders.reference.store import course_component, part
 from graders.reference.config import Config
 from graders.judging.compare import CheckFailed, check_shape
 from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
-from graders.judging.learner import Forbidden, run_learner, with_course_functions
+from graders.judging.learner import Forbidden, run_learner
 from graders.integrity.library_kernels import GELU_KERNELS, TORCH_REFERENCES
 
 GELU_FORBIDDEN = Forbidden(
@@ -219,9 +219,9 @@ def judge_mlp(case: Case, outputs: dict) -> None:
 
 # The learner's MLP runs with the course's `gelu_new` in place of theirs, which has a check of its
 # own: a mistake in the activation costs that check only.
-mlp = Exercise("04_mlp", "MLP", with_course_functions(produce_mlp, {"gelu_new": course.gelu_new}),
+mlp = Exercise("04_mlp", "MLP", produce_mlp,
                diagnosis_first(judge_mlp),
-               inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,))
+               inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,), course_parts={"gelu_new": course.gelu_new})
 check_mlp = mlp.checker(
     "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")
 

@@ -16,6 +16,7 @@ from graders.exercises.nb07.tasks import (BELOW_UNIGRAM, MIN_CONTEXT_GAIN, N_SMO
                                           shakespeare_config, unigram_entropy)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -164,11 +165,11 @@ def judge_shakespeare_smoke(case: Case, outputs: dict) -> None:
 shakespeare_exercise = Exercise("07_training", "train (tiny Shakespeare)",
                                 _shakespeare_producer(SHAKESPEARE, N_VAL_WINDOWS),
                                 diagnosis_first(judge_shakespeare), defaults={"text": None},
-                                supplies=(*TRAIN_PARTS.values(), CountingBatches))
+                                guard=Guard(supplies=(*TRAIN_PARTS.values(), CountingBatches)))
 smoke_exercise = Exercise("07_training", "train (tiny Shakespeare, short run)",
                           _shakespeare_producer(SMOKE, N_SMOKE_VAL_WINDOWS),
                           diagnosis_first(judge_shakespeare_smoke), defaults={"text": None},
-                          supplies=(*TRAIN_PARTS.values(), CountingBatches))
+                          guard=Guard(supplies=(*TRAIN_PARTS.values(), CountingBatches)))
 check_shakespeare_training = shakespeare_exercise.checker(
     "The graded run: train the 2-layer d_model-128 compact-vocabulary model on tiny Shakespeare "
     "with `train`.",

@@ -15,6 +15,7 @@ from graders.exercises.nb07.tasks import (BAND_ABOVE, BAND_BELOW, D_VOCAB, FIRST
                                           UNTRAINED_LOSS, per_position, reference_reversal, reversal_config)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -106,7 +107,7 @@ def judge_train(case: Case, outputs: dict) -> None:
 
 
 train_exercise = Exercise("07_training", "train (reversal task)", produce_train, diagnosis_first(judge_train),
-                          defaults={"text": None}, supplies=(*TRAIN_PARTS.values(), CountingBatches))
+                          defaults={"text": None}, guard=Guard(supplies=(*TRAIN_PARTS.values(), CountingBatches)))
 check_train = train_exercise.checker(
     """Train a fresh 2-layer model with the learner's `train` on the grader's data and budget.
 

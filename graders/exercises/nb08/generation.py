@@ -21,7 +21,7 @@ from graders.exercises.common.small_models import fed_lengths, markov_model, sam
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner, with_course_functions
+from graders.judging.learner import run_learner
 
 EOS = 7
 N_NEW = 20
@@ -270,7 +270,7 @@ def _judge_eos_batch(chain, start: torch.Tensor, out: torch.Tensor) -> None:
 
 # generate runs with the course's sample_next_token (and its parts) in place of the learner's,
 # which have checks of their own: a mistake in one costs that check only.
-generate_exercise = Exercise("08_sampling", "generate", with_course_functions(produce_generate, GENERATION_PARTS),
-                             diagnosis_first(judge_generate), defaults={"text": None})
+generate_exercise = Exercise("08_sampling", "generate", produce_generate,
+                             diagnosis_first(judge_generate), defaults={"text": None}, course_parts=GENERATION_PARTS)
 check_generate = generate_exercise.checker(
     "Grade `generate(model, input_ids, max_new_tokens, generator, eos_token_id, **sampling)`.")

@@ -10,7 +10,7 @@ from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, judge_generated, with_fix
 from graders.judging.compare import CheckFailed, require_tensor
 from graders.judging.exercise import Exercise
-from graders.judging.learner import recorded_text, run_learner, text_record, with_course_functions
+from graders.judging.learner import recorded_text, run_learner, text_record
 
 CACHE_CHUNKS = (6, 1, 3, 1, 1)
 CACHE_MISTAKES = {
@@ -238,9 +238,9 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
 # generate_with_cache runs with the course's forward_with_cache in place of the learner's, which has
 # a check of its own: a mistake in the cached forward pass costs that check only.
 generate_cache_exercise = Exercise("08_sampling", "generate_with_cache",
-                                   with_course_functions(produce_generate_cache,
-                                                         {"forward_with_cache": forward_with_cache}),
-                                   diagnosis_first(judge_generate_cache), defaults={"text": None})
+                                   produce_generate_cache,
+                                   diagnosis_first(judge_generate_cache), defaults={"text": None},
+                                   course_parts={"forward_with_cache": forward_with_cache})
 check_generate_with_cache = generate_cache_exercise.checker(
     """Grade `generate_with_cache(model, input_ids, max_new_tokens)`: 50 greedy tokens, identical
     to generation without a cache; then filling the context to n_ctx exactly, and one token more

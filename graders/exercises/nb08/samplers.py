@@ -14,7 +14,7 @@ from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import crash, diagnosis_first, is_crash, judge_randomness
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner, with_course_functions
+from graders.judging.learner import run_learner
 from graders.judging.tolerance import DECISION_MARGIN, P_VALUE_FLOOR
 
 
@@ -261,8 +261,8 @@ def judge_pipeline(case: Case, outputs: dict) -> None:
 # sampler in place of the learner's, which have checks of their own: a mistake in one costs that
 # check only.
 pipeline_exercise = Exercise("08_sampling", "sample_next_token",
-                             with_course_functions(produce_pipeline, SAMPLING_PARTS),
-                             diagnosis_first(judge_pipeline), defaults={"text": None})
+                             produce_pipeline,
+                             diagnosis_first(judge_pipeline), defaults={"text": None}, course_parts=SAMPLING_PARTS)
 check_sample_next_token = pipeline_exercise.checker(
     """Grade `sample_next_token(input_ids, logits, generator, temperature, top_k, top_p,
     freq_penalty)`: greedy at temperature 0, and the sampled distribution otherwise.""")

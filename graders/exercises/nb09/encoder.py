@@ -32,8 +32,9 @@ from graders.exercises.common.submodules import CallRecorder
 from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import compare, with_fix
 from graders.judging.compare import CheckFailed, check_shape
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_loaded, course_functions, run_learner, with_course_functions
+from graders.judging.learner import Forbidden, build_loaded, course_functions, run_learner
 from graders.reference import bert, components
 from graders.reference.weights import component, load_strict
 
@@ -245,8 +246,8 @@ def judge_block(case: Case, outputs: dict) -> None:
 
 
 block_exercise = Exercise("09_transformer_family", "EncoderBlock", produce_block, judge_block,
-                          supplies=(bert.PostNormBlock,),   # its base for the check (on_course_post_norm)
-                          forbidden=(FORBIDDEN,), defaults={"text": None, "batch": 2, "seq": 12})
+                          forbidden=(FORBIDDEN,), defaults={"text": None, "batch": 2, "seq": 12},
+                          guard=Guard(supplies=(bert.PostNormBlock,)))   # its base for the check (on_course_post_norm)
 check_encoder_block = block_exercise.checker(
     "Grade `EncoderBlock` against a layer of BertForMaskedLM (seeded weights and residual streams).")
 
@@ -355,7 +356,8 @@ def judge_model(case: Case, outputs: dict) -> None:
                if untied else ""), "self.unembed = TiedUnembed(embed)" if untied else ""))
 
 
-model_exercise = Exercise("09_transformer_family", "BertForMLM", with_course_functions(produce_model, MODEL_PARTS),
-                          judge_model, forbidden=(FORBIDDEN,), defaults={"text": None, "batch": 2, "seq": 12})
+model_exercise = Exercise("09_transformer_family", "BertForMLM", produce_model,
+                          judge_model, forbidden=(FORBIDDEN,), defaults={"text": None, "batch": 2, "seq": 12},
+                          course_parts=MODEL_PARTS)
 check_bert = model_exercise.checker(
     "Grade `BertForMLM` layer by layer against BertForMaskedLM (seeded weights and tokens).")

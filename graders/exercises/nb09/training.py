@@ -20,6 +20,7 @@ from graders.exercises.common.small_models import seeded_model
 from graders.exercises.nb07.runs import (STUCK_HINT, CountingBatches, one_thread, reported_losses, with_grad)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import course_functions, run_learner
 from graders.reference.bert import BertForMLM
@@ -126,7 +127,7 @@ def judge_train(case: Case, outputs: dict) -> None:
 
 
 exercise = Exercise("09_transformer_family", "train_mlm", produce, judge_train, defaults={"text": None},
-                    supplies=(*MLM_PARTS.values(), CountingBatches))
+                    guard=Guard(supplies=(*MLM_PARTS.values(), CountingBatches)))
 check_mlm_training = exercise.checker(
     "Train the grader's seeded encoder with the learner's `train_mlm` (with the course's mask_tokens "
     "and mlm_loss) for a fixed number of steps, then measure its held-out MLM loss.", learner=MLMRun)

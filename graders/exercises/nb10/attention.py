@@ -22,7 +22,7 @@ from graders.exercises.common.properties import read_output
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, build_module, run_learner, with_course_functions
+from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.reference.weights import WeightLoadError, component, load_strict
 from graders.integrity.library_kernels import ATTENTION_CODE, ATTENTION_KERNELS
 
@@ -187,8 +187,8 @@ def _judge_first_query_alone(what: str, out) -> None:
                           "torch.ones(n_q, n_k).triu(1) (shifted by the cache's length).")
 
 
-exercise = Exercise(NOTEBOOK, "GQAttention", with_course_functions(produce, ROPE_PARTS), diagnosis_first(judge),
+exercise = Exercise(NOTEBOOK, "GQAttention", produce, diagnosis_first(judge),
                     forbidden=(FORBIDDEN,),
-                    defaults=DEFAULTS)
+                    defaults=DEFAULTS, course_parts=ROPE_PARTS)
 check_gq_attention = exercise.checker(
     "Grade `GQAttention` against transformers' LlamaAttention (GQA, MQA and MHA; whole and cached).")

@@ -23,8 +23,9 @@ from graders.exercises.nb10.attention import FORBIDDEN, ROPE_PARTS, load_attenti
 from graders.exercises.nb10.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, check_shape
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
-from graders.judging.learner import run_learner, with_course_functions
+from graders.judging.learner import run_learner
 from graders.judging.tolerance import close
 from graders.reference.weights import component
 
@@ -235,9 +236,10 @@ def judge_model(case: Case, outputs: dict) -> None:
                         ("batch", "kv_head", "position", "d_head"))
 
 
-model_exercise = Exercise(NOTEBOOK, "ModernDecoder", with_course_functions(produce_model, ROPE_PARTS),
+model_exercise = Exercise(NOTEBOOK, "ModernDecoder", produce_model,
                           diagnosis_first(judge_model),
-                          forbidden=(FORBIDDEN,), defaults=DEFAULTS, may_run=LINEAR_KERNELS)   # F.linear for W_U
+                          forbidden=(FORBIDDEN,), defaults=DEFAULTS,
+                          course_parts=ROPE_PARTS, guard=Guard(may_run=LINEAR_KERNELS))   # F.linear for W_U
 check_modern_decoder = model_exercise.checker(
     "Grade `ModernDecoder` against transformers' LlamaForCausalLM (whole, and through its cache).")
 
@@ -340,6 +342,6 @@ def _whole_sequence_with_cache(fed: list[int], cached: list[int]) -> str | None:
 
 generate_exercise = Exercise(NOTEBOOK, "generate_greedy", produce_generate, judge_generate,
                              forbidden=(FORBIDDEN,), defaults={**DEFAULTS, "batch": 2, "seq": 5},
-                             may_run=LINEAR_KERNELS)
+                             guard=Guard(may_run=LINEAR_KERNELS))
 check_generate_greedy = generate_exercise.checker(
     "Grade `generate_greedy` with a KV cache against LlamaForCausalLM's greedy continuation.")

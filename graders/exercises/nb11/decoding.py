@@ -13,7 +13,6 @@ from graders.exercises.nb11.wire import ids_tensor, tensor_text, text_tensor
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import with_course_functions
 from graders.reference.tokenizer import END_OF_TEXT, gpt2_encoding
 
 NOTEBOOK = "11_tokenizer"
@@ -148,7 +147,7 @@ def judge_decode(case: Case, outputs: dict) -> None:
 
 DECODE_PARTS = {"byte_decoder": CourseTable(lambda: {c: b for b, c in ref.bytes_to_unicode().items()}),
                 "bytes_to_unicode": ref.bytes_to_unicode}
-decode_exercise = Exercise(NOTEBOOK, "decode", with_course_functions(produce_decode, DECODE_PARTS), judge_decode,
+decode_exercise = Exercise(NOTEBOOK, "decode", produce_decode, judge_decode,
                            inputs=inputs_decode, forbidden=(TIKTOKEN,), defaults={"text": None},
-                           describe=_where)
+                           describe=_where, course_parts=DECODE_PARTS)
 check_decode = decode_exercise.checker("Grade `decode` against tiktoken's decode (a round trip of hidden texts).")

@@ -19,6 +19,7 @@ from graders.exercises.nb11.pieces import TIKTOKEN, _text, _where
 from graders.exercises.nb11.wire import (as_list, ids_tensor, pieces_tensors, tensor_text, tensors_pieces, text_tensor)
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import course_functions, run_learner
 from graders.reference.tokenizer import END_OF_TEXT, bpe_files, gpt2_encoding
@@ -378,8 +379,8 @@ def judge_encode(case: Case, outputs: dict) -> None:
 
 
 encode_exercise = Exercise(NOTEBOOK, "encode", produce_encode, judge_encode, inputs=inputs_encode,
-                           forbidden=(TIKTOKEN,), supplies=tuple(ENCODE_PARTS.values()), defaults={"text": None},
-                           describe=_where)
+                           forbidden=(TIKTOKEN,), defaults={"text": None},
+                           describe=_where, guard=Guard(supplies=tuple(ENCODE_PARTS.values())))
 check_encode = encode_exercise.checker(
     "Grade `bpe` and `encode` token for token against tiktoken's GPT-2 encoding, and `bpe` with other ranks.",
     learner=lambda encode, bpe: (encode, bpe))

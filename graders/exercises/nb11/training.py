@@ -23,7 +23,7 @@ from graders.exercises.nb11.wire import pieces_tensors, tensor_text, tensors_pie
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
-from graders.judging.learner import Forbidden, run_learner, with_course_functions
+from graders.judging.learner import Forbidden, run_learner
 
 NOTEBOOK = "11_tokenizer"
 N_MERGES = 40
@@ -254,8 +254,9 @@ def judge_train(case: Case, outputs: dict) -> None:
 
 
 TRAIN_PARTS = {"pretokenize": ref.pretokenize}
-train = Exercise(NOTEBOOK, "train_bpe", with_course_functions(produce_train, TRAIN_PARTS), judge_train,
-                 inputs=inputs_train, forbidden=(FORBIDDEN,), defaults={"text": None}, describe=_where)
+train = Exercise(NOTEBOOK, "train_bpe", produce_train, judge_train,
+                 inputs=inputs_train, forbidden=(FORBIDDEN,), defaults={"text": None}, describe=_where,
+                 course_parts=TRAIN_PARTS)
 check_train_bpe = train.checker(f"Grade `train_bpe` ({N_MERGES} merges) against the course's trainer.")
 
 
@@ -331,8 +332,9 @@ def judge_speed(case: Case, outputs: dict) -> None:
                  f"the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare", replay=False)
 
 
-speed = Exercise(NOTEBOOK, "train_bpe speed", with_course_functions(produce_speed, TRAIN_PARTS), judge_speed,
+speed = Exercise(NOTEBOOK, "train_bpe speed", produce_speed, judge_speed,
                  inputs=inputs_speed, forbidden=(FORBIDDEN,), defaults={"text": None},
-                 describe=lambda case: f"{SPEED_MERGES} merges of {SPEED_CHARACTERS:,} characters of Shakespeare")
+                 describe=lambda case: f"{SPEED_MERGES} merges of {SPEED_CHARACTERS:,} characters of Shakespeare",
+                 course_parts=TRAIN_PARTS)
 check_train_bpe_speed = speed.checker(
     f"Time `train_bpe` on {SPEED_MERGES} merges of the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare.")

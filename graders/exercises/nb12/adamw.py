@@ -30,7 +30,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner, text_record
-from graders.integrity import WATCH_PARTS, LibraryOps, refused_ops
+from graders.integrity import WATCH_PARTS, Guard, LibraryOps, refused_ops
 from graders.judging.tolerance import close
 from graders.reference.config import Config
 
@@ -371,6 +371,6 @@ def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[in
 
 
 exercise = Exercise(NOTEBOOK, "AdamW", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
-                    supplies=WATCH_PARTS, library_ops=(LIBRARY_OPS,))
+                    guard=Guard(supplies=WATCH_PARTS, library_ops=(LIBRARY_OPS,)))
 check_adamw = exercise.checker(
     "Grade your `AdamW` against torch.optim.AdamW, step by step, on two parameter groups.")

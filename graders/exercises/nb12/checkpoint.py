@@ -27,6 +27,7 @@ from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import items_of, shown, whole_number
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -269,7 +270,7 @@ def _judge_in_memory(outputs: dict, key: str, what: str) -> None:
 
 exercise = Exercise(NOTEBOOK, "checkpoints", produce, judge, defaults={"text": None},
                     # the training step it runs: the course's model, F.cross_entropy, clip_grad_norm_
-                    may_run=SOFTMAX_RUNS + CROSS_ENTROPY_RUNS + CLIP_GRAD_RUNS)
+                    guard=Guard(may_run=SOFTMAX_RUNS + CROSS_ENTROPY_RUNS + CLIP_GRAD_RUNS))
 check_checkpoints = exercise.checker(
     "Grade `save_checkpoint` and `load_checkpoint` by stopping a run, resuming it, and comparing bit "
     "for bit with a run that never stopped.", learner=lambda save, load: (save, load))

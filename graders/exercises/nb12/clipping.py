@@ -13,7 +13,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
-from graders.integrity import WATCH_PARTS, LibraryOps, refused_ops
+from graders.integrity import WATCH_PARTS, Guard, LibraryOps, refused_ops
 from graders.judging.tolerance import close
 
 FORBIDDEN = Forbidden(
@@ -180,6 +180,6 @@ def _one_factor(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor) ->
 
 
 exercise = Exercise(NOTEBOOK, "clip_grad_norm", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},
-                    supplies=WATCH_PARTS, library_ops=(LIBRARY_OPS,))
+                    guard=Guard(supplies=WATCH_PARTS, library_ops=(LIBRARY_OPS,)))
 check_clip_grad_norm = exercise.checker(
     "Grade `clip_grad_norm(parameters, max_norm)` against torch.nn.utils.clip_grad_norm_.")

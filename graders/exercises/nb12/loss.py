@@ -17,7 +17,7 @@ from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
-from graders.integrity import WATCH_PARTS, LibraryOps, refused_ops
+from graders.integrity import WATCH_PARTS, Guard, LibraryOps, refused_ops
 from graders.judging.tolerance import close
 
 NOTEBOOK = "12_training_step"
@@ -297,9 +297,9 @@ def _constant_relation(outputs: dict, expected: dict, labels: list[str]) -> str 
     return None
 
 
-exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,), supplies=WATCH_PARTS,
-                    library_ops=(LIBRARY_OPS,),
-                    defaults={"text": None, "batch": 3, "seq": 8})
+exercise = Exercise(NOTEBOOK, "cross_entropy", produce, judge, forbidden=(FORBIDDEN,),
+                    defaults={"text": None, "batch": 3, "seq": 8},
+                    guard=Guard(supplies=WATCH_PARTS, library_ops=(LIBRARY_OPS,)))
 check_cross_entropy = exercise.checker(
     "Grade `cross_entropy(logits, targets, ignore_index)` against F.cross_entropy, ordinary and huge "
     "logits, float32 and bfloat16.")

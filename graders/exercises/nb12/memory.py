@@ -24,6 +24,7 @@ from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import described_keys, items_of, shown, whole_number
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.config import Config
@@ -310,7 +311,8 @@ def _measured_modules() -> tuple:
 
 
 exercise = Exercise(NOTEBOOK, "saved_activation_bytes", produce, judge, forbidden=(FORBIDDEN,),
-                    defaults={"text": None, "batch": 2, "seq": 8}, supplies=(*_measured_modules(), _pack_hooks),
-                    may_run=SOFTMAX_RUNS)   # the course's model it measures
+                    defaults={"text": None, "batch": 2, "seq": 8},
+                    guard=Guard(supplies=(*_measured_modules(), _pack_hooks),
+                                may_run=SOFTMAX_RUNS))   # the course's model it measures
 check_saved_activation_bytes = exercise.checker(
     "Grade `saved_activation_bytes(model, *inputs)` against a measurement with saved_tensors_hooks.")

@@ -16,6 +16,7 @@ from graders.exercises.nb13 import reference as ref
 from graders.exercises.nb13.gpt import GPTConfig, jittered_gpt
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.judging.rendering import fix_line
@@ -365,9 +366,10 @@ def _judge_merge(case: Case, outputs: dict, expected: dict, where: str) -> None:
                           "x W + b.")
 
 
-exercise = Exercise(NOTEBOOK, "LoRA", produce, judge, forbidden=(FORBIDDEN,), may_run=CROSS_ENTROPY_RUNS,
+exercise = Exercise(NOTEBOOK, "LoRA", produce, judge, forbidden=(FORBIDDEN,),
                     defaults={"text": None, "batch": 2, "seq": 12},
-                    describe=lambda case: f"GPT-2 with LoRA r={settings(case)[0]}, alpha={settings(case)[1]:g}")
+                    describe=lambda case: f"GPT-2 with LoRA r={settings(case)[0]}, alpha={settings(case)[1]:g}",
+                    guard=Guard(may_run=CROSS_ENTROPY_RUNS))
 check_lora = exercise.checker(
     "Grade `LoRALinear`, `add_lora` and `merge_lora` against peft's LoRA on transformers' GPT-2 with the same "
     "weights: at initialisation, after AdamW steps, trainable count, dropout at eval, merged weights.",

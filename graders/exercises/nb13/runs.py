@@ -15,6 +15,7 @@ from graders.exercises.nb13.gpt import GPT, greedy
 from graders.exercises.nb07.runs import CountingBatches, one_thread, with_grad
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import course_functions, run_learner
 
@@ -132,9 +133,10 @@ def judge_finetune(case: Case, outputs: dict) -> None:
 
 
 finetune_exercise = Exercise(NOTEBOOK, "finetune", produce_finetune, judge_finetune,
-                             inputs=sft_inputs, supplies=tuple(SFT_PARTS.values()) + (CountingBatches,),
+                             inputs=sft_inputs,
                              defaults={"text": None}, describe=lambda case: f"the course's batches (seed {case.seed})",
-                             may_run=CROSS_ENTROPY_RUNS)   # a loop may call F.cross_entropy
+                             guard=Guard(supplies=tuple(SFT_PARTS.values()) + (CountingBatches,),
+                                         may_run=CROSS_ENTROPY_RUNS))   # a loop may call F.cross_entropy
 check_finetune = finetune_exercise.checker(
     "Finetune the course's base model with the learner's `finetune` and grade exact answers to held-out questions.")
 
@@ -264,8 +266,8 @@ def judge_dpo(case: Case, outputs: dict) -> None:
 
 
 dpo_exercise = Exercise(NOTEBOOK, "train_dpo", produce_dpo, judge_dpo, inputs=dpo_inputs,
-                        supplies=tuple(DPO_PARTS.values()) + (ProbedBatches, CountingBatches),
-                        defaults={"text": None}, describe=lambda case: f"the course's pairs (seed {case.seed})")
+                        defaults={"text": None}, describe=lambda case: f"the course's pairs (seed {case.seed})",
+                        guard=Guard(supplies=tuple(DPO_PARTS.values()) + (ProbedBatches, CountingBatches)))
 check_train_dpo = dpo_exercise.checker(
     "Run the learner's `train_dpo` from the course's finetuned model and grade held-out preference accuracy and "
     "the reward margin's rise.")
