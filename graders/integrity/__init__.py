@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from graders.integrity import kernel_bans as _kernel_bans
+from graders.integrity import kernels as _kernels
+from graders.integrity import library_ops as _library_ops
 from graders.integrity import provenance as _provenance
 from graders.integrity.allowed import given_part_names, given_parts, supplied_parts
 from graders.integrity.deliveries import receive
 from graders.integrity.kernel_bans import exercise_bans
-from graders.integrity import kernels as _kernels
-from graders.integrity import library_ops as _library_ops
 from graders.integrity.library_ops import WATCH_PARTS, LibraryOps
 from graders.integrity.origins import ANSWER_LIBRARIES, LEARNER, compiled_names, file_functions, fingerprint, origin
 from graders.integrity.provenance import CourseCodeSealed
