@@ -14,7 +14,7 @@
 4. `--against REV [--notebooks ...]`: what this tree's grading costs against another revision's
    (the design before a change): each notebook's perfect submission graded in both trees in
    turn, `--rounds` times after one warming run each, every run in a fresh process; the ratio of
-   the medians. Target <= 1.15 (issue 43: sealing the answer may cost at most 15% per notebook).
+   the medians. Target <= 1.15 (sealing the answer may cost at most 15% per notebook).
 
 Every pipeline run writes into a freshly released nbgrader course, as `make grade` does.
 """

@@ -1,4 +1,4 @@
-"""What a learner waits for, on a warm course cache: the targets of issue 20.
+"""What a learner waits for, on a warm course cache, against the course's targets.
 
 - the reference cell of 00 (<= 3 s);
 - the first check of each of 01-06, solved, in JupyterLab's kernel (<= 2 s);

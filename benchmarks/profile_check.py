@@ -1,4 +1,4 @@
-"""Where `make check` spends its time, on a warm course cache (issue 20): a breakdown.
+"""Where `make check` spends its time, on a warm course cache: a breakdown.
 
 Runs graders.harness.check on a notebook (default: a solved 01) in this process, with the
 kernel's start, its client's readiness and each cell timed from here, then times the imports

@@ -139,7 +139,7 @@ def graded_as_shown(request, monkeypatch, tmp_path_factory):
     """In the catalog tests, every verdict a check shows is also reached the grading way: its
     outputs go through a record (safetensors, as from a grading kernel) and are judged as a
     test cell by graders.harness.grading.judge_cell; the two must agree, point for point and
-    word for word (issue 25). Each catalog case thereby proves the contract once more."""
+    word for word. Each catalog case thereby proves the contract once more."""
     if not request.module.__name__.startswith("test_catalog_"):
         yield
         return

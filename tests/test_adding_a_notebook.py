@@ -141,7 +141,8 @@ def test_a_notebook_added_in_three_files_is_built_released_graded_and_copy_check
     (course / "graders" / "exercises" / "nb99").mkdir()
     grader = textwrap.dedent(HELPERS) + minimal_declaration()
     (course / "graders" / "exercises" / "nb99" / "__init__.py").write_text(grader)
-    (course / "tests" / "test_catalog_99.py").write_text(textwrap.dedent(CATALOG))
+    (course / "tests" / "catalog").mkdir()
+    (course / "tests" / "catalog" / "test_catalog_99.py").write_text(textwrap.dedent(CATALOG))
 
     catalog = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                              cwd=course, capture_output=True, text=True, timeout=300)

@@ -5,7 +5,7 @@ An exercise whose independent correct answers already share much of their code w
 solution or a library's (the notebook dictates the names, the hint the code) needs a higher bar,
 and one where they share nearly all of it cannot tell a copy from an honest answer at all.
 `python benchmarks/bench_copies.py` measures, on the honest corpus (tests/copies_corpus), the share
-independent answers reach in each exercise; every bar here is above it, and tests/test_copies.py
+independent answers reach in each exercise; every bar here is above it, and tests/grading/test_copies.py
 fails when an honest answer reaches one.
 """
 from __future__ import annotations

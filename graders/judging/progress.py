@@ -127,7 +127,7 @@ def ready(*answers) -> bool:
     one line says which exercise to finish first. An answer is not ready when a check run on it
     in this kernel failed, when it is still nbgrader's stub, or when the cell that defines it
     raised (graders.judging.failed_cells). In a grading kernel, never: no
-    test cell depends on a demonstration (tests/test_notebooks.py checks), and they earn nothing."""
+    test cell depends on a demonstration (tests/learner/test_notebooks.py checks), and they earn nothing."""
     if grading() or not session.current().demonstrations:
         print("\N{WHITE CIRCLE} Not run while grading: demonstrations earn no points.")
         return False

@@ -7,7 +7,7 @@ sum is meant), the first sequence that differs; the loss as a factor (a sum over
 
 The judge's reference is the paper's equation. trl 1.16's DPO loss lives inside
 DPOTrainer._compute_loss (a model's forward pass, an accelerator), not in a function of four log-prob
-tensors, so it is a test-only cross-check of that equation (tests/test_catalog_13.py calls it with a
+tensors, so it is a test-only cross-check of that equation (tests/catalog/test_catalog_13.py calls it with a
 stand-in trainer); trl's code is refused while the learner's code runs."""
 from __future__ import annotations
 

@@ -603,7 +603,7 @@ def test_answers_of_the_wrong_kind_get_one_line(check, learner, expected):
     fails_with(check, *learner, expected=expected)
 
 
-# --- what the learner's code returns or leaves, read without trusting it (issue 46) ---------------
+# --- what the learner's code returns or leaves, read without trusting it ---------------
 
 class _ById(torch.optim.Optimizer):
     """A right AdamW whose state is keyed by id(p): the int hashes like the tensor p."""
@@ -717,7 +717,7 @@ def test_an_extra_tensor_key_in_the_state_is_read_past():
     nb12.check_adamw(_odd_state(lambda s: {p: {torch.ones(2): 1, **v} for p, v in s.items()}))
 
 
-# --- a checkpoint that keeps references (issue 46) -------------------------------------------------
+# --- a checkpoint that keeps references -------------------------------------------------
 
 _IN_MEMORY = {}
 
@@ -755,7 +755,7 @@ def test_a_load_that_reads_what_save_kept_in_memory_is_named(save, load):
                expected="Likely mistake: load reads the objects that save kept in memory")
 
 
-# --- library routines refused at the level they run (issue 43, section 3) ------------------------
+# --- library routines refused at the level they run ------------------------
 
 def _first_logit(x, t):
     return x.gather(-1, t.clamp(min=0)[..., None])[..., 0]
@@ -860,7 +860,7 @@ def test_clipping_library_kernels_and_copies_are_refused():
                expected=["torch.nn.utils.clip_grad.", "compiled from a copy of its source"])
 
 
-# --- an untouched exercise is answered at once (issue 44, section 3) -------------------------------
+# --- an untouched exercise is answered at once -------------------------------
 
 def test_untouched_exercises_are_answered_before_any_reference_is_built(monkeypatch):
     """The stubs' checks say "not written yet" without building a reference (those take seconds):

@@ -1112,7 +1112,7 @@ def test_kv_cache_bytes_that_measures_a_cache_is_refused():
         nb08.check_kv_cache_bytes(measuring, reference.forward_with_cache)
 
 
-# --- One mistake, one exercise (issue 28) -------------------------------------------------------
+# --- One mistake, one exercise -------------------------------------------------------
 
 WRONG_PARTS = '''
 def greedy_search(logits):
@@ -1194,7 +1194,7 @@ def generate_with_cache(model, input_ids, max_new_tokens):
 def test_a_wrong_part_costs_only_its_own_check():
     """A notebook whose every part is wrong, its composites right: each part fails its own check,
     and sample_next_token, generate and generate_with_cache pass theirs, which run the course's
-    parts under the notebook's names (issue 28: 08 charged the example class's top-p twice), and
+    parts under the notebook's names (08 charged the example class's top-p twice), and
     give the learner's back afterwards."""
     notebook = {"torch": torch, "reference": reference}
     exec(WRONG_PARTS + SOLUTION_COMPOSITES, notebook)

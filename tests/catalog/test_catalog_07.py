@@ -19,7 +19,7 @@ from graders.reference import components
 
 pytestmark = pytest.mark.xdist_group("nb07")
 
-SHARED_SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+SHARED_SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 
 
 def fails(check, learner, expected: str, **kwargs):
@@ -532,7 +532,7 @@ def train(model, make_batch, n_steps, max_lr, eval_tokens, eval_every=50, weight
 def test_a_wrong_part_costs_only_its_own_check():
     """A notebook whose optimizer_groups, lr_at and evaluate are wrong and whose train is right:
     each part fails its own check, and train passes its, which runs the course's parts under the
-    notebook's names (issue 28: 07 charged each of them to train and Shakespeare as well), and
+    notebook's names (07 charged each of them to train and Shakespeare as well), and
     gives the learner's back afterwards."""
     notebook = {"torch": torch, "lm_cross_entropy_loss": loss_cross_entropy}
     exec(WRONG_PARTS + SOLUTION_TRAIN, notebook)

@@ -1,6 +1,6 @@
 """A learner's submodule named otherwise than the exercise's (`attention_heads` for `attn`) fails
 the check with the names, and the message also says whether the computation under the learner's
-own names is right (issue 28, section 3): fixing the name must not reveal a second failure."""
+own names is right: fixing the name must not reveal a second failure."""
 import pytest
 from torch import nn
 

@@ -373,7 +373,7 @@ def _finetune(kind="right"):
 
 @pytest.mark.slow
 def test_finetune_training_on_the_prompt_is_named():
-    # (the solution's own loop passes in tests/test_notebooks.py's run of the solution)
+    # (the solution's own loop passes in tests/learner/test_notebooks.py's run of the solution)
     fails_with(nb13.check_finetune, _finetune("tokens"), expected="Likely mistake: the prompt is trained too")
 
 

@@ -89,7 +89,7 @@ def test_rms_norm_mistakes_are_named(cls, expected):
 
 
 def test_an_untouched_rms_norm_is_answered_before_the_weights_are_made(monkeypatch):
-    """Issue 44: the check of an unwritten exercise answers at once; making the seeded weights (a
+    """The check of an unwritten exercise answers at once; making the seeded weights (a
     second or more on a kernel's first check) waits until the stub has run."""
     from graders.exercises.nb10 import norm_mlp
 
@@ -136,7 +136,7 @@ def _rms(x, eps):
 
 
 @pytest.mark.parametrize("normalise, expected", [
-    # issue 44's held-out mistakes
+    # held-out mistakes
     (lambda x, w, eps: x / (x.abs().mean(-1, keepdim=True) + eps) * w,
      "Likely mistake: each row's direction is right but its length is not: x is divided by the mean absolute "
      "value, mean(|x|)"),
@@ -302,7 +302,7 @@ def _result_halves_exchanged(x, cos, sin):
 
 
 @pytest.mark.parametrize("apply, expected", [
-    # issue 44's held-out mistake: rotate_half's halves in the wrong order
+    # held-out mistake: rotate_half's halves in the wrong order
     (_rotate_by(lambda x: torch.cat([_halves(x)[0], -_halves(x)[1]], -1)),
      "Likely mistake: your rotate_half(x) is cat([x1, -x2]) (its two halves in the wrong order), where it is "
      "cat([-x2, x1]) (x1, x2: the halves of x). It mixes no two dimensions"),
@@ -381,7 +381,7 @@ def _hidden(x, gate, up):
 
 
 @pytest.mark.parametrize("cls, expected", [
-    # issue 44's held-out mistake: W_down used transposed, or declared as nn.Linear stores it
+    # held-out mistake: W_down used transposed, or declared as nn.Linear stores it
     (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down.T),
      "Likely mistake: W_down is used transposed: it is [688, 256]"),
     (_swiglu_by(lambda x, gate, up, down: _hidden(x, gate, up) @ down.T, "d_model d_mlp"),
@@ -596,7 +596,7 @@ def _layer(kind):
                 m = x + self.mlp(self.ln2(x))
                 out, cache = self.attn(self.ln1(m), cos, sin, past)
                 return m + out, cache
-            if kind in ("attn_twice", "mlp_twice"):   # issue 44's held-out mistake; the MLP's invented here
+            if kind in ("attn_twice", "mlp_twice"):   # held-out mistake; the MLP's invented here
                 for _ in range(2 if kind == "attn_twice" else 1):
                     out, cache = self.attn(self.ln1(x), cos, sin, past)
                     x = x + out
@@ -629,7 +629,7 @@ def test_decoder_layer_passes_and_its_mistakes_are_named():
                expected="Likely mistake: the MLP is applied twice (self.mlp called 2x)")
     fails_with(nb10.check_decoder_layer, _layer("attn_on_mlp_input"),
                expected="ln1's output (Llama's input_layernorm), the first activation in forward order")
-    # The cache it returns (issue 38): the old `past`, or other tensors than the attention's cache.
+    # The cache it returns: the old `past`, or other tensors than the attention's cache.
     fails_with(nb10.check_decoder_layer, _layer("old_past"),
                expected="Likely mistake: the `past` passed in is returned instead of the cache your attention")
     fails_with(nb10.check_decoder_layer, _layer("queries_cached"), expected="cached keys")
@@ -657,7 +657,7 @@ class NoFinalNorm(ref.ModernDecoder):
 
 
 def _model(kind):
-    """A model with one mistake in what it hands its layers (issue 38's unlisted classes)."""
+    """A model with one mistake in what it hands its layers (unlisted classes)."""
     class ModernDecoder(ref.ModernDecoder):
         def forward(self, tokens, past=None):
             start = 0 if past is None else past[0][0].shape[2]
@@ -854,7 +854,7 @@ def _bytes_per_number(size):
 ])
 def test_kv_cache_bytes_tells_each_factor_apart_over_the_dtypes(learner, expected):
     """2 bytes a number and keys only are both half of float32's answer: bfloat16's and float64's
-    answers tell them apart (issue 38)."""
+    answers tell them apart."""
     for seed, batch in ((0, 1), (1, 3)):
         fails_with(nb10.check_kv_cache_bytes, learner, expected=expected, seed=seed, batch=batch)
 
@@ -917,13 +917,13 @@ def test_a_mistake_in_rope_costs_only_the_rope_check():
 
 
 def test_the_demonstrations_stated_time_is_a_benchmarks_line():
-    """Issue 44: a time the notebook states comes from a benchmark that prints it, with the
+    """A time the notebook states comes from a benchmark that prints it, with the
     conditions it was measured under; the demonstration says what it does from its first line."""
     import json
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     cells = json.loads((root / "solutions" / "10_modern_decoder.ipynb").read_text())["cells"]
     sources = ["".join(cell["source"]) for cell in cells]
     demo = next(i for i, source in enumerate(sources) if "def train_and_validate" in source)

@@ -1,6 +1,6 @@
 """Torch's kernels for an answer, taken out of a grading kernel's dispatcher before any learner code
-runs (graders.integrity.kernel_bans), and a grading kernel that cannot start a program (issue 43's
-"library answers refused at the level they run", once the in-kernel watches are switched off).
+runs (graders.integrity.kernel_bans), and a grading kernel that cannot start a program (library
+answers refused at the level they run, once the in-kernel watches are switched off).
 
 Arming is for a process's life, so every arming here happens in a process of its own: a child
 Python, or a confined grading kernel."""

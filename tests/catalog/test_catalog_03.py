@@ -533,7 +533,7 @@ def test_localisation_points_after_the_mask():
                          ids=lambda v: getattr(v, "__name__", ""))
 def test_a_wrong_mask_costs_only_the_mask_check(mask, message):
     """The forward's check runs the course's mask in place of the learner's, which has its own
-    check (issue 28: one mistake, one exercise), whether forward uses the mask's result or, as
+    check (one mistake, one exercise), whether forward uses the mask's result or, as
     with the classic in-place masked_fill_, relies on the scores being masked in place."""
     nb03.check_attention(variant(mask=mask))
     nb03.check_attention(variant(forward_relies_on_in_place_mask, mask=mask))

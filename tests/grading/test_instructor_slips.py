@@ -1,4 +1,4 @@
-"""An instructor's slip is refused early, in one clear line (issue 28, section 4)."""
+"""An instructor's slip is refused early, in one clear line."""
 import subprocess
 import sys
 

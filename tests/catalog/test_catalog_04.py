@@ -201,7 +201,7 @@ def gelu_new(x):
 
 
 def test_a_wrong_gelu_new_costs_only_its_own_check():
-    """The MLP's check runs the course's gelu_new under the learner's name for it (issue 28: 04
+    """The MLP's check runs the course's gelu_new under the learner's name for it (04
     charged a wrong gelu_new twice), and gives the learner's back afterwards."""
     with pytest.raises(CheckFailed, match=r"x\*\*2 instead of x\*\*3"):
         nb04.check_gelu_new(gelu_new)

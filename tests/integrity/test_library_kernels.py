@@ -1,5 +1,5 @@
-"""Library answers reached below the names the word scan and the tripwires watch (issue 43's
-family "library answers refused at the level they run"): torch's own kernel for the exercise,
+"""Library answers reached below the names the word scan and the tripwires watch (library
+answers refused at the level they run): torch's own kernel for the exercise,
 taken under a computed name before the check starts (so no tripwire replaces it), called as a
 builtin, through torch.ops.aten, or as torch's Python reference (torch._refs). Each computes the
 right answer; each check fails and names the kernel or routine. The same forms, written by hand,

@@ -1,6 +1,6 @@
 """`make lab` is the learner's lab: JupyterLab on exercises/ with nbgrader's Validate button and
 none of its instructor tools, which cannot work on a learner's machine (the browser test,
-tests/test_browser.py, looks at the page itself)."""
+tests/learner/test_browser.py, looks at the page itself)."""
 import json
 import os
 import re
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INSTRUCTOR_PLUGINS = {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:assignment-list",
                       "@jupyter/nbgrader:course-list", "@jupyter/nbgrader:create-assignment",
                       "@jupyter/nbgrader:menu"}

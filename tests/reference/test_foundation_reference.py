@@ -15,7 +15,7 @@ from graders.reference import synthetic
 from graders.reference.paths import CACHE_ENV
 from graders.reference.weights import component, course_weights
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = json.loads((ROOT / "data" / "synthetic_gpt2.json").read_text())["sha256"]
 SYNTHETIC_FOLDER = f"synthetic-gpt2-v{synthetic.VERSION}"
 
@@ -241,7 +241,7 @@ def _no_boot(monkeypatch):
 
 def test_auto_falls_back_to_synthetic(tmp_path, monkeypatch, reference):  # reference: cache filled
     """No named folder and no GPT-2 in the Hugging Face cache: synthetic. (A named folder without
-    the weights is an error: tests/test_instructor_slips.py.)"""
+    the weights is an error: tests/grading/test_instructor_slips.py.)"""
     from huggingface_hub import constants
 
     monkeypatch.delenv(ref.PRETRAINED_DIR_ENV, raising=False)

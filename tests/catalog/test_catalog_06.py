@@ -611,7 +611,7 @@ def test_count_parameters_must_return_ints_under_every_key():
 
 
 def test_a_wrong_unembed_costs_only_its_own_check():
-    """The model's check runs the course's Unembed in the learner's model (issue 28: 06 charged
+    """The model's check runs the course's Unembed in the learner's model (06 charged
     a wrong or differently named Unembed twice)."""
     for wrong in (unembed_variant(no_bias), RenamedUnembed):
         with pytest.raises(CheckFailed):

@@ -1,4 +1,4 @@
-"""An untouched exercise is answered at once (issue 44, section 3): the check of every released
+"""An untouched exercise is answered at once: the check of every released
 stub, in every notebook, says "not written yet" within a second of starting, before it builds any
 reference or input. Run in-process: the released notebook's setup cell and answer cells (its
 stubs) are run in one namespace, then each check call of its test cells, timed alone."""
@@ -78,7 +78,7 @@ def test_no_answer_of_a_solution_is_taken_for_a_stub(notebook):
 
 
 def test_a_given_init_that_builds_an_untouched_part_names_it():
-    """10's ModernDecoder: its __init__ is given and builds the learner's DecoderLayer (issue 36)."""
+    """10's ModernDecoder: its __init__ is given and builds the learner's DecoderLayer."""
     failure = stubs.untouched("ModernDecoder", (released_stubs("10_modern_decoder")["ModernDecoder"],))
     assert str(failure) == ("ModernDecoder: DecoderLayer.__init__ is not written yet "
                             "(ModernDecoder builds DecoderLayer).")

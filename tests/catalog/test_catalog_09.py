@@ -451,7 +451,7 @@ def test_course_bert_agrees_with_transformers_bert_for_masked_lm():
     assert sum(p.numel() for p in course.parameters()) == sum(p.numel() for p in hf.parameters())
 
 
-# --- One mistake, one exercise: the encoder's parts (issue 28) ---------------------------------
+# --- One mistake, one exercise: the encoder's parts ---------------------------------
 
 # The solution's answer cells of sections 2-4, run in order as a learner's notebook runs them.
 ENCODER_CELLS = ("post_norm", "tied", "bert_embeddings", "encoder_block", "bert")
@@ -517,7 +517,7 @@ def test_a_wrong_encoder_part_costs_only_its_own_check(edits, costs):
     """One wrong part in a notebook whose other answers are the solution's: only the part's own
     check fails. The EncoderBlock's check runs the learner's block on the course's PostNormBlock
     and BertForMLM's builds the learner's model with the course's BertEmbeddings, EncoderBlock,
-    TiedUnembed and gelu_erf under those names (issue 28: 09 charged them to both composites as
+    TiedUnembed and gelu_erf under those names (09 charged them to both composites as
     well); the learner's names and bases are theirs again afterwards."""
     notebook = encoder_notebook(*edits)
     names = dict(notebook)
@@ -719,7 +719,7 @@ def mlm_loss(logits, targets):                  # no ignore_index: scores every 
 def test_a_wrong_mask_or_loss_costs_only_its_own_check():
     """A notebook whose mask_tokens and mlm_loss are wrong and whose train_mlm is right: each part
     fails its own check, and train_mlm passes its, which runs the course's parts under the
-    notebook's names (issue 28: 09 charged them to the training run as well), and gives the
+    notebook's names (09 charged them to the training run as well), and gives the
     learner's back afterwards."""
     from graders.course.example_class import solution_answers
 

@@ -10,7 +10,7 @@ from graders.exercises import declared_notebooks
 
 NAMES = notebook_names()
 
-# Pictures where learners look (issue 15): cells tagged `picture`, as each notebook declares.
+# Pictures where learners look: cells tagged `picture`, as each notebook declares.
 # Notebooks 07-09 draw their training curves and distributions without the tag.
 PICTURES = {name: notebook.pictures for name, notebook in declared_notebooks().items() if notebook.pictures}
 
@@ -169,7 +169,7 @@ def _course_versions_called(cells: list[dict]) -> list[str]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_no_cell_hands_over_the_course_version_of_an_exercise(name):
-    """Demonstrations use the learner's own module or function (issue 18): the course's
+    """Demonstrations use the learner's own module or function: the course's
     implementation of an exercise is never called or imported by name in its notebook."""
     cells = json.loads((SOLUTIONS / f"{name}.ipynb").read_text())["cells"]
     found = _course_versions_called(cells)
@@ -246,7 +246,7 @@ def test_each_picture_cell_draws_an_image_in_the_solution_run(name, solution_run
 @pytest.mark.slow
 def test_the_reference_run_sums_up_full_points(name, solution_run):
     """`make solutions` (its test cells hold the hidden tests too) ends as a learner's full run
-    does: every check passes, with the notebook's points (issue 36)."""
+    does: every check passes, with the notebook's points."""
     summary = "".join(o.get("text", "") for o in solution_run(name)[0].cells[-1].outputs)
     assert f"Progress in {name}: " in summary and "every check passes" in summary, summary
 
@@ -273,7 +273,7 @@ def test_notebook_10s_demonstration_printed_the_losses_its_text_states(solution_
 @SOLUTION_RUNS
 @pytest.mark.slow
 def test_notebook_10s_demonstration_shows_its_progress_in_the_saved_run_and_its_html(solution_run):
-    """A wait of a minute says what it is doing (issue 36): a line every 10 steps for each model,
+    """A wait of a minute says what it is doing: a line every 10 steps for each model,
     in the notebook `make solutions` saves and in its HTML."""
     executed, html = solution_run("10_modern_decoder")
     demo = next(cell for cell in executed.cells if "def train_and_validate" in cell.source)

@@ -163,7 +163,7 @@ def test_validate_skips_the_demonstrations_as_make_check_does(tmp_path):
 
 
 # Test cells of composites whose given __init__ builds a part the learner writes: the check
-# names the part (issue 36), not the given class.
+# names the part, not the given class.
 GIVEN_INIT_BUILDS = {("10_modern_decoder", "model_test"): {"ModernDecoder": "DecoderLayer"}}
 
 
@@ -173,7 +173,7 @@ def test_run_all_runs_an_untouched_notebook_to_the_end(name, tmp_path):
     """Only test cells may fail (tagged raises-exception: Run All goes on); each says in one line
     that its exercise is unsolved, naming the learner's class or function that is (not a given
     one that calls it), each demonstration cell that needs an answer says which, and the last
-    cell sums up, every exercise "not written yet" (issue 36)."""
+    cell sums up, every exercise "not written yet"."""
     notebook = _run(nbformat.read(EXERCISES / f"{name}.ipynb", as_version=4), tmp_path,
                     allow_errors=False)
     for cell in notebook.cells:
@@ -210,7 +210,7 @@ raise ValueError("the box")
 
 @pytest.mark.slow
 def test_a_progress_line_says_what_is_built_and_leaves_no_blank_line(tmp_path):
-    """Issue 44 §3: the line of a long check is a display of its own in the kernel: it says what
+    """The line of a long check is a display of its own in the kernel: it says what
     is being built meanwhile, a line printed meanwhile does not break it, and at the end it takes
     no room (a stream line erased with spaces stayed as a blank line above the ✗ box)."""
     from nbclient import NotebookClient
@@ -237,7 +237,7 @@ def test_a_progress_line_says_what_is_built_and_leaves_no_blank_line(tmp_path):
 
 
 def test_the_first_check_time_the_docs_state_is_a_benchmarks_line():
-    """Issue 44 §3: the documentation's time for a new learner's first check (the README said "a
+    """The documentation's time for a new learner's first check (the README said "a
     few seconds"; it took over a minute) is what a benchmark prints, with its conditions. The time
     is stated in docs/benchmarks.md (it moved there from the README), and no page says "a few
     seconds" of it: neither the README nor any page under docs/."""
@@ -255,7 +255,7 @@ def test_the_first_check_time_the_docs_state_is_a_benchmarks_line():
 
 
 def test_a_crash_names_the_arguments_as_a_learner_reads_them():
-    """Issue 44 §3: "while running on DemoTransformer, bool." named types where values read better."""
+    """A crash names the input's values, not its types ("while running on DemoTransformer, bool." read worse)."""
     from graders.judging.compare import CheckFailed
     from graders.judging.learner import run_learner
 

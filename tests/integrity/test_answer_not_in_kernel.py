@@ -1,4 +1,4 @@
-"""The course's answer is not in a notebook's grading kernel, in any form (issue 43): no code
+"""The course's answer is not in a notebook's grading kernel, in any form: no code
 object of the notebook's implementations, compared by bytecode, constants and names used (not by
 the names they go by), in the graders package the kernel sees, nor anywhere on its file system,
 nor in what it has loaded; and a kernel writes nothing that outlives it."""
@@ -131,7 +131,7 @@ def test_a_confined_kernel_finds_no_implementation_anywhere(tmp_path):
     check that kernel grades."""
     notebook = "03_attention"
     wanted = implementations(answers_of(notebook, kernel_plan.kernel_groups(notebook)[0]))
-    search = (Path(__file__).parent / "code_search.py").read_text()
+    search = (Path(__file__).parents[1] / "code_search.py").read_text()
     walk = (f"# walk\n{search}\nimport json\nwanted = set({sorted(wanted)!r})\n"
             "hits = walk_files('/', wanted)\n"
             "print(json.dumps([hits, loaded_module_hits(wanted)]))\n")

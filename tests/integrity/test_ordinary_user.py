@@ -1,7 +1,7 @@
-"""An instructor who is not root gets the same confinement and the same grades (issue 43): the
+"""An instructor who is not root gets the same confinement and the same grades: the
 example class graded as an ordinary user (uid 65534, no groups), on a notebook with no composite
 and one whose composite's cell receives the course's part (graders.integrity.deliveries), with
-issue 43's cheat families handed in by other students of the same class (one class run: the
+cheat families handed in by other students of the same class (one class run: the
 run builds a fresh course cache of its own, the longest part of it)."""
 import csv
 import os
@@ -52,7 +52,7 @@ def _as_nobody(command: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 def _cheats() -> dict:
-    """Issue 43's families, each a student handing in 01: the course's bytecode laundered, reached
+    """families, each a student handing in 01: the course's bytecode laundered, reached
     through a wrapper, taken with the profiler switched off, torch's kernel taken under a computed
     name, that kernel and torch's reference layer norm with every in-kernel watch switched off; and
     one handing in 04 whose gelu_new asks a worker Python started before the check."""

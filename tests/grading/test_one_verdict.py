@@ -1,5 +1,5 @@
 """One verdict: what a learner is shown before submitting is the grade, point for point, in the
-same words (issue 25).
+same words.
 
 Each submission is checked as `make check` does (the learner's kernel judges, with the cells it
 ran) and graded as `make grade` does (a recording kernel, judged outside it); both call
@@ -51,7 +51,7 @@ EXECUTED = ("import inspect\n_ns = {'__name__': '__main__'}\nexec(inspect.getsou
             "LayerNorm = _ns['LayerNorm']\n")
 SUBMISSIONS = {
     "solved": lambda: example_class.submission(NAME, True),
-    # An untouched exercise is answered before anything is built (issue 44), in both paths alike.
+    # An untouched exercise is answered before anything is built, in both paths alike.
     "untouched": lambda: example_class.submission(NAME, False),
     "classic bug": lambda: _answer(lambda s: s.replace(BUG.find, BUG.replace)),
     "stray graders import": lambda: _answer(lambda s: "from graders.judging.cases import Case\n" + s),
@@ -104,7 +104,7 @@ ATTENTION_RENAMED = (BLOCK, "block_answer", "self.attn", "self.attention_heads")
 @pytest.mark.parametrize("bug", [False, True], ids=["right", "classic bug"])
 def test_a_renamed_submodule_gets_the_same_verdict_graded(bug, tmp_path):
     """A block with `attention_heads` for `attn`: both paths fail it on the names, and both say
-    whether the computation under the learner's names is right (issue 28)."""
+    whether the computation under the learner's names is right."""
     classic = [(BLOCK, BLOCK_BUG.answer, BLOCK_BUG.find, BLOCK_BUG.replace)] if bug else []
     _, graded = _shown_and_graded(BLOCK, example_class.submission(BLOCK, True, classic + [ATTENTION_RENAMED]),
                                   tmp_path)

@@ -13,7 +13,7 @@ import torch
 import graders.reference.tokenizer as tok
 from conftest import TEXT, TOKEN_IDS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_to_tokens_gives_the_course_ids_with_bos():

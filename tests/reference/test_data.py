@@ -5,7 +5,7 @@ import pytest
 
 from graders.reference import data
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 
 
 @pytest.fixture

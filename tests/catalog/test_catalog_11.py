@@ -347,7 +347,7 @@ def test_the_full_recount_is_named_past_the_ceiling(monkeypatch):
     ("min", 2, "Likely mistake: the tie-break takes the smallest pair"),
     ("most_common", 2, "Likely mistake: the tie-break"),
     # The two that passed every check before hidden corpora 1 to 4 held a word outside ASCII and
-    # corpus 4 ran out of pairs that occur twice (issue 44).
+    # corpus 4 ran out of pairs that occur twice.
     ("characters", 1, "merge 6 differs (the 5 before it are right): yours is (b' ', b'loseee'), which occurs "
                       "205 times at that point, the reference's (b'\\xc3', b'\\xa9'), which occurs 220 times (most "
                       "often in ' été': 95 times, as [b' ', b'\\xc3', b'\\xa9', b't', b'\\xc3', b'\\xa9']). "
@@ -685,7 +685,7 @@ _WORD_CACHE = {}
 
 
 def bpe_cached_by_word(word, ranks):
-    """The bug that passed (issue 44): a cache keyed on the word alone."""
+    """The bug that passed: a cache keyed on the word alone."""
     if word not in _WORD_CACHE:
         _WORD_CACHE[word] = bpe(word, ranks)
     return _WORD_CACHE[word]
@@ -728,7 +728,7 @@ def test_encoding_correct_styles_pass(split):
     (_encoder(code_points=True), 0, "encode raised KeyError(128578). Likely mistake: code points, not bytes"),
     (_encoder(code_points=True), 5, "Likely mistake: code points, not bytes"),
     (_encoder(key=str.strip), 1, "Likely mistake: a cache whose key is not the pre-token itself"),
-    # The bug that passed (issue 44): only bpe with other ranks than GPT-2's shows it.
+    # The bug that passed: only bpe with other ranks than GPT-2's shows it.
     (_encoder(bpe_cached_by_word), 0, "Yours is its cut by GPT-2's ranks. Likely mistake: bpe ignores its `ranks` "
                                       "argument: a cache keyed on the word alone"),
     (_encoder(bpe_global_ranks), 3, "Likely mistake: bpe ignores its `ranks` argument"),
@@ -778,7 +778,7 @@ def test_tiktokens_compiled_encoder_under_a_computed_name_is_refused():
     fails_with(nb11.check_encode, encode, bpe, expected="your encode calls CoreBPE.encode_ordinary, compiled code")
 
 
-# --- Library answers, however reached (issue 43 §3)
+# --- Library answers, however reached
 
 def _library(name):
     """A module imported under a computed name, as a learner hiding it from the word scan would."""
@@ -942,7 +942,7 @@ def test_a_mistake_in_the_pre_tokenizer_or_the_table_costs_only_their_checks(mon
 
 
 def test_the_speed_check_names_a_fast_trainers_mistake_as_the_main_check_does(monkeypatch):
-    """Issue 44 §3: the two checks named one bug two ways (the main check replays the catalogued
+    """The two checks named one bug two ways (the main check replays the catalogued
     mistakes; the speed check, too large to replay, explains the first wrong merge)."""
     monkeypatch.setattr(training, "SPEED_CHARACTERS", 30_000)
     words = "Likely mistake: the pair-to-pre-token index is not updated"
@@ -1018,7 +1018,7 @@ def test_unlisted_training_mistakes_are_named(trainer, seed, expected):
 
 
 def _length_weighted(weight):
-    """A trainer whose pair counts are weighted by a pre-token's length (issue 44's held-out
+    """A trainer whose pair counts are weighted by a pre-token's length (held-out
     implementations: misnamed "counted once per pre-token" and "compared pair first")."""
     return _counting_trainer(pretokenize, lambda pair, count: (count, pair), weight)
 
@@ -1073,7 +1073,7 @@ def test_tiktokens_own_pattern_file_is_refused():
 
 
 def test_one_token_too_many_is_one_token():
-    """Issue 44 §3's wording: a count of one is singular ("1 more token", not "1 more tokens")."""
+    """A count of one is singular ("1 more token", not "1 more tokens")."""
     from graders.exercises.nb11.encoding import _first_difference
 
     assert _first_difference([1, 2, 3], [1, 2], "", False).startswith("1 more token than tiktoken's 2,")
