@@ -136,7 +136,7 @@ def test_no_kernel_refuses_what_an_exercise_it_grades_may_run(notebook):
     for group in kernel_plan.kernel_groups(notebook):
         refused = [pattern for pattern, _ in kernel_plan.refused_kernels(notebook, group)]
         may_run = {op for grade_id in group for exercise in kernel_plan._graded(notebook).get(grade_id, ())
-                   for op in exercise.may_run}
+                   for op in exercise.guard.may_run}
         assert not [(p, op) for p in refused for op in may_run if matches(p, op)], group
 
 
