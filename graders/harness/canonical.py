@@ -20,16 +20,20 @@ import re
 # return, a branch) stays where it is and nothing moves across it.
 MOVABLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# Names copydetect would keep as written: each becomes an ordinary one, which it makes one letter.
+PSEUDO_BUILTINS = {"self": "this", "cls": "klass"}
 
 
 def canonical(text: str) -> str:
-    """`text` without annotations, each block in its canonical statement order, re-laid out."""
+    """`text` without annotations, `self` an ordinary name, each block in its canonical statement
+    order, re-laid out."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return text
     for node in ast.walk(tree):
         _drop_annotations(node)
+        _ordinary_name(node)
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -43,6 +47,14 @@ def _drop_annotations(node) -> None:
         node.annotation = None
     elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         node.returns = None
+
+
+def _ordinary_name(node) -> None:
+    """`self` renamed to another name is the same code: neither is kept as written."""
+    if isinstance(node, ast.Name):
+        node.id = PSEUDO_BUILTINS.get(node.id, node.id)
+    elif isinstance(node, ast.arg):
+        node.arg = PSEUDO_BUILTINS.get(node.arg, node.arg)
 
 
 def _path(node) -> str | None:

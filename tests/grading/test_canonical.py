@@ -31,7 +31,13 @@ def test_nothing_moves_across_a_loop_or_a_return():
 def test_the_attributes_of_one_object_move_past_each_other_but_not_past_what_reads_them():
     one = "self.a = nn.Linear(d, d)\nself.b = nn.Linear(d, 1)\nself.c = self.a.weight\n"
     other = "self.b = nn.Linear(d, 1)\nself.a = nn.Linear(d, d)\nself.c = self.a.weight\n"
-    assert canonical(one) == canonical(other) and canonical(one).endswith("self.c = self.a.weight")
+    assert canonical(one) == canonical(other) and canonical(one).endswith("this.c = this.a.weight")
+
+
+def test_self_renamed_is_the_same_code():
+    """copydetect keeps `self` as written and makes every other name one letter."""
+    method = "def merge(self, safe=False):\n    self.w += self.delta()\n"
+    assert canonical(method) == canonical(method.replace("self", "layer")).replace("layer", "this")
 
 
 def test_annotations_and_layout_are_gone_and_code_that_does_not_parse_is_kept():
