@@ -6,8 +6,10 @@ libraries' own sources of that notebook's exercises (LIBRARY_SOURCES: torch's Ad
 clipping, tiktoken's educational BPE, GPT-2's encoder.py as transformers keeps it, peft's LoRA
 layers, trl's DPO trainer), and, once the class is graded, the other students' answers to the same
 exercise. The comparison is copydetect's (MOSS's winnowing over Pygments tokens, names and strings
-replaced by one letter): renaming variables, reformatting or recommenting does not hide a copy,
-while the same idea written another way shares too little code to be one. Only what the learner
+replaced by one letter), of code in one canonical form (graders.harness.canonical: independent
+statements in one order, no annotations, one layout): renaming variables, reordering independent
+statements, reformatting or recommenting does not hide a copy, while the same idea written another
+way shares too little code to be one. Only what the learner
 wrote beyond what the notebook dictates is compared: the code the released notebook gives (its
 stubs and given cells) and the code its text shows (hints, formulas in code) are removed from both
 sides, and the names it prescribes count for nothing since every name is one letter. How similar
@@ -33,6 +35,7 @@ from pathlib import Path
 # grader's messages to that kernel.
 from copydetect import CodeFingerprint, compare_files
 
+from graders.harness.canonical import canonical
 from graders.harness.copy_thresholds import threshold
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -77,8 +80,9 @@ class Code:
 
 
 def fingerprint(text: str, boilerplate=None):
-    """copydetect's fingerprint of Python code; `boilerplate`: hashes that count for nobody."""
-    return CodeFingerprint("answer.py", NOISE, 1, boilerplate=boilerplate, fp=io.StringIO(text),
+    """copydetect's fingerprint of Python code in its canonical form (graders.harness.canonical:
+    reordering, annotations and layout change nothing); `boilerplate`: hashes that count for nobody."""
+    return CodeFingerprint("answer.py", NOISE, 1, boilerplate=boilerplate, fp=io.StringIO(canonical(text)),
                            language="python")
 
 

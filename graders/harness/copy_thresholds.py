@@ -13,7 +13,7 @@ from __future__ import annotations
 # How far above the most an honest answer reached every bar stands (then rounded up to 0.05).
 MARGIN = 0.10
 # Where no exercise is named below: the honest answers of the exercises not named reach at most
-# 38% (10's GQAttention.forward), and MARGIN above that.
+# 34% (07's groups_answer), and MARGIN above that.
 DEFAULT = 0.50
 # An exercise whose honest answers share so much with the solution that no share separates a copy.
 CANNOT_FLAG = None
@@ -22,12 +22,14 @@ CANNOT_FLAG = None
 THRESHOLDS: dict[str, float | None] = {
     "05_transformer_block/block_answer": CANNOT_FLAG,       # 100%: the four modules the notebook names
     "06_gpt2/model_answer": CANNOT_FLAG,                    # 100%: the five attributes the notebook names
-    "07_training/evaluate_answer": 0.95,                    # 83%
+    "07_training/evaluate_answer": CANNOT_FLAG,             # 100%: the catalog's eval_batched is the solution's loop
+    "10_modern_decoder/gqa_answer": 0.55,                   # 41%
     "10_modern_decoder/model_answer": 0.95,                 # 81%
-    "10_modern_decoder/generate_answer": CANNOT_FLAG,       # 97%: the hint spells out the loop
-    "11_tokenizer/encode_answer": 0.75,                     # 62%
-    "11_tokenizer/train_answer": 0.80,                      # 68%
+    "10_modern_decoder/generate_answer": CANNOT_FLAG,       # 85%: the hint spells out the loop
+    "11_tokenizer/encode_answer": 0.80,                     # 68%
+    "11_tokenizer/train_answer": 0.80,                      # 70%
     "12_training_step/checkpoint_answer": CANNOT_FLAG,      # 100%: one state_dict or state per object given
+    "13_post_training/lora_answer": 0.95,                   # 83%: the notebook spells out merge_lora
 }
 
 

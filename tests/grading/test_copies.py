@@ -154,6 +154,34 @@ def test_a_pasted_peft_lora_merge_is_flagged():
     assert any(f.startswith("answer cell lora_answer: helper matches peft's LoRA layers") for f in flags), flags
 
 
+# 13's solution of chat_tokens as a learner hiding the paste might hand it in: its independent
+# statements in another order, every name changed, the stub's annotations gone, re-laid out.
+REORDERED_CHAT_TOKENS = '''
+def chat_tokens(msgs, enc):
+    ids, mask = [], []
+    close = enc.encode_single_token(IM_END)
+    open_ = enc.encode_single_token(IM_START)
+    for m in msgs:
+        is_bot = m["role"] == "assistant"
+        text = enc.encode_ordinary(m["content"])
+        head = [open_] + enc.encode_ordinary(m["role"] + "\\n")
+        mask += [False] * len(head) + [is_bot] * (len(text) + 1) + [False]
+        ids += head + text + [close] + enc.encode_ordinary("\\n")
+    ids = torch.tensor(ids)
+    return ids, torch.where(torch.tensor(mask), ids, -100)
+'''
+
+
+def test_a_paste_whose_independent_statements_are_reordered_is_flagged():
+    """Each of chat_tokens's statements is shorter than a fingerprint's stretch, so it is matched
+    only with its neighbours: the order is made canonical on both sides before comparing."""
+    post = "13_post_training"
+    notebook = _with_answer(released_notebook(post), "chat_tokens_answer", REORDERED_CHAT_TOKENS)
+    flags = copy_flags(notebook, released_notebook(post))
+    assert any(f.startswith("answer cell chat_tokens_answer: chat_tokens matches the course's solution "
+                            f"(solutions/{post}.ipynb: chat_tokens)") for f in flags), flags
+
+
 def test_code_pasted_as_a_string_to_exec_is_flagged():
     pasted = _library_function("tiktoken", "_educational.py", "bpe_encode")
     notebook = _with_answer(released_notebook("11_tokenizer"), "encode_answer",
@@ -339,24 +367,13 @@ def test_every_bar_stands_its_margin_above_what_honest_answers_reach():
             assert bar is None or match.share + MARGIN <= bar + 1e-9, (honest.origin, match, bar)
 
 
-# Disguised copies that stay below their exercise's bar: honest answers to these reach nearly as
-# much (the bar), or the disguise's reordering breaks most of the shared stretches (the share).
-KNOWN_MISSES = {
-    ("solutions/07_training.ipynb: evaluate_answer", "evaluate"),            # 83%, bar 95%
-    ("solutions/10_modern_decoder.ipynb: model_answer", "ModernDecoder.forward"),   # 79%, bar 95%
-    ("solutions/11_tokenizer.ipynb: encode_answer", "encode"),                # 60%, bar 75%
-    ("solutions/13_post_training.ipynb: chat_tokens_answer", "chat_tokens"),  # 28%
-    ("solutions/13_post_training.ipynb: lora_answer", "LoRALinear.__init__"),  # 50%, just under
-}
-
-
 def test_disguised_solutions_and_library_sources_are_flagged():
     """Every solution cell and refused library function, disguised by the benchmark's code (names
     changed, comments gone, statements reordered, re-laid out), is flagged where its exercise can
-    flag, but the misses named above."""
+    flag."""
     results = _bench_copies().catch_results()
-    missed = {(what, function) for what, function, _, caught in results if not caught}
-    assert len(results) > 40 and missed == KNOWN_MISSES, sorted(missed ^ KNOWN_MISSES)
+    missed = sorted((what, function, f"{share:.0%}") for what, function, share, caught in results if not caught)
+    assert len(results) > 40 and missed == [], missed
 
 
 def test_an_exercise_that_cannot_flag_raises_no_note_even_for_the_solution_itself():
