@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graders.exercises.common.diagnosis import compare, diagnosis_first, judge_generated
+from graders.exercises.common.diagnosis import compare, diagnosis_first, judge_generated, with_fix
 from graders.integrity.library_kernels import LINEAR_KERNELS
 from graders.exercises.common.divergence import first_divergence
 from graders.exercises.nb10 import layer_flow, model_flow
@@ -319,14 +319,15 @@ def judge_generate(case: Case, outputs: dict) -> None:
                              "the argmax of the last position's logits."))
     if not cached or len(fed) not in (N_NEW, N_NEW + 1):
         whole = _whole_sequence_with_cache(fed, outputs["cached"].tolist())
-        raise CheckFailed(f"generate_greedy fed the model {fed} tokens per call; with a KV cache, the "
+        raise CheckFailed(with_fix(f"generate_greedy fed the model {fed} tokens per call; with a KV cache, the "
                           f"prompt ({case.seq} tokens) goes in once, then each new token alone, with the "
-                          "cache: model(next_token, past). Likely mistake: "
+                          "cache the previous call returned. Likely mistake: "
                           + (f"{whole}." if whole else
                              "the cache is not used: the whole sequence is fed again at every step."
                              if len(fed) > 1 and fed[1] > 1 else
                              f"the model is called {len(fed)} times for {N_NEW} new tokens "
-                             f"({N_NEW} calls, or {N_NEW + 1} with one after the last token, are right)."))
+                             f"({N_NEW} calls, or {N_NEW + 1} with one after the last token, are right)."),
+                          "model(next_token, past)"))
 
 
 def _whole_sequence_with_cache(fed: list[int], cached: list[int]) -> str | None:
@@ -335,8 +336,7 @@ def _whole_sequence_with_cache(fed: list[int], cached: list[int]) -> str | None:
         if 0 < n_cached < n_tokens:   # the whole sequence again, with the cache of its start
             return (f"call {call + 1} fed {n_tokens} tokens with a cache of {n_cached} positions: the cache "
                     "already holds the earlier tokens, so they are counted twice and the new ones get "
-                    "positions past the end. After the first call, feed only the new token: "
-                    "model(next_token, past)")
+                    "positions past the end. After the first call, feed only the new token, with that cache")
     return None
 
 
