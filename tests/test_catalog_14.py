@@ -287,12 +287,12 @@ def test_the_loss_is_trls_grpo_loss(loss_type, token_level):
 # --- train_grpo (slow: a run of 60 steps) -------------------------------------------------------------
 
 def _train(kind="right"):
-    def train_grpo(policy, reference, make_batch, n_steps, generator):
+    def train_grpo(policy, reference, make_batch, n_steps, generator, lr=5e-4, beta=0.04):
         from graders.exercises.nb13 import tasks
 
         stop = tasks.model_ids()[tasks.IM_END_ID]
         reference.requires_grad_(False)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=5e-4, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
         history = []
         for _ in range(n_steps):
             batch = make_batch()
@@ -309,7 +309,7 @@ def _train(kind="right"):
                 new = logits.log_softmax(-1).gather(-1, comp[..., None])[..., 0]
                 with torch.no_grad():
                     ref = reference(tokens)[:, len(prompt) - 1:-1].log_softmax(-1).gather(-1, comp[..., None])[..., 0]
-                losses.append(grpo_loss(new, old, ref, adv, mask, 0.2, 0.04))
+                losses.append(grpo_loss(new, old, ref, adv, mask, 0.2, beta))
                 kls.append((torch.exp(ref - new) - (ref - new) - 1)[mask].detach())
             loss = torch.stack(losses).mean()
             optimizer.zero_grad()
