@@ -1,6 +1,7 @@
 """Notebook 14's graders: correct variants (in other styles) pass, each catalogued mistake fails with
 its name, unlisted ones are localised, and trl's GRPO computations agree with the judges' equations
-(a test-only cross-check). The RL run is marked slow (several seconds)."""
+(a test-only cross-check). Marked slow: the RL run (several seconds), the sampler's mistakes (each
+a sampling of every catalogued variant) and the cross-checks with trl (its import alone takes seconds)."""
 import types
 
 import pytest
@@ -82,6 +83,7 @@ def test_sample_group_correct_variants_pass(learner):
     nb14.check_sample_group(learner, seed=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, expected", [
     ("untempered", "before the temperature is applied"),
     ("times_t", "multiplied by the temperature"),
@@ -94,6 +96,7 @@ def test_sample_group_mistakes_are_named(kind, expected):
     fails_with(nb14.check_sample_group, _sampler(kind), expected=["Likely mistake", expected], seed=2)
 
 
+@pytest.mark.slow
 def test_a_sampler_with_another_draw_order_is_located_at_its_first_differing_token():
     @torch.no_grad()
     def row_by_row(model, prompt, group_size, temperature, max_new, stop, generator):
@@ -170,6 +173,7 @@ def test_group_advantages_mistakes_are_named(kind, expected):
     fails_with(nb14.check_group_advantages, _advantages(kind), expected=["Likely mistake", expected])
 
 
+@pytest.mark.slow
 def test_the_advantages_follow_trl_in_both_scalings():
     """trl 1.16's group advantage (GRPOTrainer._generate_and_score_completions, its nanstd helper),
     on a flattened batch of groups: the judge's equation, Bessel's correction and 1e-4 included."""
@@ -265,6 +269,7 @@ class _StandInGRPO:
         return self.logprobs, torch.zeros_like(self.logprobs), None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type, token_level", [("grpo", False), ("bnpo", True)])
 def test_the_loss_is_trls_grpo_loss(loss_type, token_level):
     """trl 1.16's GRPOTrainer._compute_loss, loss_type "grpo" (each completion's mean, then theirs)
