@@ -302,10 +302,10 @@ def _train(kind="right"):
         for _ in range(n_steps):
             batch = make_batch()
             policy.eval()
-            groups = [sample_group(policy, prompt, 8, 1.0, 4, stop, generator) for prompt, _ in batch]
-            rewards = torch.tensor([[reward(tasks.decode(c[m].tolist()), answer) for c, m in zip(comp, mask)]
+            groups = [sample_group(policy, prompt, 8, 1.0, 4, stop, generator) for prompt, _ in batch]  # noqa: F821 (the course's)
+            rewards = torch.tensor([[reward(tasks.decode(c[m].tolist()), answer) for c, m in zip(comp, mask)]  # noqa: F821
                                     for (_, answer), (comp, mask, _) in zip(batch, groups)])
-            advantages = group_advantages(rewards, True)
+            advantages = group_advantages(rewards, True)  # noqa: F821 (the course's)
             policy.train()
             losses, kls = [], []
             for (prompt, _), (comp, mask, old), adv in zip(batch, groups, advantages):
@@ -314,7 +314,7 @@ def _train(kind="right"):
                 new = logits.log_softmax(-1).gather(-1, comp[..., None])[..., 0]
                 with torch.no_grad():
                     ref = reference(tokens)[:, len(prompt) - 1:-1].log_softmax(-1).gather(-1, comp[..., None])[..., 0]
-                losses.append(grpo_loss(new, old, ref, adv, mask, 0.2, beta))
+                losses.append(grpo_loss(new, old, ref, adv, mask, 0.2, beta))  # noqa: F821 (the course's)
                 kls.append((torch.exp(ref - new) - (ref - new) - 1)[mask].detach())
             loss = torch.stack(losses).mean()
             optimizer.zero_grad()

@@ -121,7 +121,8 @@ def judge_advantages(case: Case, outputs: dict) -> None:
         where = (f"group_advantages on {groups} groups of {size} rewards, scale={scale} "
                  f"({'GRPO' if scale else 'Dr. GRPO: no std'})")
         if got.shape != want.shape:
-            raise CheckFailed(f"{where} returned {list(got.shape)}; return one advantage per reward, {list(want.shape)}.")
+            raise CheckFailed(f"{where} returned {list(got.shape)}; return one advantage per reward, "
+                              f"{list(want.shape)}.")
         if torch.allclose(got, want, atol=1e-9, equal_nan=False):
             continue
         for slip, description in ADVANTAGE_SLIPS.items():
@@ -130,13 +131,14 @@ def judge_advantages(case: Case, outputs: dict) -> None:
         nan_rows = got.isnan().any(-1)
         if nan_rows.any():
             g = int(nan_rows.nonzero()[0])
-            raise CheckFailed(f"{where}: group {g} (rewards {rewards[g].tolist()}) gets NaN advantages. Likely mistake: "
-                              f"{ADVANTAGE_SLIPS['no_eps']}.")
+            raise CheckFailed(f"{where}: group {g} (rewards {rewards[g].tolist()}) gets NaN advantages. Likely "
+                              f"mistake: {ADVANTAGE_SLIPS['no_eps']}.")
         group_means = got.mean(-1)
         if float(group_means.abs().max()) > 1e-6:
             g = int(group_means.abs().argmax())
-            raise CheckFailed(f"{where}: group {g}'s advantages average {float(group_means[g]):.4g}, not 0: each group's "
-                              "own mean is the baseline subtracted from its rewards (mean over dim -1, keepdim=True).")
+            raise CheckFailed(f"{where}: group {g}'s advantages average {float(group_means[g]):.4g}, not 0: each "
+                              "group's own mean is the baseline subtracted from its rewards (mean over dim -1, "
+                              "keepdim=True).")
         g, i = (int(x) for x in (~torch.isclose(got, want, atol=1e-9)).nonzero()[0])
         raise CheckFailed(f"{where}: group {g}, completion {i} gets {float(got[g, i]):.6g}, the equation "
                           f"{float(want[g, i]):.6g}.\n  Hint: the mean and the std are taken over each group (the last "
