@@ -3,7 +3,8 @@
 1. One perfect submission, notebook by notebook (each in a fresh process), with a warm
    activation cache: wall time, peak memory of the learner's kernel and of the judging
    process. Targets: notebooks 01-06 together <= 45 s; 00-06 and 08 <= 90 s; 07 <= 3 min;
-   09 <= 30 s; 10 <= 30 s; 11 <= 20 s; 12 <= 20 s; 13 <= 30 s (its two training runs included).
+   09 <= 30 s; 10 <= 30 s; 11 <= 20 s; 12 <= 20 s; 13 <= 30 s (its two training runs included);
+   14 <= 45 s (its RL runs included).
    Then the same submissions through the class pipeline, which grades their notebooks in
    parallel on the default worker pool: what an instructor waits for one submission.
 2. A class of N perfect submissions of 01-06 graded with 1 worker and with 2 workers, in one
@@ -247,7 +248,7 @@ def main() -> None:
           f"not graded (no test cells, nothing to time): {', '.join(ungraded) or 'none'}")
     per_notebook(names[:1])  # warms every cache (reference weights snapshot, activations)
     times = per_notebook(names)
-    without_training = [n for n in names if n[:2] not in ("07", "09", "10", "11", "12", "13")]
+    without_training = [n for n in names if n[:2] not in ("07", "09", "10", "11", "12", "13", "14")]
     verdict("notebooks 01-06, one after another", sum(times.get(n, float("nan")) for n in core), 45)
     verdict("notebooks 01-06, one submission as `make grade` runs it", one_submission(core), 45)
     verdict("notebooks 00-06 and 08, one after another",
@@ -266,6 +267,8 @@ def main() -> None:
         verdict("notebook 12", times["12_training_step"], 20)
     if "13_post_training" in times:     # its two training runs (finetuning, a preference run) included
         verdict("notebook 13", times["13_post_training"], 30)
+    if "14_rl_verifiable_rewards" in times:   # its RL runs (the check's two, the demonstrations') included
+        verdict("notebook 14", times["14_rl_verifiable_rewards"], 45)
     gradebook_overhead(core)
     if not args.skip_class:
         class_speedup(args.class_size, core)
