@@ -4,7 +4,7 @@ is printed here, with the minimum, median and maximum over the seeds.
     python benchmarks/bench_rl.py [--seeds 12] [--parts run collapse]
 
 - run: the check's own run (runs.produce, one thread) of the course's train_grpo and of the
-  catalog's loop in another style (tests/test_catalog_14.py), per seed: held-out sampled
+  catalog's loop in another style (tests/catalog/test_catalog_14.py), per seed: held-out sampled
   exact-match accuracy before and after, its gain, the rise of the batches' mean reward (last 10
   steps' against the first 10's), KL(policy || reference) per held-out answer token, greedy
   exact answers after, and the seconds.

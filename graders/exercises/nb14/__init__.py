@@ -9,7 +9,7 @@ from graders.exercises.nb14.rewards import check_group_advantages, check_reward
 from graders.exercises.nb14.runs import check_train_grpo
 from graders.exercises.nb14.sampling import check_sample_group
 from graders.judging.notebook import ExampleBug, Notebook
-from graders.judging.origins import ANSWER_LIBRARIES
+from graders.integrity import ANSWER_LIBRARIES
 
 __all__ = ["NOTEBOOK", "check_sample_group", "check_reward", "check_group_advantages", "check_grpo_loss",
            "check_train_grpo"]
@@ -23,7 +23,7 @@ NOTEBOOK = Notebook(
                "return float(completion.removesuffix(IM_END) == answer)",
                costs=("reward_test",), named="the model is never taught to stop"),
     pictures=1,
-    # --- Integrity declarations (kept together, as 13's, for the integrity package's conversion) ---
+    # What integrity needs (docs/integrity.md): the course's answers, sealed in the grading kernels.
     course_code=("exercises/nb14/*.py",),
     implementations=tuple(f"exercises/nb14/reference.py:{name}" for name in (
         "sample_group", "reward", "group_advantages", "grpo_loss", "completion_logprobs", "train_grpo")),

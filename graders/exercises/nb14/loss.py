@@ -3,7 +3,7 @@ clip_eps, beta, token_level=False)`, judged against the GRPO objective (Shao et 
 with the k3 estimator of the KL) computed independently in float64: its value, its gradient with
 respect to the policy's log-probs, and none reaching the old policy, the reference or the
 advantages. trl 1.16's GRPOTrainer._compute_loss (loss_type "grpo" and "bnpo") is a test-only
-cross-check of the same equation (tests/test_catalog_14.py); trl is refused while the learner's
+cross-check of the same equation (tests/catalog/test_catalog_14.py); trl is refused while the learner's
 code runs. A mistake no catalog lists is read from the output: the first completion whose loss
 differs, a gradient on padding."""
 from __future__ import annotations

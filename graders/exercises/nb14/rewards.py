@@ -3,7 +3,7 @@ writes (right, unstopped, one token too long, another answer), and `group_advant
 scale)`, judged against the equations in float64: (r - group mean) / (group std + 1e-4) with
 Bessel's correction, as trl computes it, and Dr. GRPO's r - group mean. trl's own computation
 (inside GRPOTrainer._generate_and_score_completions) is a test-only cross-check
-(tests/test_catalog_14.py)."""
+(tests/catalog/test_catalog_14.py)."""
 from __future__ import annotations
 
 import torch

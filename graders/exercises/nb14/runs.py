@@ -17,6 +17,7 @@ from graders.exercises.nb07.runs import CountingBatches, one_thread, with_grad
 from graders.exercises.nb14 import reference as ref
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed
+from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import course_functions, run_learner
 
@@ -129,9 +130,9 @@ def judge(case: Case, outputs: dict) -> None:
                           "entry should be the mean reward of that step's sampled completions.")
 
 
-exercise = Exercise(NOTEBOOK, "train_grpo", produce, judge, inputs=run_inputs,
-                    supplies=(*PARTS.values(), CountingBatches, tasks.decode, tasks.model_ids), defaults={"text": None},
-                    describe=lambda case: f"the course's prompts (seed {case.seed})")
+exercise = Exercise(NOTEBOOK, "train_grpo", produce, judge, inputs=run_inputs, defaults={"text": None},
+                    describe=lambda case: f"the course's prompts (seed {case.seed})",
+                    guard=Guard(supplies=(*PARTS.values(), CountingBatches, tasks.decode, tasks.model_ids)))
 check_train_grpo = exercise.checker(
     "Run the learner's `train_grpo` from the course's finetuned model and grade held-out sampled accuracy, the "
     "rising reward and the KL to the reference.")
