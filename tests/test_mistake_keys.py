@@ -41,7 +41,7 @@ def test_the_verdict_on_the_sample_variance_names_its_key_and_keeps_its_words():
     case = exercise.case()
     outputs, failure = exercise.run(SampleVariance, case, exercise.inputs(case))
     verdict = decide(exercise, case, outputs, str(failure or ""), LearnerCode())
-    assert not verdict.passed and verdict.mistake == "01_layernorm/LayerNorm/sample_variance"
+    assert not verdict.passed and verdict.mistake == "01_layernorm/layernorm/sample_variance"
     assert verdict.message.startswith("LayerNorm output (blocks.0.ln1) does not match the reference. "
                                       "Likely mistake: sample variance: it divides by d_model - 1")
     assert "sample_variance" not in verdict.message

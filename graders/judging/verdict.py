@@ -11,6 +11,7 @@ it and never needs torch.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 GRADERS_WORD = "graders"
@@ -30,6 +31,7 @@ class Verdict:
     passed: bool
     message: str = ""
     # The key of the known mistake the message names, as "notebook/exercise/mistake"
+    # ("01_layernorm/layernorm/sample_variance")
     # (graders.judging.compare.Mistake); None when it names none or one declared without a key.
     mistake: str | None = None
 
@@ -88,10 +90,15 @@ def decide(exercise, case, outputs: dict | None, failure: str, code: LearnerCode
     if used:
         return Verdict(False, forbidden_message(exercise.name, used, code))
     judged, key = _judged(exercise, case, outputs)
-    mistake = f"{exercise.notebook}/{exercise.name}/{key}" if key else None
+    mistake = f"{exercise.notebook}/{_slug(exercise.name)}/{key}" if key else None
     if failure:
         return Verdict(False, names_verdict(exercise.name, failure, judged), mistake)
     return Verdict(judged is None, judged or "", mistake)
+
+
+def _slug(name: str) -> str:
+    """An exercise's name as a key's part: "train (reversal task)" -> "train_reversal_task"."""
+    return re.sub(r"\W+", "_", name).strip("_").lower()
 
 
 def _judged(exercise, case, outputs: dict) -> tuple[str | None, str | None]:
