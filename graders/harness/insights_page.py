@@ -89,6 +89,13 @@ def _mistakes(rows: list[dict]) -> str:
     return "".join(parts)
 
 
+def _top(rows: list[dict], shown: int = 8) -> str:
+    """The mistakes made by the most students, across the class: where to start reading."""
+    top = sorted(rows, key=lambda r: (-r["students"], r["notebook"], r["cell"]))[:shown]
+    return _table("top", top, [("students", "students"), ("notebook", "notebook"), ("cell", "test cell"),
+                               ("mistake", "mistake")])
+
+
 def _copy_links(row: dict) -> str:
     links = " ".join(f'<a href="{escape(path)}">{escape(name)}</a>'
                      for name, path in zip(row["who"].split(), row["reports"].split()))
@@ -117,6 +124,7 @@ def page(found: dict) -> str:
 <p class="note" id="summary" data-students="{found['students']}" data-notebooks="{found['notebooks']}">
 {found['students']} students, {found['notebooks']} notebooks, from results.json. The same tables are in
 insights.json and insights/*.csv. This page names students: it is for instructors only.</p>
+<h2 id="top">The most frequent mistakes</h2>{_top(found['mistakes'])}
 <h2 id="cells">Test cells</h2>
 <p class="note">Points of the students who handed the notebook in; the histogram counts them in five
 bins from 0 (left) to full marks (right).</p>{cells}
