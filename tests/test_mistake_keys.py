@@ -45,3 +45,34 @@ def test_the_verdict_on_the_sample_variance_names_its_key_and_keeps_its_words():
     assert verdict.message.startswith("LayerNorm output (blocks.0.ln1) does not match the reference. "
                                       "Likely mistake: sample variance: it divides by d_model - 1")
     assert "sample_variance" not in verdict.message
+
+
+def one_token_too_few(logits, top_p):
+    """The example class's top-p: the token that takes the total past top_p is removed too."""
+    if top_p >= 1.0:
+        return logits.clone()
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    remove_sorted = sorted_logits.double().softmax(dim=-1).cumsum(dim=-1) >= top_p
+    remove_sorted[..., 0] = False
+    return logits.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
+
+
+def _attention_scaled_by_d_model():
+    from test_catalog_03 import ATTN_BUGS
+
+    return next(learner for name, learner, _, _ in ATTN_BUGS if name == "sqrt_d_model")
+
+
+@pytest.mark.parametrize("check, learner, key", [
+    ("nb03.check_attention", _attention_scaled_by_d_model, "03_attention/attention/scaled_by_d_model"),
+    ("nb08.check_top_p", lambda: one_token_too_few, "08_sampling/apply_top_p/one_too_few"),
+], ids=["a message rewritten after compare", "a mistake found among kept tokens"])
+def test_a_key_survives_the_checks_that_reword_a_failure(check, learner, key):
+    import importlib
+
+    module, function = check.split(".")
+    exercise = getattr(importlib.import_module(f"graders.exercises.{module}"), function).exercise
+    case = exercise.case()
+    outputs, failure = exercise.run(learner(), case, exercise.inputs(case))
+    verdict = decide(exercise, case, outputs, str(failure or ""), LearnerCode())
+    assert not verdict.passed and verdict.mistake == key, verdict.message
