@@ -1,5 +1,6 @@
 """The insights page and its tables: what the class got wrong, from results.json alone."""
 import json
+import re
 
 import pytest
 
@@ -17,7 +18,7 @@ def entry(student, cells, notebook="01_layernorm", seconds=10.0, flags=(), copie
             "flags": list(flags), "copies": list(copies), "notes": []}
 
 
-SAMPLE = "01_layernorm/LayerNorm/sample_variance"
+SAMPLE = "01_layernorm/layernorm/sample_variance"
 CLASS = [
     entry("ada", [cell("layernorm_test", 5.0)], seconds=12.0),
     entry("bob", [cell("layernorm_test", 0.0, "failed", "LayerNorm output (blocks.0.ln1) does not match. "
@@ -102,3 +103,94 @@ def test_a_missing_or_corrupt_results_file_gets_one_line_and_no_traceback(tmp_pa
     assert insights.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and "Traceback" not in err
+
+
+# --- The example class, graded once per worker (conftest's graded_example_class) -------------
+
+ONE_GRADING = pytest.mark.xdist_group("classroom")
+# The key each example bug's mistake is counted under, by the test cell it fails.
+EXAMPLE_KEYS = {
+    ("01_layernorm", "layernorm_test"): "01_layernorm/layernorm/sample_variance",
+    ("02_embeddings", "pos_embed_test"): "02_embeddings/posembed/offset_by_one",
+    ("03_attention", "attention_test"): "03_attention/attention/scaled_by_d_model",
+    ("04_mlp", "gelu_test"): "04_mlp/gelu_new/squared_not_cubed",
+    ("05_transformer_block", "block_test"): "05_transformer_block/transformerblock/no_attention_residual",
+    ("06_gpt2", "model_test"): "06_gpt2/demotransformer/no_pos_embed",
+    ("07_training", "train_test"): "07_training/train_reversal_task/no_zero_grad",
+    ("07_training", "shakespeare_test"): "07_training/train_tiny_shakespeare_short_run/no_zero_grad",
+    ("08_sampling", "top_p_test"): "08_sampling/apply_top_p/one_too_few",
+    ("09_transformer_family", "sinusoidal_test"): "09_transformer_family/sinusoidal_encoding/sin_cos_swapped",
+    ("10_modern_decoder", "gqa_test"): "10_modern_decoder/gqattention/repeat_not_interleave",
+    ("11_tokenizer", "encode_test"): "11_tokenizer/encode/special_token_split",
+    ("12_training_step", "adamw_test"): "12_training_step/adamw/l2_decay",
+    ("13_post_training", "chat_tokens_test"): "13_post_training/chat_tokens/end_masked",
+}
+
+
+@ONE_GRADING
+@pytest.mark.slow
+def test_the_buggy_students_mistakes_are_counted_under_their_keys(graded_example_class):
+    results = json.loads((graded_example_class / "results.json").read_text())
+    buggy = {(e["notebook"], c["grade_id"]): c["mistake"] for e in results if e["student"] == "buggy"
+             for c in e["cells"] if c["status"] == "failed"}
+    assert {cell: key for cell, key in buggy.items() if key} == EXAMPLE_KEYS
+    found = json.loads((graded_example_class / "insights.json").read_text())
+    counted = {(r["notebook"], r["cell"]): (r["mistake"], r["students"]) for r in found["mistakes"]
+               if r["kind"] == "key"}
+    assert counted == {cell: (key, 1) for cell, key in EXAMPLE_KEYS.items()}
+
+
+@ONE_GRADING
+@pytest.mark.slow
+def test_no_feedback_page_names_a_student(graded_example_class):
+    """A learner's page holds no student's name (the example class's names are words: one the
+    notebook itself uses, "partial" say, may appear as that word)."""
+    from graders.harness.cells import released_notebook
+
+    names = {e["student"] for e in json.loads((graded_example_class / "results.json").read_text())}
+    pages = list((graded_example_class / "feedback").rglob("*.html"))
+    assert pages
+    for page in pages:
+        notebook = json.dumps(released_notebook(page.stem))
+        named = {name for name in names if re.search(rf"\b{name}\b", page.read_text())}
+        assert named <= {name for name in names if re.search(rf"\b{name}\b", notebook)}, page
+
+
+@ONE_GRADING
+@pytest.mark.slow
+def test_the_page_opens_offline_and_shows_the_figures_of_results_json(graded_example_class, tmp_path):
+    """Chromium, with every request but the file itself refused, shows the page's tables and its
+    heat map; each test cell's figures on it are those computed here from results.json."""
+    from playwright.sync_api import sync_playwright
+    from test_browser import CHROMIUM_FLAGS, SHOTS, _chromium
+
+    results = json.loads((graded_example_class / "results.json").read_text())
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=_chromium(), args=CHROMIUM_FLAGS)
+        try:
+            page = chromium.new_page(viewport={"width": 1400, "height": 900})
+            refused = []
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+                       else (refused.append(route.request.url), route.abort()))
+            page.goto((graded_example_class / "insights.html").as_uri())
+            rows = page.eval_on_selector_all("table[data-table=cells] tr[data-cell]",
+                                             "rows => rows.map(r => ({...r.dataset}))")
+            mistakes = page.eval_on_selector_all("table[data-table=mistakes] tr[data-mistake]",
+                                                 "rows => rows.map(r => ({...r.dataset}))")
+            heat_width = page.eval_on_selector("img.heat", "img => img.complete ? img.naturalWidth : 0")
+            SHOTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(SHOTS / "insights.png"))
+        finally:
+            chromium.close()
+    assert not refused and heat_width > 0
+    for row in rows:
+        handed = [c for e in results if e["notebook"] == row["notebook"] for c in e["cells"]
+                  if c["grade_id"] == row["cell"] and c["status"] != "missing-notebook"]
+        points = [c["points"] for c in handed]
+        assert int(row["students"]) == len(handed), row
+        assert float(row["mean"]) == pytest.approx(sum(points) / len(points), abs=1e-3), row
+        assert float(row["fullMarks"]) == pytest.approx(
+            sum(c["points"] == c["max_points"] for c in handed) / len(handed), abs=1e-3), row
+    assert len(rows) == len({(e["notebook"], c["grade_id"]) for e in results for c in e["cells"]})
+    shown = {m["mistake"]: int(m["students"]) for m in mistakes if m["kind"] == "key"}
+    assert shown == {key: 1 for key in EXAMPLE_KEYS.values()}
