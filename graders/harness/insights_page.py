@@ -41,14 +41,15 @@ def _histogram(counts: list[int]) -> str:
     return f'<td><div class="bars" data-histogram="{" ".join(map(str, counts))}">{bars}</div></td>'
 
 
-def _table(name: str, rows: list[dict], columns: list[tuple[str, str]], extra=None) -> str:
-    """A table of `rows` showing `columns` ((key, heading) pairs); `extra(row)` adds cells."""
+def _table(name: str, rows: list[dict], columns: list[tuple[str, str]], extra=None, extra_heading: str = "") -> str:
+    """A table of `rows` showing `columns` ((key, heading) pairs); `extra(row)` adds a cell under
+    `extra_heading`."""
     if not rows:
         return f'<p class="none" data-table="{name}">None.</p>'
     head = "".join(f"<th>{escape(h)}</th>" for _, h in columns)
     body = "".join(f"<tr {_attributes(row)}>" + "".join(_cell(row[k]) for k, _ in columns)
                    + (extra(row) if extra else "") + "</tr>" for row in rows)
-    return f'<table data-table="{name}"><tr>{head}{"<th>points</th>" if extra else ""}</tr>{body}</table>'
+    return f'<table data-table="{name}"><tr>{head}{f"<th>{extra_heading}</th>" if extra else ""}</tr>{body}</table>'
 
 
 def heat_map_png(heat: dict) -> bytes:
@@ -108,12 +109,12 @@ def page(found: dict) -> str:
         ("notebook", "notebook"), ("cell", "test cell"), ("max_points", "max"), ("students", "handed in"),
         ("mean", "mean"), ("median", "median"), ("full_marks", "share full marks"),
         ("not_written", "share not written yet"), ("crashed", "crashes"), ("timeout", "time-outs"),
-        ("not_handed_in", "not handed in")], extra=lambda row: _histogram(row["histogram"]))
+        ("not_handed_in", "not handed in")], extra=lambda row: _histogram(row["histogram"]), extra_heading="points")
     hidden = _table("hidden_only", found["hidden_only"], [
         ("notebook", "notebook"), ("cell", "test cell"), ("students", "students"), ("who", "who")])
     copies = _table("copies", found["copies"], [
-        ("notebook", "notebook"), ("answer_cell", "answer cell"), ("students", "students")], extra=_copy_links)
-    copies = copies.replace("<th>points</th>", "<th>reports</th>")
+        ("notebook", "notebook"), ("answer_cell", "answer cell"), ("students", "students")],
+        extra=_copy_links, extra_heading="reports")
     timing = _table("timing", found["timing"], [
         ("notebook", "notebook"), ("graded", "graded"), ("mean_seconds", "mean s"),
         ("median_seconds", "median s"), ("max_seconds", "max s"), ("total_seconds", "total s")])
