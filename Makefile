@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB_ARGS ?=
 
-.PHONY: setup lab lint test test-fast exercises bench grade release formgrader solutions check
+.PHONY: setup lab lint test test-fast exercises bench grade insights release formgrader solutions check
 .DEFAULT_GOAL := lab
 
 setup: $(STAMP)
@@ -65,6 +65,11 @@ ifeq ($(SUBMISSIONS),)
 else
 	$(BIN)/python -m graders.harness.classroom --submissions $(SUBMISSIONS) --course $(COURSE) --out $(or $(OUT),grading) $(GRADE_ARGS)
 endif
+
+# `make grade` writes OUT/insights.html (what the class got wrong); `make insights OUT=dir` writes it
+# again from dir/results.json alone.
+insights: setup
+	$(BIN)/python -m graders.harness.insights $(or $(OUT),grading)
 
 release: setup
 	$(BIN)/python -m graders.course.notebooks release $(COURSE)

@@ -100,6 +100,22 @@ def small_gpt2_dir(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def graded_example_class(tmp_path_factory):
+    """The output folder of the example class graded once per session, every notebook with test
+    cells (a module-scoped fixture is set up again each time pytest-xdist interleaves another
+    module's test, which once graded it twice). Its tests share xdist_group("classroom")."""
+    from graders.course import example_class
+    from graders.course.notebooks import notebook_names
+    from graders.harness import classroom, grading
+
+    names = [n for n in notebook_names() if grading.test_cells(grading.source_notebook(n))]
+    submissions = example_class.write(tmp_path_factory.mktemp("example_class"))
+    out = tmp_path_factory.mktemp("grading")
+    classroom.grade_class(submissions, out, names, workers=2, scheduler=None, limits=grading.TimeLimits())
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

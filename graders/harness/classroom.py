@@ -19,6 +19,8 @@ Outputs:
     OUT/feedback/<student>/<nb>.html   the notebook with its verdicts, as nbgrader's feedback
     OUT/results.json                   all of it, machine-readable, with seconds per notebook
     OUT/ignored.txt                    the files of the last run that were not graded, and why
+    OUT/insights.html                  what the class got wrong, for the instructor (graders.harness.insights),
+                                       with its tables in OUT/insights.json and OUT/insights/*.csv
 
 and, in the nbgrader course given by --course (graders.harness.gradebook): the scores and
 comments in its gradebook, autograded/<student>/<assignment>/ and feedback/<student>/<assignment>/.
@@ -32,6 +34,7 @@ import time
 from pathlib import Path
 
 from graders.harness.copies import class_notes
+from graders.harness.insights import write_insights
 from graders.harness.intake import IntakeError, Submission, discover, graded_notebooks
 from graders.harness.reports import safe, write_grades_csv, write_report
 from graders.harness.results import ClassResults, ResultsError, submission_key
@@ -142,6 +145,7 @@ def grade_class(submissions: Path, out: Path, names: list[str] | None = None, wo
                 _grade_on_cluster(todo, limits, workers, scheduler,
                                   lambda submission, done: _save(submission, done, results, out, gradebook))
             review_class(results, out, gradebook, {(s.student, s.notebook) for s in todo})
+            write_insights(out, [results.entries[key] for key in sorted(results.entries)])
         finally:
             if gradebook:
                 gradebook.close()

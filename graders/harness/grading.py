@@ -32,6 +32,7 @@ from graders.harness.execute import TimeLimits, run
 from graders.harness.manifest import Check, UnreadableTestCell, notebook_checks
 from graders.exercises import declaration, find
 from graders.judging.records import load_records
+from graders.judging.testcells import hidden_calls
 from graders.judging.verdict import LearnerCode, decide
 from graders.integrity.host import confinement_unavailable, hand_over, plan, unconfined_notice
 
@@ -43,6 +44,8 @@ class CellResult:
     max_points: float
     status: str          # passed | failed | error | timeout | crashed | missing-notebook
     message: str = ""
+    mistake: str | None = None   # the key of the known mistake the message names, if it has one
+    hidden_only: bool = False    # failed a hidden check after every visible one had passed
 
 
 @dataclass
@@ -86,12 +89,15 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: dict[str
 
     grade_id, points = nbgrader_meta(cell)["grade_id"], points_of(cell)
 
-    def failed(status: str, message: str) -> CellResult:
-        return CellResult(grade_id, 0.0, points, status, message)
+    def failed(status: str, message: str, **verdict) -> CellResult:
+        return CellResult(grade_id, 0.0, points, status, message, **verdict)
 
     if isinstance(wanted, UnreadableTestCell):
         return failed("error", f"the course's test cell cannot be graded: {wanted}")
-    for index, (key, case) in enumerate(wanted):
+    hidden = hidden_calls(cell.get("source", ""))
+    # The visible checks first: a hidden one that fails then fails an answer that passed them all.
+    for index in sorted(range(len(wanted)), key=lambda i: i in hidden):
+        key, case = wanted[index]
         found = records.get(f"{grade_id}/{index}")
         if found is None or found.get("exercise") != list(key):
             status = "crashed" if problem else "error"
@@ -100,7 +106,8 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: dict[str
             return failed(status, problem or error or f"{key[1]} did not run (an error before it?)")
         verdict = decide(find(key), Case(**case), found["outputs"], found.get("message", ""), code)
         if not verdict.passed:
-            return failed("failed", verdict.message)
+            return failed("failed", verdict.message, mistake=verdict.mistake,
+                          hidden_only=index in hidden and len(hidden) < len(wanted))
     if not wanted and error:
         return failed("error", error)
     return CellResult(grade_id, points, points, "passed")

@@ -11,13 +11,36 @@ import torch
 
 from graders.judging.tolerance import close, tolerance
 
+class Mistake(str):
+    """A known mistake's description that carries its key: a short name, fixed where the mistake
+    is declared, by which a class's results count it (graders.harness.insights) however its
+    wording changes. It is the description everywhere else (messages, dictionary keys)."""
+
+    key: str
+
+    def __new__(cls, key: str, description: str):
+        named = super().__new__(cls, description)
+        named.key = key
+        return named
+
+
+def mistake_key(description) -> str | None:
+    """The key of a declared `Mistake`, None for a description declared as plain text."""
+    return getattr(description, "key", None)
+
+
 # Known mistakes: their description -> the output each produces; or a function that computes
 # them, called only when the learner's output differs (a correct answer never pays for them).
 Mistakes = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]] | None
 
 
 class CheckFailed(AssertionError):
-    """A check found a mistake; the message says what and where."""
+    """A check found a mistake; the message says what and where, and `mistake` is the key of the
+    known mistake it names (None when it names none, or one declared without a key)."""
+
+    def __init__(self, message: str = "", mistake: str | None = None):
+        super().__init__(message)
+        self.mistake = mistake
 
     # Set by the check that raises it in a learner's own kernel: its display folds the message's
     # `Show the fix:` line away (graders.judging.rendering). Validate and `make check` read the
@@ -125,13 +148,15 @@ def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
              f"got {actual.flatten()[err.argmax()].item():.6g}); "
              f"{100 * (1 - bad.double().mean().item()):.1f}% of values within tolerance."]
     lines += ["  " + note for note in _concentration(bad, dims)]
+    key = None
     for description, wrong_output in ((mistakes() if callable(mistakes) else mistakes) or {}).items():
         if wrong_output.shape == actual.shape and close(actual, wrong_output, depth):
             lines.append(f"  Likely mistake: {description}")
+            key = mistake_key(description)
             break
     if hint:
         lines.append(f"  Hint: {hint}")
-    raise CheckFailed("\n".join(lines))
+    raise CheckFailed("\n".join(lines), mistake=key)
 
 
 def judge_generator_use(what: str, outputs: Mapping, made: str, how: str) -> None:

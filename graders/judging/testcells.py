@@ -59,6 +59,17 @@ def split_hidden(source: str) -> tuple[str, str]:
     return "\n".join(parts[0]), "\n".join(parts[1])
 
 
+def hidden_calls(source: str) -> set[int]:
+    """The indices, among a readable test cell's calls (`read_calls`), of those nbgrader hides."""
+    inside, hidden_lines = False, set()
+    for number, line in enumerate(source.splitlines(), start=1):
+        if line.strip() in (HIDDEN_BEGIN, HIDDEN_END):
+            inside = line.strip() == HIDDEN_BEGIN
+        elif inside:
+            hidden_lines.add(number)
+    return {index for index, call in enumerate(read_calls(source)) if call.line in hidden_lines}
+
+
 def read_calls(source: str, where: str = "test cell") -> tuple[CheckCall, ...]:
     """The check calls of a test cell's source, in order; UnreadableTestCell for anything else."""
     try:

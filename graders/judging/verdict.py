@@ -11,6 +11,7 @@ it and never needs torch.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 GRADERS_WORD = "graders"
@@ -29,6 +30,10 @@ class LearnerCode:
 class Verdict:
     passed: bool
     message: str = ""
+    # The key of the known mistake the message names, as "notebook/exercise/mistake"
+    # ("01_layernorm/layernorm/sample_variance")
+    # (graders.judging.compare.Mistake); None when it names none or one declared without a key.
+    mistake: str | None = None
 
 
 def forbidden_use(exercise, code: LearnerCode) -> str | None:
@@ -84,20 +89,27 @@ def decide(exercise, case, outputs: dict | None, failure: str, code: LearnerCode
     used = forbidden_use(exercise, code)
     if used:
         return Verdict(False, forbidden_message(exercise.name, used, code))
-    judged = _judged(exercise, case, outputs)
+    judged, key = _judged(exercise, case, outputs)
+    mistake = f"{exercise.notebook}/{_slug(exercise.name)}/{key}" if key else None
     if failure:
-        return Verdict(False, names_verdict(exercise.name, failure, judged))
-    return Verdict(judged is None, judged or "")
+        return Verdict(False, names_verdict(exercise.name, failure, judged), mistake)
+    return Verdict(judged is None, judged or "", mistake)
 
 
-def _judged(exercise, case, outputs: dict) -> str | None:
-    """What the judge finds wrong with `outputs`, or None when they are right."""
+def _slug(name: str) -> str:
+    """An exercise's name as a key's part: "train (reversal task)" -> "train_reversal_task"."""
+    return re.sub(r"\W+", "_", name).strip("_").lower()
+
+
+def _judged(exercise, case, outputs: dict) -> tuple[str | None, str | None]:
+    """What the judge finds wrong with `outputs` (None when they are right), and the key of the
+    known mistake it names."""
     from graders.judging.compare import CheckFailed
 
     try:
         exercise.judge(case, outputs)
     except CheckFailed as failed:
-        return str(failed)
+        return str(failed), failed.mistake
     except Exception as err:  # malformed outputs (wrong keys, types): the learner's loss
-        return f"{exercise.name}: the recorded outputs are unusable ({type(err).__name__}: {err})"
-    return None
+        return f"{exercise.name}: the recorded outputs are unusable ({type(err).__name__}: {err})", None
+    return None, None

@@ -30,7 +30,8 @@ EXPECTED = {
     "buggy": {**FULL, **{f"{name}/{cell}": 0 for name in NAMES for cell in BUGS[name].costs}},
     "crasher": {**FULL, "03_attention/attention_test": 0, **{cell: 0 for cell in NOT_HANDED_IN_BY_CRASHER}},
 }
-# The tests of the graded example class run on one pytest-xdist worker, which grades it once.
+# The tests of the graded example class (conftest's graded_example_class) run on one pytest-xdist
+# worker, which grades it once.
 ONE_GRADING = pytest.mark.xdist_group("classroom")
 
 
@@ -42,17 +43,6 @@ def test_every_declared_example_bug_costs_test_cells_of_its_own_notebook():
 def _rows(out):
     with open(out / "grades.csv") as f:
         return {row.pop("student"): row for row in csv.DictReader(f)}
-
-
-@pytest.fixture(scope="session")
-def graded_example_class(tmp_path_factory):
-    """The example class graded once per session (a module-scoped fixture is set up again each
-    time pytest-xdist interleaves another module's test, which once graded it twice)."""
-    submissions = example_class.write(tmp_path_factory.mktemp("example_class"))
-    out = tmp_path_factory.mktemp("grading")
-    classroom.grade_class(submissions, out, NAMES, workers=2, scheduler=None,
-                          limits=grading.TimeLimits())
-    return out
 
 
 @ONE_GRADING

@@ -93,6 +93,7 @@ def test_the_gradebook_holds_the_same_per_cell_scores_as_grades_csv(graded):
             assert gradebook.find_submission(LN, student).timestamp == parse_utc(STAMP)
         comment = gradebook.find_comment("layernorm_answer", LN, LN, "buggy").comment
         assert "layernorm_test: 0 / 5 (failed)" in comment and "sample variance" in comment
+        assert comment.endswith("Mistake key: 01_layernorm/layernorm/sample_variance")
         assert gradebook.find_comment("layernorm_answer", LN, LN, "perfect").comment is None
     autograded = course / "autograded" / "buggy" / LN
     assert (autograded / "timestamp.txt").read_text() == STAMP

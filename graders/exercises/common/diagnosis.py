@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from graders.judging.compare import CheckFailed, Mistakes, check_shape, require_tensor
+from graders.judging.compare import CheckFailed, Mistakes, check_shape, mistake_key, require_tensor
 from graders.judging.compare import compare as _compare
 from graders.judging.rendering import FIX_PREFIX, fix_line
 
@@ -60,7 +60,7 @@ def diagnosis_first(judge: Callable) -> Callable:
             lifted = fix_last(lift_diagnosis(str(failure)))
             if lifted == str(failure):
                 raise
-            raise CheckFailed(lifted) from failure.__cause__
+            raise CheckFailed(lifted, mistake=failure.mistake) from failure.__cause__
     return judged
 
 
@@ -89,18 +89,18 @@ def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
     try:
         _compare(what, actual, expected, dims, mistakes=mistakes, depth=depth)
     except CheckFailed as failure:
-        message = str(failure)
+        message, key = str(failure), failure.mistake
         if reading is not None and LIKELY not in message and _readable(actual, expected):
             found = reading(actual.detach())
             if found:
-                message = _with_likely(message, found)
+                message, key = _with_likely(message, found), mistake_key(found)
         named = named_mistake(message)
         if named is None and hint:
             message += f"\n  Hint: {hint}"
         message = fix_last(with_fix(lift_diagnosis(message), fixes.get(named, fix)))
-        if message == str(failure):
+        if message == str(failure) and key == failure.mistake:
             raise
-        raise CheckFailed(message) from failure.__cause__
+        raise CheckFailed(message, mistake=key) from failure.__cause__
 
 
 def _readable(actual, expected: torch.Tensor) -> bool:
@@ -128,7 +128,8 @@ def crash(what: str, failure: CheckFailed, on: str, likely: str = "") -> CheckFa
     head = f"{what} crashed on {on}"
     head += f". Likely mistake: {likely}" if likely else "."
     return CheckFailed(f"{head}\n  {str(failure).splitlines()[0]}" +
-                       "".join(f"\n  {line.strip()}" for line in str(failure).splitlines()[1:]))
+                       "".join(f"\n  {line.strip()}" for line in str(failure).splitlines()[1:]),
+                       mistake=mistake_key(likely))
 
 
 SIZE_MISMATCH = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")

@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from graders.exercises.common.diagnosis import compare, with_fix
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, mistake_key
 from graders.judging.tolerance import close
 
 
@@ -36,6 +36,7 @@ def first_divergence(what: str, outputs: dict, acts: dict, hooks: Sequence[tuple
         if actual is None:
             lines = [f"{what}: could not see {places.get(key, key)} ({counts}). The value is read from the input or "
                      "output of your submodule; call each submodule once, as `self.name(x)`."]
+            named = None
             for description, trace in traces.items():
                 if key not in trace:
                     final_value = trace.get(final)
@@ -43,10 +44,11 @@ def first_divergence(what: str, outputs: dict, acts: dict, hooks: Sequence[tuple
                             and final_value.shape == outputs[final].shape
                             and close(outputs[final], final_value)):
                         lines.append(f"  Likely mistake: {description}")
+                        named = description
                         break
             if hints.get(key) and len(lines) == 1:
                 lines.append(f"  Hint: {hints[key]}")
-            raise CheckFailed(with_fix("\n".join(lines), fixes.get(key, "")))
+            raise CheckFailed(with_fix("\n".join(lines), fixes.get(key, "")), mistake=mistake_key(named))
         if isinstance(actual, torch.Tensor) and actual.shape == expected.shape and close(actual, expected):
             continue
         mistakes = {d: t[key] for d, t in traces.items() if t.get(key) is not None}

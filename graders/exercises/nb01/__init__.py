@@ -9,7 +9,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, Mistake, check_shape
 from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
 from graders.judging.learner import Forbidden, reads_global, run_learner
 from graders.integrity.library_kernels import NORMALISATION_KERNELS, TORCH_REFERENCES
@@ -32,12 +32,12 @@ def _where(case: Case) -> tuple[str, str, str]:
     return f"{b}.ln1", f"{b}.hook_resid_pre", f"{b}.ln1.hook_out"
 
 
-SAMPLE_VARIANCE = ("sample variance: it divides by d_model - 1 (torch.var's default); LayerNorm's "
-                   "variance is the population one, which divides by d_model")
-EPS_OUTSIDE = "eps added outside the square root: it belongs inside, added to the variance"
-NOT_CENTRED = "the mean is not subtracted before dividing (centre first)"
-UNCENTRED_VARIANCE = ("the variance is taken of the uncentred x (the mean of its squares): square "
-                      "the centred values")
+SAMPLE_VARIANCE = Mistake("sample_variance", "sample variance: it divides by d_model - 1 (torch.var's default); "
+                          "LayerNorm's variance is the population one, which divides by d_model")
+EPS_OUTSIDE = Mistake("eps_outside_root", "eps added outside the square root: it belongs inside, added to the variance")
+NOT_CENTRED = Mistake("not_centred", "the mean is not subtracted before dividing (centre first)")
+UNCENTRED_VARIANCE = Mistake("uncentred_variance", "the variance is taken of the uncentred x (the mean of its "
+                             "squares): square the centred values")
 WRONG_DIM = ("normalising over the wrong dimension: {what} taken across positions (dim=1 of "
              "[batch, posn, d_model]); take {it} over d_model, the last dimension")
 CENTRE = "centred = residual - residual.mean(dim=-1, keepdim=True)"
@@ -47,16 +47,18 @@ SCALE_SHIFT = "return normalised * self.w + self.b"
 FIXES = {
     SAMPLE_VARIANCE: VARIANCE,
     EPS_OUTSIDE: NORMALISE,
-    "RMS-style normalisation: the mean is never subtracted (that is RMSNorm); LayerNorm centres "
-    "first, then divides by the standard deviation": CENTRE,
+    Mistake("rms_style", "RMS-style normalisation: the mean is never subtracted (that is RMSNorm); "
+            "LayerNorm centres first, then divides by the standard deviation"): CENTRE,
     NOT_CENTRED: CENTRE,
     UNCENTRED_VARIANCE: VARIANCE,
-    "the learned scale w is not applied": SCALE_SHIFT,
-    "the learned shift b is not added": SCALE_SHIFT,
-    "dividing by the variance instead of the standard deviation (its square root)": NORMALISE,
-    WRONG_DIM.format(what="the statistics are", it="them"): f"{CENTRE}; {VARIANCE}",
-    WRONG_DIM.format(what="the mean and the (sample) variance are", it="them"): f"{CENTRE}; {VARIANCE}",
-    WRONG_DIM.format(what="the mean is", it="it"): CENTRE,
+    Mistake("no_scale", "the learned scale w is not applied"): SCALE_SHIFT,
+    Mistake("no_shift", "the learned shift b is not added"): SCALE_SHIFT,
+    Mistake("divides_by_variance", "dividing by the variance instead of the standard deviation (its square "
+            "root)"): NORMALISE,
+    Mistake("wrong_dim", WRONG_DIM.format(what="the statistics are", it="them")): f"{CENTRE}; {VARIANCE}",
+    Mistake("wrong_dim_sample_variance", WRONG_DIM.format(what="the mean and the (sample) variance are",
+                                                          it="them")): f"{CENTRE}; {VARIANCE}",
+    Mistake("wrong_dim_mean", WRONG_DIM.format(what="the mean is", it="it")): CENTRE,
 }
 HINT = ("see the notebook's LayerNorm formula: statistics over d_model, the last dimension; the "
         "population variance (look up torch.var's `unbiased`); eps inside the square root.")

@@ -12,7 +12,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, require_tensor
+from graders.judging.compare import CheckFailed, Mistake, require_tensor
 from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
 from graders.integrity.library_kernels import EMBEDDING_KERNELS, TORCH_REFERENCES
@@ -146,7 +146,8 @@ def pos_embed_mistakes(W_pos: torch.Tensor, tokens: torch.Tensor) -> dict:
         mistakes["W_pos is indexed by the token ids instead of by the positions 0, 1, ..., "
                  "seq_len - 1 (PosEmbed ignores which tokens they are, only how many)"] = W_pos[tokens]
     mistakes.update({
-        "the positions are offset by one (W_pos[1:seq_len + 1]): the first token is at position 0":
+        Mistake("offset_by_one", "the positions are offset by one (W_pos[1:seq_len + 1]): the first token is at "
+                "position 0"):
             W_pos[1:seq + 1].expand(batch, seq, -1),
         "the last seq_len rows of W_pos (W_pos[-seq_len:]): position p is row p, from the first row":
             W_pos[n_ctx - seq:].expand(batch, seq, -1),

@@ -226,7 +226,7 @@ def judge_attention(case: Case, outputs: dict) -> None:
             where = ["  Hint: follow the notebook's steps of one head (queries, keys, values; scores "
                      "scaled by sqrt(d_head); the causal mask; a softmax over keys; the weighted values; "
                      "W_O), the heads' outputs summed."]
-        raise CheckFailed(with_fix("\n".join([shown] + where), fix or "")) from None
+        raise CheckFailed(with_fix("\n".join([shown] + where), fix or ""), mistake=failed.mistake) from None
     t = _causal_split(x.shape[1])
     later = outputs["changed_later_out"]
     check_shape("Attention output with later positions changed", later, expected.shape, DIMS)

@@ -6,6 +6,7 @@ import einops
 import torch
 
 from graders.exercises.nb03.common import future_mask, regrouped
+from graders.judging.compare import Mistake
 from graders.reference.config import Config
 
 
@@ -45,7 +46,8 @@ MASKS_THE_DIAGONAL = ("the mask hides the diagonal too (a token must be able to 
 def attention_mistakes(x, w) -> dict:
     d_model, d_head = w["W_Q"].shape[1], w["W_Q"].shape[2]
     return {
-        "scaling the scores by 1/sqrt(d_model); divide by sqrt(d_head) (the size of each dot product)":
+        Mistake("scaled_by_d_model", "scaling the scores by 1/sqrt(d_model); divide by sqrt(d_head) (the size "
+                "of each dot product)"):
             attention_variant(x, w, scale=d_model),
         "the scores are divided by d_head instead of its square root: divide q.k by sqrt(d_head)":
             attention_variant(x, w, scale=d_head ** 2),

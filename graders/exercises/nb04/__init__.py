@@ -17,7 +17,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, Mistake, check_shape
 from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
 from graders.judging.learner import Forbidden, run_learner
 from graders.integrity.library_kernels import GELU_KERNELS, TORCH_REFERENCES
@@ -62,7 +62,7 @@ def activation_mistakes(x: torch.Tensor) -> dict:
             0.5 * x * (1.0 + torch.tanh(c * x)),
         "the factor sqrt(2/pi) is missing inside the tanh":
             0.5 * x * (1.0 + torch.tanh(x + 0.044715 * x.pow(3))),
-        "x**2 instead of x**3 in the cubic term":
+        Mistake("squared_not_cubed", "x**2 instead of x**3 in the cubic term"):
             0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * x.pow(2)))),
         "the leading factor 0.5 is missing": x * (1.0 + torch.tanh(c * (x + 0.044715 * x.pow(3)))),
         "the `1 +` before the tanh is missing": 0.5 * x * torch.tanh(c * (x + 0.044715 * x.pow(3))),

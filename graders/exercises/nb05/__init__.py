@@ -25,7 +25,7 @@ from graders.judging.cases import Case, activations, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.reference.store import part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, Mistake, check_shape
 from graders.exercises.common.config_cases import (built_with_another_config, course_module, fitted_weights,
                                                    load_or_name, record_how_cfg_is_read, recorded_how_cfg_is_read)
 from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
@@ -91,7 +91,8 @@ BLOCK_MISTAKES: dict[str, Callable] = {
     "post-norm (LayerNorm after each residual addition, as in the original Transformer): GPT-2 is "
     "pre-norm, resid_mid = resid_pre + attn(ln1(resid_pre))":
         lambda b, x: (lambda m: b.ln2(m + b.mlp(m)))(b.ln1(x + b.attn(x))),
-    "no residual connection around attention: resid_mid = resid_pre + attn_out, not attn_out alone":
+    Mistake("no_attention_residual", "no residual connection around attention: resid_mid = resid_pre + "
+            "attn_out, not attn_out alone"):
         lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(b.attn(b.ln1(x))),
     "no residual connection around the MLP: resid_post = resid_mid + mlp_out, not mlp_out alone":
         lambda b, x: (lambda m: b.mlp(b.ln2(m)))(x + b.attn(b.ln1(x))),

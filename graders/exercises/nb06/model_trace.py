@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from graders.exercises.common.submodules import TAKES_RESIDUAL, TAKES_TOKENS, submodule_crash, watch
+from graders.judging.compare import Mistake
 from graders.reference.config import Config
 
 
@@ -61,7 +62,8 @@ def _blocks(m, resid, order):
 def _model_mistakes(n: int):
     every = list(range(n))
     return {
-        "no positional embedding: the residual stream starts as embed(tokens) + pos_embed(tokens)":
+        Mistake("no_pos_embed", "no positional embedding: the residual stream starts as embed(tokens) + "
+                "pos_embed(tokens)"):
             lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t), every))),
         "ln_final is missing: the last residual stream goes through ln_final before unembed":
             lambda m, t: m.unembed(_blocks(m, m.embed(t) + m.pos_embed(t), every)),

@@ -144,7 +144,7 @@ def judge_loop(outputs: dict, recipe: Recipe, cfg: Config) -> None:
             f"train's gradients pile up: at {piled} of {checked} steps the gradient the optimizer "
             "used was not the one loss.backward() had just computed. Likely mistake: "
             "optimizer.zero_grad() is missing: PyTorch adds new gradients into .grad, so every "
-            "update uses the sum of all gradients so far; clear them once per step.")
+            "update uses the sum of all gradients so far; clear them once per step.", mistake="no_zero_grad")
     if sum(steps):
         judge_habits(outputs, recipe, cfg)
 

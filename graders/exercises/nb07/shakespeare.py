@@ -92,7 +92,7 @@ def _judge_run(outputs: dict, recipe: Recipe, n_val_windows: int, required: floa
     if not math.isfinite(val) or val > uniform + 1:
         raise CheckFailed("train (tiny Shakespeare): worse than guessing uniformly over the "
                           "vocabulary. Likely mistake: optimizer.zero_grad() is missing, so "
-                          f"gradients pile up across steps.\n  {message}")
+                          f"gradients pile up across steps.\n  {message}", mistake="no_zero_grad")
     if val > uniform - 0.5:
         raise CheckFailed(f"train (tiny Shakespeare): the model has hardly learned. "
                           f"{stuck_diagnosis(outputs)}\n  {message}")

@@ -14,6 +14,7 @@ from graders.exercises.common.diagnosis import mismatched_sizes
 from graders.exercises.nb08.reference import NEG_INF, apply_top_k, apply_top_p
 from graders.exercises.nb08.transforms import TOP_TOKEN_REMOVED, VOCAB, logit_batch, transform_exercise
 from graders.judging.cases import Case
+from graders.judging.compare import Mistake
 from graders.judging.tolerance import DECISION_MARGIN
 
 
@@ -139,8 +140,8 @@ RETURNED_SORTED = ("the logits are returned in sorted order (the sort is never u
                    "its token id")
 TOTAL_UNSORTED = ("the cumulative probabilities are summed over the batch or in vocabulary order, not "
                   "in decreasing order of probability: sort descending first, then cumsum")
-ONE_TOO_FEW = ("one token too few: the token that takes the total past top_p must be kept too (keep a "
-               "token while the probability BEFORE it is < top_p)")
+ONE_TOO_FEW = Mistake("one_too_few", "one token too few: the token that takes the total past top_p must be "
+                      "kept too (keep a token while the probability BEFORE it is < top_p)")
 ONE_TOO_MANY = "one token too many: stop at the first token that brings the total to top_p"
 ASCENDING = "the least likely tokens are kept (sorted in ascending order): sort descending"
 TOP_P_FIXES = {

@@ -15,7 +15,7 @@ from graders.exercises.nb08.reference import (NEG_INF, apply_frequency_penalty, 
                                               token_counts)
 from graders.judging.cases import Case, rand_float
 from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
-from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.compare import CheckFailed, check_shape, mistake_key, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import PROBABILITY_SUM_SLACK, close
@@ -77,7 +77,7 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
     for description, wrong in mistakes.items():
         if same(actual, kept, wrong, as_probs(wrong) > 0):
             raise CheckFailed(with_fix(f"{what} does not match the reference.\n  Likely mistake: {description}",
-                                       fixes.get(description, fix)))
+                                       fixes.get(description, fix)), mistake=mistake_key(description))
     if _looks_like_probabilities(actual) and not _looks_like_probabilities(expected):
         raise CheckFailed(with_fix(f"{what}: returned what looks like probabilities (values in [0, 1] "
                                    "summing to at most 1). Return logits: leave the kept logits as they "
@@ -101,7 +101,7 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
                 lines.append("  " + rule(row, kept[row]))
             if hint:
                 lines.append(f"  Hint: {hint}")
-        raise CheckFailed(with_fix("\n".join(lines), fixes.get(named, fix)))
+        raise CheckFailed(with_fix("\n".join(lines), fixes.get(named, fix)), mistake=mistake_key(named))
     compare(f"{what} (compared as probabilities: the softmax of your logits)",
             as_probs(actual).float(), as_probs(expected), DIMS, hint=hint, fix=fix)
 

@@ -12,7 +12,7 @@ import torch
 
 from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import compare
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
@@ -43,7 +43,8 @@ def sinusoidal(n_ctx: int, d_model: int, first: int = 0, exponent: str = "2i", s
     return torch.where(is_sin, angle.sin(), angle.cos())
 
 
-SWAPPED = "sin and cos are swapped: even columns (2i) hold the sine, odd columns (2i + 1) the cosine"
+SWAPPED = Mistake("sin_cos_swapped", "sin and cos are swapped: even columns (2i) hold the sine, odd columns "
+                  "(2i + 1) the cosine")
 EXPONENT_I = ("the exponent uses i instead of 2i: the frequency of pair i is 1 / 10000^(2i / d_model), "
               "so the wavelengths go from 2*pi up to 10000 * 2*pi across the columns")
 EXPONENT_COLUMN = ("the exponent uses the column index: both columns of pair i (2i and 2i + 1) share the "

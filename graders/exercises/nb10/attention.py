@@ -20,7 +20,7 @@ from graders.exercises.nb10 import reference as ref
 from graders.exercises.nb10.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
 from graders.exercises.common.properties import read_output
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, Mistake, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.reference.weights import WeightLoadError, component, load_strict
@@ -121,8 +121,9 @@ def attention_mistakes(x, w, cos, sin, cfg, seq: int | None = None) -> dict[str,
         return torch.cat(chunks, dim=1)
 
     found = {
-        "`repeat` where `repeat_interleave` is needed: query head h belongs to KV head "
-        "h // (n_heads // n_kv_heads) (heads 0-3 share KV head 0), not h % n_kv_heads": run(groups="repeat"),
+        Mistake("repeat_not_interleave", "`repeat` where `repeat_interleave` is needed: query head h belongs to "
+                "KV head h // (n_heads // n_kv_heads) (heads 0-3 share KV head 0), not h % n_kv_heads"):
+            run(groups="repeat"),
         "the scores are scaled by sqrt(d_model): divide by sqrt(d_head)": run(scale=math.sqrt(cfg.d_model)),
         "RoPE is applied to the values too: it rotates queries and keys only": run(rope_values=True),
         "RoPE is applied to the queries only: rotate the keys too (q·k then depends on m - n)":

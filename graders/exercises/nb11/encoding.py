@@ -331,7 +331,8 @@ def _judge_ids(case: Case, outputs: dict) -> None:
             pieces = len(encoding.encode_ordinary(END_OF_TEXT))
             raise CheckFailed(f"{where}: {END_OF_TEXT} became {pieces} tokens. "
                               f"Likely mistake: the special token is split into pieces: when it is allowed, cut the "
-                              f"text at {END_OF_TEXT} first and give each one the id {encoding.eot_token}.")
+                              f"text at {END_OF_TEXT} first and give each one the id {encoding.eot_token}.",
+                              mistake="special_token_split")
         if not mode and END_OF_TEXT in text and theirs == wanted_special:
             raise CheckFailed(f"{where}: {END_OF_TEXT} became the special token {encoding.eot_token}. Likely "
                               "mistake: the special token is honoured when it is not allowed: without "

@@ -12,7 +12,7 @@ steps with torch's AdamW for the expected parameters and state, and with the cou
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import functools
 import importlib
@@ -27,7 +27,7 @@ from graders.exercises.nb12.optimizer_state import (KEYED_BY_PARAMETERS, STATE, 
                                                     state_numbers)
 from graders.exercises.nb12.reference import Slip, VariantAdamW
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner, text_record
 from graders.integrity import WATCH_PARTS, Guard, LibraryOps, refused_ops
@@ -218,11 +218,17 @@ TORCH_MISTAKES = {
 }
 
 
+def slip_key(slip: Slip) -> str:
+    """A listed mistake's key: the Slip field that switches it on ("l2_decay")."""
+    return next(name for name, on in asdict(slip).items() if on)
+
+
 @functools.lru_cache(maxsize=4)
 def adamw_mistakes(case: Case) -> dict[str, dict]:
     """The trajectory each listed mistake takes on this case's steps (kept: they are the same for
     every learner)."""
-    ours = {description: expected_trajectory(case, VariantAdamW, slip=slip) for slip, description in MISTAKES.items()}
+    ours = {Mistake(slip_key(slip), description): expected_trajectory(case, VariantAdamW, slip=slip)
+            for slip, description in MISTAKES.items()}
     return {**ours, **{description: expected_trajectory(case, **dict(kwargs))
                        for kwargs, description in TORCH_MISTAKES.items()}}
 
@@ -258,7 +264,7 @@ def judge(case: Case, outputs: dict) -> None:
                           "the first update (increment it before using it).")
     for description, mistaken in adamw_mistakes(case).items():
         if _same_params(outputs, mistaken):
-            raise CheckFailed(f"{head} Likely mistake: {description}.")
+            raise CheckFailed(f"{head} Likely mistake: {description}.", mistake=mistake_key(description))
     keys = f"\n  Also: {keys_mistake(outputs)}." if keys_mistake(outputs) else ""
     parts = _update_parts(outputs, expected, first, case)
     named = f" Likely mistake: {parts}." if parts else ""

@@ -11,7 +11,7 @@ from graders.exercises.nb13 import reference as ref
 from graders.exercises.nb13.chat import (IM_END_ID, IM_START_ID, chat_encoding, conversations, forges_markers,
                                          hf_chat_tokens)
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
@@ -95,15 +95,20 @@ def _parts(messages: list[dict]) -> list[tuple[str, str, str]]:
     return parts
 
 
+def slip_named(slip: str) -> Mistake:
+    """A listed slip's description, keyed by its name in SLIPS."""
+    return Mistake(slip, SLIPS[slip])
+
+
 def _read_mask(got: torch.Tensor, want: torch.Tensor, parts: list) -> str | None:
     """A mistake named from which tokens are learned where they should not be, or the reverse."""
     flags = list(zip(parts, (got != -100).tolist(), (want != -100).tolist()))
     wrongly_learned = {(kind, role) for (_, kind, role), learned, should in flags if learned and not should}
     wrongly_masked = {(kind, role) for (_, kind, role), learned, should in flags if should and not learned}
     if any(kind == "content" and role != "assistant" for kind, role in wrongly_learned):
-        return SLIPS["unmasked"]
+        return slip_named("unmasked")
     if wrongly_masked == {("end", "assistant")} and not wrongly_learned:
-        return SLIPS["end_masked"]
+        return slip_named("end_masked")
     return _labels_moved(got, want)
 
 
@@ -118,11 +123,11 @@ def _token(token: int) -> str:
 
 def _named(outputs: dict, case: Case) -> str | None:
     encoding = chat_encoding()
-    for slip, description in SLIPS.items():
+    for slip in SLIPS:
         if all(torch.equal(outputs[f"tokens_{i}"], t) and torch.equal(outputs[f"labels_{i}"], lab)
                for i, messages in enumerate(conversations(case.seed))
                for t, lab in [ref.chat_tokens(messages, encoding, slip)]):
-            return description
+            return slip_named(slip)
     return None
 
 
@@ -150,7 +155,7 @@ def judge(case: Case, outputs: dict) -> None:
             "the template's rule" if forges_markers(messages) else "apply_chat_template's")
         named = _named(outputs, case)
         if named:
-            raise CheckFailed(f"{head}. Likely mistake: {named}.")
+            raise CheckFailed(f"{head}. Likely mistake: {named}.", mistake=mistake_key(named))
         markers = [int(((t == IM_START_ID) | (t == IM_END_ID)).sum()) for t in (got_tokens, ids)]
         if markers[0] > markers[1]:
             raise CheckFailed(f"{head}: your tokens hold {markers[0]} markers, the template's {markers[1]}. "
