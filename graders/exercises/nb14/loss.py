@@ -112,9 +112,9 @@ def judge(case: Case, outputs: dict) -> None:
                 if slip == "all_tokens" and token_level:
                     continue
                 if math.isclose(float(got), float(_expected(case, token_level, slip)[0]), rel_tol=1e-6):
-                    raise CheckFailed(f"{head} Likely mistake: {description}.")
+                    raise CheckFailed(f"{head} Likely mistake: {description}.", mistake=slip)
             if not token_level and math.isclose(float(got), float(_expected(case, True)[0]), rel_tol=1e-6):
-                raise CheckFailed(f"{head} Likely mistake: {SLIPS['all_tokens']}.")
+                raise CheckFailed(f"{head} Likely mistake: {SLIPS['all_tokens']}.", mistake="all_tokens")
             if token_level and math.isclose(float(got), float(_expected(case, False)[0]), rel_tol=1e-6):
                 raise CheckFailed(f"{head} Likely mistake: token_level=True asks for one mean over every "
                                   "completion token of the batch; the loss is the per-completion mean.")
@@ -135,7 +135,7 @@ def judge(case: Case, outputs: dict) -> None:
         for name, description in GRAD_SLIPS.items():
             if bool((outputs[f"{key}_grad_{name}"] != 0).any()):
                 raise CheckFailed(f"{where}: the loss is right, but a gradient reaches {name}. Likely mistake: "
-                                  f"{description}; .detach() it.")
+                                  f"{description}; .detach() it.", mistake=f"{name}_not_detached")
 
 
 exercise = Exercise(NOTEBOOK, "grpo_loss", produce, judge, forbidden=(FORBIDDEN,),

@@ -69,7 +69,8 @@ def judge_reward(case: Case, outputs: dict) -> None:
         if torch.equal(got, torch.tensor([ref.reward(t, a, slip) for t, a in pairs], dtype=torch.float64)):
             k = int((got != want).nonzero()[0])
             raise CheckFailed(f"reward({pairs[k][0]!r}, {pairs[k][1]!r}) returned {float(got[k]):g}; the completion is "
-                              f"not the answer followed by <|im_end|>. Likely mistake: {description}.")
+                              f"not the answer followed by <|im_end|>. Likely mistake: {description}.",
+                              mistake=slip)
     k = int((got != want).nonzero()[0])
     text, answer = pairs[k]
     raise CheckFailed(with_fix(f"reward({text!r}, {answer!r}) returned {float(got[k]):g}, where the reward is "
@@ -127,7 +128,7 @@ def judge_advantages(case: Case, outputs: dict) -> None:
             continue
         for slip, description in ADVANTAGE_SLIPS.items():
             if torch.allclose(got, ref.group_advantages(rewards, scale, slip), atol=1e-9, equal_nan=True):
-                raise CheckFailed(f"{where} differs from the equation. Likely mistake: {description}.")
+                raise CheckFailed(f"{where} differs from the equation. Likely mistake: {description}.", mistake=slip)
         nan_rows = got.isnan().any(-1)
         if nan_rows.any():
             g = int(nan_rows.nonzero()[0])

@@ -95,10 +95,11 @@ def judge(case: Case, outputs: dict) -> None:
     for slip, description in SLIPS.items():
         if _same(outputs, expected(case, slip)):
             raise CheckFailed(f"{where} differs from the course's sampler with the same generator. "
-                              f"Likely mistake: {description}.")
+                              f"Likely mistake: {description}.", mistake=slip)
     tokens, mask, logprobs = want
     if group_size > 1 and bool((outputs["completions"] == outputs["completions"][:1]).all()):
-        raise CheckFailed(f"{where}: all {group_size} completions are identical. Likely mistake: {SLIPS['shared']}.")
+        raise CheckFailed(f"{where}: all {group_size} completions are identical. Likely mistake: {SLIPS['shared']}.",
+                          mistake="shared")
     wrong = (outputs["completions"] != tokens) | (outputs["mask"] != mask)
     if wrong.any():
         g, i = (int(x) for x in wrong.nonzero()[0])

@@ -124,6 +124,7 @@ EXAMPLE_KEYS = {
     ("11_tokenizer", "encode_test"): "11_tokenizer/encode/special_token_split",
     ("12_training_step", "adamw_test"): "12_training_step/adamw/l2_decay",
     ("13_post_training", "chat_tokens_test"): "13_post_training/chat_tokens/end_masked",
+    ("14_rl_verifiable_rewards", "reward_test"): "14_rl_verifiable_rewards/reward/end_optional",
 }
 
 
