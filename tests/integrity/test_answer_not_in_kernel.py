@@ -230,7 +230,7 @@ THROUGH_A_WRAPPER = '''    def forward(self, residual):
 '''
 PROFILER_OFF = '''    def forward(self, residual):
         import importlib
-        provenance = importlib.import_module("graders.judging." + "provenance")
+        provenance = importlib.import_module("graders.integrity." + "provenance")
         provenance.Watch.refusal = lambda *args, **kwargs: None
         provenance.Watch.library_answer = lambda *args, **kwargs: None
         import graders.reference.components as c
@@ -271,7 +271,7 @@ JUDGES_OWN = {   # (notebook, answer cell, test cell): an answer that returns a 
     "04 gelu": ("04_mlp", "gelu_answer", "gelu_test", '''
 def gelu_new(x):
     import importlib
-    provenance = importlib.import_module("graders.judging." + "provenance")
+    provenance = importlib.import_module("graders.integrity." + "provenance")
     provenance.Watch.refusal = lambda *args, **kwargs: None
     provenance.Watch.library_answer = lambda *args, **kwargs: None
     return importlib.import_module("graders.exercises." + "nb04").reference_gelu_new(x).to(x.dtype)
@@ -279,7 +279,7 @@ def gelu_new(x):
     "13 dpo_loss": ("13_post_training", "dpo_loss_answer", "dpo_loss_test", '''
 def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta):
     import importlib
-    provenance = importlib.import_module("graders.judging." + "provenance")
+    provenance = importlib.import_module("graders.integrity." + "provenance")
     provenance.Watch.refusal = lambda *args, **kwargs: None
     provenance.Watch.library_answer = lambda *args, **kwargs: None
     dpo = importlib.import_module("graders.exercises.nb13." + "dpo")
@@ -383,7 +383,7 @@ def _same_named(notebook) -> dict[str, list[tuple[str, str]]]:
 ALIAS = '''# alias
 import importlib
 _course = "grad" + "ers"   # a cell that names the course's package fails the checks below it
-_provenance = importlib.import_module(_course + ".judging.provenance")
+_provenance = importlib.import_module(_course + ".integrity.provenance")
 _provenance.Watch.refusal = lambda *args, **kwargs: None
 _provenance.Watch.library_answer = lambda *args, **kwargs: None
 '''
