@@ -133,7 +133,7 @@ def test_an_interrupted_run_keeps_its_work_resumes_and_merges_a_second_batch(tmp
                 break
             time.sleep(0.5)
         os.killpg(run.pid, signal.SIGINT)
-        output, _ = run.communicate(timeout=120)
+        output, _ = run.communicate(timeout=600)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
