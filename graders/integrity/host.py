@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,8 +73,6 @@ def plan(notebook: str, inputs: Path, without_libraries: tuple[str, ...]) -> lis
 def kernel_argv(session_json: str) -> list[str]:
     """The kernelspec's command: the launcher that confines the kernel (where a plan says so) and
     arms its session before any learner code runs."""
-    import sys
-
     return [sys.executable, "-m", "graders.integrity.sandbox_kernel", SESSION_ARG, session_json,
             "-f", "{connection_file}"]
 
