@@ -43,9 +43,14 @@ c.Execute.kernel_name = "python3"
 # An infinite loop is interrupted after its cell's limit and costs only that cell.
 from graders.harness.limits import TimeLimits  # noqa: E402
 
-# Validate checks as `make check` and grading do: its kernels skip the demonstrations (an IPython
-# extension installs that session before any cell runs: graders/harness/validating.py).
+# Validate checks as `make check` and grading do (graders/harness/validating.py): its kernels skip
+# the demonstrations (an IPython extension installs that session before any cell runs), and a
+# traceback names each cell as the grade report does, not "Cell In[7]" (the counter of a fresh
+# kernel the learner never saw).
+from graders.harness.validating import cell_naming_hooks  # noqa: E402
+
 c.Execute.extra_arguments = ["--IPKernelApp.extensions=graders.harness.validating"]
+c.Execute.on_notebook_start, c.Execute.on_cell_error = cell_naming_hooks()
 
 c.Execute.timeout = TimeLimits().ordinary
 c.Execute.timeout_func = TimeLimits().of

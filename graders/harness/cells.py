@@ -8,6 +8,7 @@ run in place, after the cell they followed.
 from __future__ import annotations
 
 import copy
+import re
 
 import nbformat
 
@@ -44,6 +45,18 @@ def cell_label(cell) -> str:
     first = next((line.strip() for line in cell["source"].splitlines()
                   if line.strip() and not line.strip().startswith("#")), "")
     return f"the cell starting `{first if len(first) <= 40 else first[:37] + '...'}`"
+
+
+# IPython's name for a cell in a traceback, "Cell In[7]", colours and all (its parts are coloured apart).
+_CELL_IN = re.compile(r"Cell(?:\x1b\[[0-9;]*m)*\s(?:\x1b\[[0-9;]*m)*In\[(\d+)\]")
+
+
+def name_cells(output, labels: dict[int, str]) -> None:
+    """An error output's traceback with each "Cell In[N]" of a cell that ran named by `labels`
+    (its execution count -> cell_label): the grading kernels' and Validate's share this one rule."""
+    if output.get("output_type") == "error":
+        output["traceback"] = [_CELL_IN.sub(lambda found: labels.get(int(found[1]), found[0]), line)
+                               for line in output.get("traceback", [])]
 
 
 def source_notebook(name: str):

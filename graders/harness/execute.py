@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import nbformat
 
-from graders.harness.cells import KERNEL_NAME, cell_label, is_test_cell, nbgrader_meta
+from graders.harness.cells import KERNEL_NAME, cell_label, is_test_cell, name_cells, nbgrader_meta
 from graders.harness.limits import TimeLimits
 from graders.integrity.host import DiskWatch, KernelPlan, confine, kernel_argv, sandbox_env
 from graders.judging.session import Session
@@ -164,15 +163,6 @@ def _empty(folder: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
-# IPython's name for a cell in a traceback, "Cell In[7]", colours and all (its parts are coloured apart).
-_CELL_IN = re.compile(r"Cell(?:\x1b\[[0-9;]*m)*\s(?:\x1b\[[0-9;]*m)*In\[(\d+)\]")
-
-
-def _named_cells(line: str, labels: dict[int, str]) -> str:
-    """A traceback's line with each "Cell In[N]" of a cell that ran named as what it is."""
-    return _CELL_IN.sub(lambda found: labels.get(int(found[1]), found[0]), line)
-
-
 def _copy_outputs(batch, order, notebook, problems, limits: TimeLimits) -> None:
     """Each executed cell's outputs into `notebook`: time limits found, floods cut, and the cells
     a traceback names called what they are (graders.harness.cells.cell_label), not by the
@@ -182,8 +172,7 @@ def _copy_outputs(batch, order, notebook, problems, limits: TimeLimits) -> None:
     for cell, index in zip(batch.cells, order):
         outputs = cell.get("outputs", [])
         for output in outputs:
-            if output.get("output_type") == "error":
-                output["traceback"] = [_named_cells(line, labels) for line in output.get("traceback", [])]
+            name_cells(output, labels)
             if output.get("output_type") == "error" and output.get("ename") in (
                     "CellTimeoutError", "KeyboardInterrupt"):  # the harness interrupts on timeout
                 problems.setdefault(index, f"timeout: the cell ran past its time limit of "

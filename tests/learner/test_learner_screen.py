@@ -162,6 +162,25 @@ def test_validate_skips_the_demonstrations_as_make_check_does(tmp_path):
     assert "Success! Your notebook passes all the tests." in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.slow
+def test_validate_names_the_cell_where_the_learners_code_raised_as_the_grade_report_does(tmp_path):
+    """Validate's kernel is fresh, so its execution counter ("Cell In[7]") is one the learner never
+    saw: its traceback names the cell as the grade report does (graders.harness.cells.cell_label).
+    The learner's own kernel keeps IPython's In[N] (test_a_crash_in_the_learners_code_...)."""
+    from graders.course.notebooks import venv_env
+    from graders.harness.cells import cell_label
+
+    notebook = submission("01_layernorm", solved=True, edits=[CRASH])
+    answer = _test_cell(notebook, CRASH[1])
+    line = next(n for n, code in enumerate(answer.source.splitlines(), 1) if CRASH[3] in code)
+    nbformat.write(notebook, tmp_path / "01_layernorm.ipynb")
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(tmp_path / "01_layernorm.ipynb")],
+                         cwd=ROOT, env=venv_env(), capture_output=True, text=True, timeout=600)
+    assert "IndexError raised in your code:" in run.stdout, run.stdout + run.stderr
+    assert f"{cell_label(answer)}, line {line}, in forward" in run.stdout, run.stdout
+    assert "Cell In[" not in run.stdout, run.stdout
+
+
 # Test cells of composites whose given __init__ builds a part the learner writes: the check
 # names the part, not the given class.
 GIVEN_INIT_BUILDS = {("10_modern_decoder", "model_test"): {"ModernDecoder": "DecoderLayer"}}
