@@ -68,7 +68,7 @@ CASE_FIELDS = frozenset(f.name for f in dataclasses.fields(Case))
 
 def activations(case: Case) -> dict[str, torch.Tensor]:
     """The reference's graded activations on `case`'s tokens (judge side, and learners' demos)."""
-    if session.current().recording:
+    if session.kernel().session.recording:
         raise ReferenceWithheld(
             "The reference activations are withheld while a notebook is graded, so this "
             "demonstration cell is skipped; it runs as usual in your own JupyterLab.")

@@ -88,17 +88,17 @@ class Exercise:
         """The case a check function's keyword arguments ask for, with this exercise's defaults."""
         return Case(**{**self.defaults, **fields})
 
-    def run(self, learner, case: Case, inputs: dict, answers: tuple = ()) -> tuple[dict | None, CheckFailed | None]:
+    def run(self, learner, case: Case, inputs: dict, answers: tuple = (),
+            given: tuple | None = None) -> tuple[dict | None, CheckFailed | None]:
         """What `produce` made of the learner's code, or how it failed. Both, when the learner's
         submodules are named otherwise than the exercise's and their code ran under their own
         names: `decide` fails the names and says whether the computation is right. An answer
         that runs the course's own code fails, whatever it produced (graders.integrity.watch):
-        `answers` are what the learner passed to the check (`learner` may be built from them)."""
-        current = session.current()
+        `answers` are what the learner passed to the check (`learner` may be built from them);
+        `given` are the notebook's given parts in a grading kernel, None in a learner's."""
         with renamed_submodules_loaded() as names_failures:
             outputs, failure, refused = integrity.watch(self, answers or learner,
-                                                        lambda: self.produce(learner, case, inputs),
-                                                        current.given if current.recording else None)
+                                                        lambda: self.produce(learner, case, inputs), given)
             if refused:
                 return None, failure
             if failure is not None:
@@ -112,42 +112,41 @@ class Exercise:
     def check(self, learner, case: Case, answers: tuple = ()) -> None:
         """Grade `learner` on one case: in a grading kernel, record what it produced; otherwise
         print the verdict, or raise it with its diagnosis."""
-        current = session.current()
+        state = session.kernel()
         # Library warnings and progress bars go to stdout: nbgrader zeroes a test cell that
         # wrote anything to stderr, even when every check in it passed.
         with contextlib.redirect_stderr(sys.stdout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if current.recording:
-                self._record(current, learner, case, answers)
+            if state.session.recording:
+                self._record(state, learner, case, answers)
                 return
-            place = progress.place_of_check(self.notebook)
+            place = progress.place_of_check(state, self.notebook)
             given = answers or (learner,)   # a cell that did not run, or a stub: answered before anything is built
             failure = did_not_run(self.name, given) or untouched(self.name, given)
             with progress.busy(f"Checking {self.name}"):
                 outputs, failure = self.run(learner, case, self.inputs(case), answers) if failure is None \
                     else (None, failure)
-                history = session.history()
-                code = history.learner_code(self.notebook) if history else LearnerCode()
+                code = state.history.learner_code(self.notebook) if state.history else LearnerCode()
                 verdict = decide(self, case, outputs, str(failure or ""), code)
-            progress.record(self.key, place, answers, verdict.passed,
+            progress.record(state, self.key, place, answers, verdict.passed,
                             unwritten=getattr(failure, "unwritten", False) and str(failure) == verdict.message)
         if not verdict.passed:   # the learner's own failure keeps its traceback (their line)
             own = failure is not None and str(failure) == verdict.message
             failed = failure if own else CheckFailed(verdict.message)
-            failed.folds_fix = current.demonstrations   # a learner's own kernel (Validate and make check: off)
+            failed.folds_fix = state.session.demonstrations   # a learner's own kernel (Validate and make check: off)
             raise failed
-        ok(f"{self.name}: correct on {self.described(case)}{progress.points_note(place)}")
+        ok(f"{self.name}: correct on {self.described(case)}{progress.points_note(state, place)}")
 
-    def _record(self, current: session.Session, learner, case: Case, answers: tuple = ()) -> None:
-        check_id = session.next_check_id()
+    def _record(self, state: session.Kernel, learner, case: Case, answers: tuple = ()) -> None:
+        check_id = session.next_check_id(state)
         if check_id is None:   # a learner's own call outside a test cell: nothing to grade
             print(f"{self.name}: not checked here; checks are graded in the test cells.")
             return
         given = answers or (learner,)
         failure = did_not_run(self.name, given) or untouched(self.name, given)
-        outputs, failure = self.run(learner, case, session.recorded_inputs(current, check_id, self), answers) \
-            if failure is None else (None, failure)
-        session.save_record(current, check_id, self.key, outputs, str(failure or ""))
+        outputs, failure = self.run(learner, case, session.recorded_inputs(state.session, check_id, self), answers,
+                                    state.session.given) if failure is None else (None, failure)
+        session.save_record(state.session, check_id, self.key, outputs, str(failure or ""))
         print(f"{self.name}: outputs recorded for grading on {self.described(case, recorded=True)}.")
 
     def described(self, case: Case, recorded: bool = False) -> str:
@@ -190,5 +189,5 @@ def registered(key: tuple[str, str]) -> Exercise:
 
 # A learner's kernel watches which cells run, and arms its watches, from the moment a notebook
 # imports its grader (a grading kernel's launcher armed them already: graders.judging.session.install).
-session.history()
-integrity.arm(session.current())
+session.watch_cells(session.kernel())
+integrity.arm(session.kernel().session)

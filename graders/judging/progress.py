@@ -1,6 +1,7 @@
 """What a learner's kernel knows about their progress, from the checks already run in it.
 
-- Each check records its verdict here (`record`) under its place: the released test cell the
+- Each check records its verdict in the kernel's state (`record`, graders.judging.session.Kernel)
+  under its place: the released test cell the
   kernel is running and the check's index in it (graders.judging.testcells). A passing check
   that completes its test cell names the cell's points (`points_note`), and the last cell of a
   notebook says how far the learner is (`progress`) without running anything again.
@@ -36,30 +37,18 @@ class Place:
     index: int
 
 
-# The verdicts of each test cell's checks in its last run: {(notebook, grade_id): {index: passed}}.
-_verdicts: dict[tuple[str, str], dict[int, bool]] = {}
-# The learner's objects that checks were run on: id -> (the object, {exercise key: passed}).
-_answers: dict[int, tuple[object, dict[tuple[str, str], bool]]] = {}
-_run = {"execution": None, "checks": 0}
-
-
-def grading() -> bool:
-    """True in a grading kernel: checks record outputs there and are judged elsewhere."""
-    return session.current().recording
-
-
-def place_of_check(notebook: str) -> Place | None:
+def place_of_check(state: session.Kernel, notebook: str) -> Place | None:
     """The place of the check about to run, when the kernel is running one of the notebook's
     released test cells (not when a learner calls a check in a cell of their own)."""
     with contextlib.suppress(Exception):   # bookkeeping for display: never in a check's way
-        cell = session.running_test_cell(notebook)
+        cell = session.running_test_cell(state, notebook)
         if cell is None:
             return None
-        execution = session.history().shell.execution_count
-        if _run["execution"] != execution:
-            _run.update(execution=execution, checks=0)
-        index = _run["checks"]
-        _run["checks"] += 1
+        execution = state.history.shell.execution_count
+        if state.execution != execution:
+            state.execution, state.checks_in_execution = execution, 0
+        index = state.checks_in_execution
+        state.checks_in_execution += 1
         return Place(notebook, cell, index) if index < len(cell.calls) else None
     return None
 
@@ -68,12 +57,12 @@ def _points(p: float) -> str:
     return f"{p:g} point{'s' if p != 1 else ''}"
 
 
-def points_note(place: Place | None) -> str:
+def points_note(state: session.Kernel, place: Place | None) -> str:
     """' (5/5 points)' when this check completes its test cell and all of the cell's checks
     passed, else ''."""
     if place is None or place.index != len(place.cell.calls) - 1:
         return ""
-    verdicts = _verdicts.get((place.notebook, place.cell.grade_id), {})
+    verdicts = state.verdicts.get((place.notebook, place.cell.grade_id), {})
     if all(verdicts.get(i) is True for i in range(len(place.cell.calls))):
         return f" ({place.cell.points:g}/{_points(place.cell.points)})"
     return ""
@@ -82,18 +71,19 @@ def points_note(place: Place | None) -> str:
 UNWRITTEN = "unwritten"   # a check's verdict on nbgrader's stub: failed, and not started
 
 
-def record(key: tuple[str, str], place: Place | None, answers, passed: bool, unwritten: bool = False) -> None:
+def record(state: session.Kernel, key: tuple[str, str], place: Place | None, answers, passed: bool,
+           unwritten: bool = False) -> None:
     """Remember a check's verdict in this kernel (`unwritten`: it failed on a stub). A pass
     counts for the answers it ran on only in a test cell; a failure counts wherever it happens."""
     with contextlib.suppress(Exception):
         if place is not None:
-            cell = _verdicts.setdefault((place.notebook, place.cell.grade_id), {})
+            cell = state.verdicts.setdefault((place.notebook, place.cell.grade_id), {})
             if place.index == 0:
                 cell.clear()
             cell[place.index] = UNWRITTEN if unwritten and not passed else passed
         for a in answers:
             if inspect.isfunction(a) or inspect.isclass(a):
-                verdicts = _answers.setdefault(id(a), (a, {}))[1]
+                verdicts = state.answers.setdefault(id(a), (a, {}))[1]
                 if not passed:
                     verdicts[key] = False
                 elif place is not None:
@@ -128,13 +118,14 @@ def ready(*answers) -> bool:
     in this kernel failed, when it is still nbgrader's stub, or when the cell that defines it
     raised (graders.judging.failed_cells). In a grading kernel, never: no
     test cell depends on a demonstration (tests/learner/test_notebooks.py checks), and they earn nothing."""
-    if grading() or not session.current().demonstrations:
+    state = session.kernel()
+    if state.session.recording or not state.session.demonstrations:
         print("\N{WHITE CIRCLE} Not run while grading: demonstrations earn no points.")
         return False
     missing = []
     for answer in answers:
         name = getattr(answer, "__name__", repr(answer))
-        checked, verdicts = _answers.get(id(answer), (None, {}))
+        checked, verdicts = state.answers.get(id(answer), (None, {}))
         if isinstance(answer, DidNotRun):
             missing.append(f"{name} (the cell that defines it did not run: {answer.failure.said()})")
         elif _unwritten(answer):
@@ -152,7 +143,8 @@ def ready(*answers) -> bool:
 def progress(notebook: str) -> None:
     """One line: the points of the test cells whose checks passed in this kernel, and the
     exercises still to do. Nothing is run again."""
-    if grading():
+    state = session.kernel()
+    if state.session.recording:
         return
     try:
         cells = released_test_cells(notebook)
@@ -165,13 +157,13 @@ def progress(notebook: str) -> None:
     total = sum(c.points for c in cells)
     earned, todo = 0.0, []
     for cell in cells:
-        verdicts = _verdicts.get((notebook, cell.grade_id), {})
+        verdicts = state.verdicts.get((notebook, cell.grade_id), {})
         if all(verdicts.get(i) is True for i in range(len(cell.calls))):
             earned += cell.points
             continue
-        state = ("its check fails" if False in verdicts.values() else
-                 "not written yet" if UNWRITTEN in verdicts.values() else "not checked yet")
-        todo.append(f"{_names(cell)} ({_points(cell.points)}, {state})")
+        standing = ("its check fails" if False in verdicts.values() else
+                    "not written yet" if UNWRITTEN in verdicts.values() else "not checked yet")
+        todo.append(f"{_names(cell)} ({_points(cell.points)}, {standing})")
     if not todo:
         print(f"\N{CHECK MARK} Progress in {notebook}: {earned:g} of {_points(total)}: every check passes.")
     else:
@@ -182,8 +174,8 @@ def progress(notebook: str) -> None:
 def busy(what: str, after: float = 2.0, every: float = 1.0):
     """While the block runs longer than `after` seconds, one line says what it does, what is being
     built for the course cache meanwhile (graders.reference.paths.building) and for how long; it is
-    removed when the block ends."""
-    if grading():
+    removed when the block ends. A grading kernel shows none: nobody watches it."""
+    if session.kernel().session.recording:
         yield
         return
     from graders.reference.paths import being_built

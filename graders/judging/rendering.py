@@ -156,13 +156,30 @@ def render(failure: BaseException, color: bool = True, width: int = WIDTH, fold:
     return lines
 
 
-_folds: list[str] = []   # the corrected code of the cell's failed checks, shown when the cell ends
+class FoldsAfterCell:
+    """The corrected code of a cell's failed checks, shown folded when the cell ends: a
+    `post_run_cell` callback of its shell, which holds the folds (an error's traceback is plain
+    text, which cannot fold)."""
+
+    def __init__(self):
+        self.pending: list[str] = []
+
+    def add(self, fix: str) -> None:
+        if fix not in self.pending:   # once, however often IPython renders the error
+            self.pending.append(fix)
+
+    def __call__(self, result=None) -> None:
+        from IPython.display import display
+
+        while self.pending:
+            fix = self.pending.pop(0)
+            display({"text/html": fold_html(fix), "text/plain": FIX_PREFIX + fix}, raw=True)
 
 
 def fold_after_cell(fix: str) -> None:
-    """Show `fix` folded once the running cell ends, after its error: a display of its own (an
-    error's traceback is plain text, which cannot fold). Once, however often IPython renders the
-    error. Outside IPython there is no cell, and nothing to show it in."""
+    """Show `fix` folded once the running cell ends, after its error, by the shell's
+    FoldsAfterCell (registered on first use). Outside IPython there is no cell, and nothing to
+    show it in."""
     try:
         from IPython import get_ipython
 
@@ -171,15 +188,9 @@ def fold_after_cell(fix: str) -> None:
         return
     if shell is None:
         return
-    if _show_folds not in shell.events.callbacks["post_run_cell"]:
-        shell.events.register("post_run_cell", _show_folds)
-    if fix not in _folds:
-        _folds.append(fix)
-
-
-def _show_folds(result=None) -> None:
-    from IPython.display import display
-
-    while _folds:
-        fix = _folds.pop(0)
-        display({"text/html": fold_html(fix), "text/plain": FIX_PREFIX + fix}, raw=True)
+    callbacks = shell.events.callbacks["post_run_cell"]
+    folds = next((c for c in callbacks if isinstance(c, FoldsAfterCell)), None)
+    if folds is None:
+        folds = FoldsAfterCell()
+        shell.events.register("post_run_cell", folds)
+    folds.add(fix)

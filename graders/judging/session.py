@@ -19,7 +19,7 @@ import dataclasses
 import io
 import json
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from graders import integrity
@@ -59,38 +59,53 @@ class Session:
         return cls(**{k: (Path(v) if k in ("records", "inputs", "deliveries") and v else v) for k, v in fields.items()})
 
 
-_session = Session()
-_test_cell: str | None = None       # the test cell a grading kernel is running (enter_cell)
-_checks_in_cell = 0
+@dataclass
+class Kernel:
+    """What one kernel's checks remember between cells, in one object: the session its launcher
+    installed, a grading kernel's running test cell and how many of its checks have run, a
+    learner's kernel's cell history, and the verdicts graders.judging.progress shows. The
+    process's own is `kernel()`; the functions below the checks are handed it."""
+    session: Session = field(default_factory=Session)
+    test_cell: str | None = None     # the test cell a grading kernel is running (enter_cell)
+    checks_in_cell: int = 0
+    history: CellHistory | None = None
+    # graders.judging.progress: the verdicts of each test cell's checks in its last run,
+    # {(notebook, grade_id): {index: passed}}; the learner's objects checks ran on, id -> (the
+    # object, {exercise key: passed}); and the execution whose checks are being counted
+    verdicts: dict = field(default_factory=dict)
+    answers: dict = field(default_factory=dict)
+    execution: int | None = None
+    checks_in_execution: int = 0
 
 
-def current() -> Session:
-    return _session
+_KERNEL = Kernel()   # this process's: a kernel is one process
+
+
+def kernel() -> Kernel:
+    """This kernel's state: what checks, `ready` and `progress` (the learner's entry points) start from."""
+    return _KERNEL
 
 
 def install(session: Session) -> None:
     """Called by the kernel's launcher, before any learner code runs."""
-    global _session
-    _session = session
+    _KERNEL.session = session
     integrity.arm(session)
 
 
 def enter_cell(grade_id: str) -> None:
     """The harness's line before each test cell of a grading kernel: it takes the course code the
     cell's checks run, when the grader has handed it over (graders.integrity.deliveries)."""
-    global _test_cell, _checks_in_cell
-    _test_cell, _checks_in_cell = grade_id, 0
-    if _session.deliveries is not None:
-        integrity.receive(_session.deliveries / f"{grade_id}.delivery")
+    _KERNEL.test_cell, _KERNEL.checks_in_cell = grade_id, 0
+    if _KERNEL.session.deliveries is not None:
+        integrity.receive(_KERNEL.session.deliveries / f"{grade_id}.delivery")
 
 
-def next_check_id() -> str | None:
+def next_check_id(state: Kernel) -> str | None:
     """The id of the check about to run in a grading kernel's test cell (None outside one)."""
-    global _checks_in_cell
-    if _test_cell is None:
+    if state.test_cell is None:
         return None
-    _checks_in_cell += 1
-    return f"{_test_cell}/{_checks_in_cell - 1}"
+    state.checks_in_cell += 1
+    return f"{state.test_cell}/{state.checks_in_cell - 1}"
 
 
 def inputs_name(check_id: str) -> str:
@@ -168,25 +183,21 @@ class CellHistory:
         return LearnerCode("\n".join(s for _, s in theirs), "\n".join(s for i, s in theirs if i > last_test))
 
 
-_history: CellHistory | None = None
-
-
-def history() -> CellHistory | None:
+def watch_cells(state: Kernel) -> CellHistory | None:
     """The learner's kernel's cell history (None outside IPython), watched from the first call."""
-    global _history
-    if _history is None:
+    if state.history is None:
         try:
             shell = get_ipython()  # noqa: F821  (IPython's builtin, absent outside a kernel)
         except NameError:
             return None
-        _history = CellHistory(shell)
-    return _history
+        state.history = CellHistory(shell)
+    return state.history
 
 
-def running_test_cell(notebook: str) -> TestCell | None:
+def running_test_cell(state: Kernel, notebook: str) -> TestCell | None:
     """The released test cell the learner's kernel is running, if it is one: as learners have it,
     or as the solution has it, hidden tests and all (the reference run of `make solutions`)."""
-    cells = history()
+    cells = state.history
     if cells is None:
         return None
     running = cells.running()

@@ -308,12 +308,12 @@ def test_a_judges_own_expected_value_is_not_in_the_kernel(tmp_path, form):
 FORGER = '''# forge
 import importlib, os
 from graders.judging import session
-assert os.path.exists(f"{session.current().deliveries}/decoder_layer_test.delivery")   # the parts received
+assert os.path.exists(f"{session.kernel().session.deliveries}/decoder_layer_test.delivery")   # the parts received
 provenance = importlib.import_module("graders.integrity.provenance")
 provenance.Watch.refusal = lambda *args, **kwargs: None
 provenance.Watch.library_answer = lambda *args, **kwargs: None
 ref = importlib.import_module("graders.exercises.nb10.reference")
-records = str(session.current().records)
+records = str(session.kernel().session.records)
 for name in os.listdir(records):   # RMSNorm's records, so that the forged ones are the first of their check
     if name.endswith(".json") and '"rms_norm_test/' in open(f"{records}/{name}").read():
         for made in (name, name[:-5] + ".safetensors"):

@@ -502,7 +502,7 @@ def test_a_changed_kernelspec_has_no_effect(tmp_path):
 def test_forged_records_in_grading_mode_gain_nothing(tmp_path):
     forge = ("import json\n"
              "import graders.judging.exercise as g, graders.judging.session as s\n"
-             "session = s.current()\n"
+             "session = s.kernel().session\n"
              "if session.recording:\n"
              "    g.Exercise.check = lambda self, learner, case, answers=(): None\n"
              "    for n in range(3):\n"

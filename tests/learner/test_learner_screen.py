@@ -151,7 +151,7 @@ def test_validate_skips_the_demonstrations_as_make_check_does(tmp_path):
     from graders.course.notebooks import venv_env
 
     cell = new_code_cell("from graders.judging import session\n"
-                         "assert not session.current().demonstrations, 'the demonstrations would run'")
+                         "assert not session.kernel().session.demonstrations, 'the demonstrations would run'")
     cell.metadata["nbgrader"] = {"grade": True, "grade_id": "demonstrations_off", "points": 1,
                                  "solution": False, "locked": True, "schema_version": 3}
     notebook = new_notebook(cells=[cell])
