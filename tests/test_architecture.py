@@ -177,7 +177,7 @@ def test_tests_marked_for_one_worker_share_it(tmp_path):
 
 
 # The layers, lowest first: a module may import its own layer and those below, never above.
-LAYERS = ["layout", "reference", "judging", "exercises", "harness", "course"]
+LAYERS = ["layout", "marks", "reference", "judging", "exercises", "harness", "course"]
 
 
 # graders.integrity spans two layers: what runs in a kernel beside the checks sits with judging

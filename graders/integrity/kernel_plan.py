@@ -17,7 +17,7 @@ course's training step, with F.cross_entropy, which 12's loss refuses) is graded
 apart, which stops after it.
 
 A check's answer is named by what its test cell passes it (`check_rope(rope_cos_sin, apply_rope)`);
-a course implementation by the notebook's name for it (`Notebook.renamed`, else its own name).
+a course answer by the name its mark gives it (`@course_answer("AdamW")`, graders.marks).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import functools
 import json
 
 from graders.integrity.kernel_bans import exercise_bans
-from graders.integrity.kernel_view import kept_real, views_folder
+from graders.integrity.kernel_view import course_answers, kept_real, views_folder
 from graders.reference.paths import atomic_write
 
 
@@ -47,20 +47,9 @@ def answers(notebook: str) -> dict[str, frozenset[str]]:
 
 
 def real_answers(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:
-    """The notebook's names of the course implementations real in the kernel grading `cells`."""
-    from graders.exercises import declared_notebooks
-    from graders.integrity.origins import PACKAGE
-
-    declared = declared_notebooks()
-    renamed = {course: mine for d in declared.values() for course, mine in d.renamed}
+    """The notebook's names of the course answers real in the kernel grading `cells`."""
     kept = kept_real(notebook, cells)
-    real = set()
-    for declaration in declared.values():
-        for entry in declaration.implementations:
-            file, _, name = entry.partition(":")
-            if name in kept.get((PACKAGE / file).resolve(), ()):
-                real.add(renamed.get(name, name))
-    return frozenset(real)
+    return frozenset(answer.named for answer in course_answers() if answer.symbol in kept.get(answer.path, ()))
 
 
 def _clash(notebook: str, cells: tuple[str, ...]) -> frozenset[str]:

@@ -2,9 +2,9 @@
 
 A notebook's kernel needs the course's machinery (running the learner's code, recording what it
 produced) and the earlier notebooks' parts its given cells import, nothing that answers an
-exercise. Each function or class that implements an exercise of any notebook (declared beside
-the notebook: `Notebook.implementations`: so an earlier notebook's part that computes the same
-thing is sealed too) or judges one (every exercise's `judge` and `inputs`, and the `*_mistakes`
+exercise. Each function or class that implements an exercise of any notebook (marked where it is
+defined, `@course_answer("LayerNorm")`, graders.marks: so an earlier notebook's part that
+computes the same thing is sealed too) or judges one (every exercise's `judge` and `inputs`, and the `*_mistakes`
 catalogs), and every course function or class those call (a judge's expected value computed in
 float64 is an answer too), is shown to the kernel as a sealed copy: the same names, classes and
 signatures, every such body replaced by a `raise`. Imports keep working and a learner who reaches for the course's
@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 
 from graders.integrity.origins import MACHINERY, PACKAGE
@@ -46,19 +47,43 @@ def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, se
             if set(names) - kept.get(path, set())}
 
 
+@dataclass(frozen=True)
+class CourseAnswer:
+    """A top-level class or function marked `@course_answer(named)` (graders.marks) in `path`."""
+    path: Path
+    symbol: str
+    named: str      # what the notebooks call it
+
+    @property
+    def module(self) -> str:
+        return _module_name(self.path)
+
+
+@functools.lru_cache(maxsize=None)
+def course_answers() -> tuple[CourseAnswer, ...]:
+    """Every marked course answer in the graders package, read from the source (nothing imported)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        if "@course_answer(" not in source:
+            continue
+        for node in ast.parse(source).body:
+            for decorator in getattr(node, "decorator_list", ()):
+                if (isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "course_answer"
+                        and decorator.args and isinstance(decorator.args[0], ast.Constant)):
+                    found.append(CourseAnswer(path.resolve(), node.name, decorator.args[0].value))
+    return tuple(found)
+
+
 @functools.lru_cache(maxsize=None)
 def _answers_and_judges() -> tuple:
-    """Every course implementation (`Notebook.implementations`), judge, `inputs` function and
-    mistake catalog."""
+    """Every course answer (graders.marks.course_answer), judge, `inputs` function and mistake catalog."""
     import importlib
 
     from graders.exercises import declared_notebooks
 
-    roots = []
-    for name, declaration in declared_notebooks().items():
-        for entry in declaration.implementations:
-            file, _, symbol = entry.partition(":")
-            roots.append(getattr(importlib.import_module(_module_name(PACKAGE / file)), symbol))
+    roots = [getattr(importlib.import_module(answer.module), answer.symbol) for answer in course_answers()]
+    for name in declared_notebooks():
         for exercise in _exercises_of(name):
             roots += [fn for fn in (exercise.judge, exercise.inputs) if fn is not None]
     for path in PACKAGE.rglob("*.py"):

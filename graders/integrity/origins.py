@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # machinery (tripwires, submodule watchers), the config and loading helpers a learner may call.
 # None of them implements anything a notebook grades.
 MACHINERY = frozenset({
-    "__init__.py", "layout.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
+    "__init__.py", "layout.py", "marks.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
     "judging/stubs.py", "judging/session.py", "judging/progress.py", "judging/failed_cells.py", "judging/exercise.py",
     "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
     "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",

@@ -30,13 +30,6 @@ class Notebook:
     # answer that copies one is flagged for the instructor (graders.harness.copies). By default
     # the notebook's own grader package, graders/exercises/nbNN/.
     course_code: tuple[str, ...] = ()
-    # The course's implementations of this notebook's exercises ("reference/components.py:LayerNorm",
-    # under graders/): sealed in every grading kernel but where a check runs it
-    # (graders.integrity.kernel_view, kernel_plan).
-    implementations: tuple[str, ...] = ()
-    # (the course's name, the notebook's name) of implementations named otherwise in the notebook
-    # ("reference_lr", "lr_at"): how a grading kernel knows which check an implementation answers.
-    renamed: tuple[tuple[str, str], ...] = ()
     # Installed modules or packages that answer this notebook's exercises and that its kernel does
     # not need: its grading kernels have them empty (graders.integrity.sandbox.sandbox_plan), so no
     # way of reaching them reaches anything. By default the libraries the judge's references are

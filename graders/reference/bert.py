@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from graders.reference.components import MLP, Attention, LayerNorm
 from graders.reference.config import Config
+from graders.marks import course_answer
 
 
 @dataclass
@@ -42,6 +43,7 @@ class EncoderConfig(Config):
 
 # --- The course's encoder modules ------------------------------------------------------------
 
+@course_answer("gelu_erf")
 def gelu_erf(x: Tensor) -> Tensor:
     """The exact GELU, x * Phi(x) = x/2 * (1 + erf(x / sqrt 2)), as BERT uses it (GPT-2 uses the
     tanh approximation). torch's fused version: the graded training run spends most of its time
@@ -57,6 +59,7 @@ class FusedLayerNorm(LayerNorm):
         return F.layer_norm(residual, (residual.shape[-1],), self.w, self.b, self.cfg.layer_norm_eps)
 
 
+@course_answer("BidirectionalAttention")
 class BidirectionalAttention(Attention):
     """The course's attention without the causal mask: every position sees every position."""
 
@@ -64,11 +67,13 @@ class BidirectionalAttention(Attention):
         return attn_scores
 
 
+@course_answer("BertMLP")
 class BertMLP(MLP):
     def forward(self, normalized_resid_mid: Tensor) -> Tensor:
         return gelu_erf(normalized_resid_mid @ self.W_in + self.b_in) @ self.W_out + self.b_out
 
 
+@course_answer("PostNormBlock")
 class PostNormBlock(nn.Module):
     """The original Transformer's block: LayerNorm after each residual addition."""
 
@@ -82,6 +87,7 @@ class PostNormBlock(nn.Module):
         return self.ln2(resid_mid + self.mlp(resid_mid))
 
 
+@course_answer("EncoderBlock")
 class EncoderBlock(PostNormBlock):
     """BERT's layer: a post-norm block with bidirectional attention and the erf GELU."""
 
@@ -91,6 +97,7 @@ class EncoderBlock(PostNormBlock):
         self.ln1, self.ln2 = FusedLayerNorm(cfg), FusedLayerNorm(cfg)
 
 
+@course_answer("BertEmbeddings")
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -104,6 +111,7 @@ class BertEmbeddings(nn.Module):
         return self.ln(self.W_E[tokens] + self.W_pos[:seq_len] + self.W_type[token_types])
 
 
+@course_answer("TiedUnembed")
 class TiedUnembed(nn.Module):
     """Logits from the embedding matrix itself: W_U = W_E.T, one parameter."""
 
@@ -116,6 +124,7 @@ class TiedUnembed(nn.Module):
         return x @ self.W_E.T + self.b_U
 
 
+@course_answer("MLMHead")
 class MLMHead(nn.Module):
     def __init__(self, cfg: EncoderConfig, embed: nn.Module):
         super().__init__()
@@ -128,6 +137,7 @@ class MLMHead(nn.Module):
         return self.unembed(self.ln(gelu_erf(x @ self.W_dense + self.b_dense)))
 
 
+@course_answer("BertForMLM")
 class BertForMLM(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()

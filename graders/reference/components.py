@@ -10,8 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from graders.reference.config import Config
+from graders.marks import course_answer
 
 
+@course_answer("LayerNorm")
 class LayerNorm(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -25,6 +27,7 @@ class LayerNorm(nn.Module):
         return centred / (variance + self.cfg.layer_norm_eps).sqrt() * self.w + self.b
 
 
+@course_answer("Embed")
 class Embed(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -35,6 +38,7 @@ class Embed(nn.Module):
         return self.W_E[tokens]                                          # [batch, posn, d_model]
 
 
+@course_answer("PosEmbed")
 class PosEmbed(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -46,6 +50,7 @@ class PosEmbed(nn.Module):
         return einops.repeat(self.W_pos[:seq_len], "posn d_model -> batch posn d_model", batch=batch)
 
 
+@course_answer("Attention")
 class Attention(nn.Module):
     IGNORE: Tensor
 
@@ -77,11 +82,13 @@ class Attention(nn.Module):
         return attn_scores.masked_fill(future, self.IGNORE)
 
 
+@course_answer("gelu_new")
 def gelu_new(x: Tensor) -> Tensor:
     """GPT-2's GELU: the tanh approximation of x * Phi(x)."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
+@course_answer("MLP")
 class MLP(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -97,6 +104,7 @@ class MLP(nn.Module):
         return gelu_new(pre) @ self.W_out + self.b_out                    # [batch, posn, d_model]
 
 
+@course_answer("TransformerBlock")
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -108,6 +116,7 @@ class TransformerBlock(nn.Module):
         return resid_mid + self.mlp(self.ln2(resid_mid))
 
 
+@course_answer("Unembed")
 class Unembed(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -119,6 +128,7 @@ class Unembed(nn.Module):
         return normalized_resid_final @ self.W_U + self.b_U              # [batch, posn, d_vocab]
 
 
+@course_answer("DemoTransformer")
 class DemoTransformer(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()

@@ -28,18 +28,13 @@ def _codes(obj) -> list:
 
 
 def implementations(answers) -> dict[str, str]:
-    """{fingerprint: name} of the course's implementations of `answers` (the notebook's names),
-    whichever notebook declares them."""
+    """{fingerprint: name} of the course's answers to `answers` (the notebook's names), wherever
+    they are marked (graders.marks.course_answer)."""
     found = {}
-    for declaration in declared_notebooks().values():
-        renamed = dict(declaration.renamed)
-        for entry in declaration.implementations:
-            file, _, name = entry.partition(":")
-            if renamed.get(name, name) not in answers:
-                continue
-            module = importlib.import_module("graders." + file[:-3].replace("/", "."))
-            for code in _codes(getattr(module, name)):
-                found.update(dict.fromkeys(fingerprints(code), name))
+    for answer in kernel_view.course_answers():
+        if answer.named in answers:
+            for code in _codes(getattr(importlib.import_module(answer.module), answer.symbol)):
+                found.update(dict.fromkeys(fingerprints(code), answer.symbol))
     return found
 
 
@@ -370,13 +365,11 @@ def test_the_libraries_a_notebook_lists_are_not_in_its_kernel(tmp_path):
 def _same_named(notebook) -> dict[str, list[tuple[str, str]]]:
     """{test cell: [(module, name)]}: the course implementations its checks grade that the notebook
     names as the course does (so that the course's can stand in for the learner's as it is)."""
-    declared = declared_notebooks()[notebook]
     found = {}
     for grade_id, names in kernel_plan.answers(notebook).items():
-        for entry in declared.implementations:
-            file, _, name = entry.partition(":")
-            if name in names and dict(declared.renamed).get(name, name) == name:
-                found.setdefault(grade_id, []).append(("graders." + file[:-3].replace("/", "."), name))
+        for answer in kernel_view.course_answers():
+            if answer.named in names and answer.symbol == answer.named:
+                found.setdefault(grade_id, []).append((answer.module, answer.symbol))
     return found
 
 

@@ -9,11 +9,13 @@ import torch.nn.functional as F
 from graders.exercises.common.diagnosis import compare
 from graders.judging.compare import CheckFailed
 from graders.judging.tolerance import tolerance
+from graders.marks import course_answer
 
 HINT = ("each position predicts the token after it, so the last position predicts nothing: the loss is "
         "minus the mean log-probability of those next tokens (look up log_softmax and gather).")
 
 
+@course_answer("next_token_loss")
 def reference_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (float64): position i predicts token i+1; the last has no target."""
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).double(),

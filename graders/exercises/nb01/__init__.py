@@ -187,7 +187,4 @@ NOTEBOOK = Notebook(
                costs=('layernorm_test',), named='sample variance'),
     pictures=1,
     course_code=('reference/components.py',),
-    implementations=(
-        'reference/components.py:LayerNorm',
-    ),
 )

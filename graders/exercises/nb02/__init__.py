@@ -217,8 +217,4 @@ NOTEBOOK = Notebook(
                costs=('pos_embed_test',), named='offset by one'),
     pictures=1,
     course_code=('reference/components.py',),
-    implementations=(
-        'reference/components.py:Embed',
-        'reference/components.py:PosEmbed',
-    ),
 )

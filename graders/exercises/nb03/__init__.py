@@ -24,7 +24,4 @@ NOTEBOOK = Notebook(
                costs=('attention_test',), named='sqrt(d_model)'),
     pictures=1,
     course_code=('reference/components.py',),
-    implementations=(
-        'reference/components.py:Attention',
-    ),
 )

@@ -233,8 +233,4 @@ NOTEBOOK = Notebook(
                '0.044715 * x.pow(2)',
                costs=('gelu_test',), named='x**2 instead of x**3'),
     course_code=('reference/components.py',),
-    implementations=(
-        'reference/components.py:gelu_new',
-        'reference/components.py:MLP',
-    ),
 )

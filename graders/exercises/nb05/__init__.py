@@ -235,7 +235,4 @@ NOTEBOOK = Notebook(
                'resid_mid = self.attn(self.ln1(resid_pre))',
                costs=('block_test',), named='no residual connection around attention'),
     course_code=('reference/components.py',),
-    implementations=(
-        'reference/components.py:TransformerBlock',
-    ),
 )

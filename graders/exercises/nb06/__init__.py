@@ -297,11 +297,4 @@ NOTEBOOK = Notebook(
                costs=('model_test',), named='no positional embedding'),
     pictures=2,
     course_code=('reference/components.py',),
-    implementations=(
-        'reference/components.py:Unembed',
-        'reference/components.py:DemoTransformer',
-        'exercises/nb06/parameter_count.py:expected_counts',
-        'exercises/common/next_token.py:reference_loss',
-    ),
-    renamed=(('reference_loss', 'next_token_loss'), ('expected_counts', 'count_parameters')),
 )

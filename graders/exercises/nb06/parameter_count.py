@@ -16,6 +16,7 @@ from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.config import Config
+from graders.marks import course_answer
 
 PER_BLOCK = ("attn", "mlp", "layer_norms")
 KEYS = ("embed", "pos_embed", *PER_BLOCK, "ln_final", "unembed", "total", "total_tied")
@@ -56,6 +57,7 @@ def _numel(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+@course_answer("count_parameters")
 @lru_cache(maxsize=8)
 def expected_counts(cfg_fields: tuple) -> dict[str, int]:
     """The course's modules' own counts for the config with these fields."""

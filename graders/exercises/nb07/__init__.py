@@ -48,14 +48,4 @@ NOTEBOOK = Notebook(
                '',
                costs=('train_test', 'shakespeare_test'), named='optimizer.zero_grad() is missing'),
     course_code=('exercises/nb07/*.py',),
-    implementations=(
-        'exercises/nb07/tasks.py:reference_lr',
-        'exercises/nb07/tasks.py:reference_reversal',
-        'exercises/nb07/tasks.py:per_position',
-        'exercises/nb07/practice.py:reference_groups',
-        'exercises/nb07/reversal.py:reference_evaluate',
-    ),
-    renamed=(('reference_lr', 'lr_at'), ('reference_reversal', 'make_reversal_batch'),
-             ('per_position', 'per_position_accuracy'), ('reference_groups', 'optimizer_groups'),
-             ('reference_evaluate', 'evaluate')),
 )

@@ -22,6 +22,7 @@ from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.reference.config import Config
+from graders.marks import course_answer
 
 # --- optimizer_groups ---------------------------------------------------------------------------
 
@@ -53,6 +54,7 @@ def role(name: str) -> str:
     return "matrix" if leaf.startswith("W_") else "bias"
 
 
+@course_answer("optimizer_groups")
 def reference_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """07's `optimizer_groups` as the course writes it: weight decay on the matrices only."""
     params = list(model.named_parameters())

@@ -16,6 +16,7 @@ from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.tolerance import close
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
+from graders.marks import course_answer
 
 
 # --- Exercise 2: the reversal data generator ---------------------------------------------------
@@ -174,6 +175,7 @@ def _cached_eval_sets(case: Case) -> tuple[torch.Tensor, ...]:
             reference_reversal(7, torch.Generator().manual_seed(20_000 + case.seed)))
 
 
+@course_answer("evaluate")
 @torch.no_grad()
 def reference_evaluate(model, tokens: torch.Tensor, batch_size: int = 256) -> float:
     """07's `evaluate` as the course writes it: the mean next-token loss in eval mode, the

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from graders.reference.config import Config
+from graders.marks import course_answer
 
 
+@course_answer("lr_at")
 def reference_lr(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float) -> float:
     """07's schedule (the course's `lr_at`): linear warmup to max_lr, half a cosine to min_lr."""
     if step < warmup_steps:
@@ -97,11 +99,13 @@ def shakespeare_config() -> Config:
 
 # --- The reference's data and per-position scores -------------------------------------
 
+@course_answer("make_reversal_batch")
 def reference_reversal(n: int, generator: torch.Generator) -> torch.Tensor:
     half = torch.randint(0, D_VOCAB, (n, HALF), generator=generator)
     return torch.cat([half, half.flip(-1)], dim=-1)
 
 
+@course_answer("per_position_accuracy")
 def per_position(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean loss, accuracy) of each prediction position 0..14, over the sequences."""
     logits = logits.double()[:, :-1]

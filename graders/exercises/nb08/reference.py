@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 
 import torch
+from graders.marks import course_answer
 
 NEG_INF = float("-inf")
 
 
+@course_answer("greedy_search")
 def greedy_search(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+@course_answer("apply_temperature")
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature
 
@@ -23,10 +26,12 @@ def token_counts(input_ids: torch.Tensor, d_vocab: int) -> torch.Tensor:
     return counts.scatter_add(1, input_ids, torch.ones_like(input_ids))
 
 
+@course_answer("apply_frequency_penalty")
 def apply_frequency_penalty(input_ids: torch.Tensor, logits: torch.Tensor, freq_penalty: float):
     return logits - freq_penalty * token_counts(input_ids, logits.shape[-1]).to(logits.dtype)
 
 
+@course_answer("apply_top_k")
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep every token whose logit is at least the k-th largest (ties at the k-th all stay);
     k >= d_vocab keeps every token (as Hugging Face's TopKLogitsWarper does)."""
@@ -34,6 +39,7 @@ def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
+@course_answer("apply_top_p")
 def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the most likely tokens until their total probability reaches top_p (at least one).
 
@@ -51,6 +57,7 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, NEG_INF)
 
 
+@course_answer("sample_basic")
 def sample_basic(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
@@ -66,6 +73,7 @@ def next_token_logits(input_ids, logits, temperature=1.0, top_k=0, top_p=1.0, fr
     return logits
 
 
+@course_answer("sample_next_token")
 def sample_next_token(input_ids, logits, generator, temperature=1.0, top_k=0, top_p=1.0,
                       freq_penalty=0.0):
     if temperature == 0.0:
@@ -74,6 +82,7 @@ def sample_next_token(input_ids, logits, generator, temperature=1.0, top_k=0, to
                                           freq_penalty), generator)
 
 
+@course_answer("generate")
 @torch.no_grad()
 def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, use_cache=False,
              **sampling):
@@ -105,6 +114,7 @@ def generate(model, input_ids, max_new_tokens, generator, eos_token_id=None, use
     return tokens
 
 
+@course_answer("beam_search")
 @torch.no_grad()
 def beam_search(model, input_ids, num_beams, max_new_tokens):
     """The `num_beams` best continuations (best first) and their total log-probabilities."""
@@ -118,6 +128,7 @@ def beam_search(model, input_ids, num_beams, max_new_tokens):
     return beams, scores
 
 
+@course_answer("attention_with_cache")
 def attention_with_cache(attn, x, past, position_bug=False, mistake: str = ""):
     """Attention over the cached keys/values plus the new positions: (out, (keys, values)).
     (`position_bug` / `mistake` as in `forward_with_cache`, for diagnosis.)"""
@@ -140,6 +151,7 @@ def attention_with_cache(attn, x, past, position_bug=False, mistake: str = ""):
     return torch.einsum("bqnh,nhd->bqd", z, attn.W_O) + attn.b_O, kept
 
 
+@course_answer("forward_with_cache")
 def forward_with_cache(model, new_tokens, cache=None, mistake: str = ""):
     """Logits of the new positions given a cache of the earlier ones: (logits, new cache).
 
@@ -173,6 +185,7 @@ def require_context(input_ids, max_new_tokens: int, n_ctx: int, what: str, remed
                          f"({max_new_tokens}) must fit the context, n_ctx = {n_ctx}{remedy}")
 
 
+@course_answer("generate_with_cache")
 @torch.no_grad()
 def generate_with_cache(model, input_ids, max_new_tokens, mistake: str = ""):
     """Greedy generation that feeds each new token alone, reusing the cache; a request past

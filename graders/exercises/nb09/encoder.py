@@ -37,6 +37,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, course_functions, run_learner
 from graders.reference import bert, components
 from graders.reference.weights import component, load_strict
+from graders.marks import course_answer
 
 DIMS = ("batch", "position", "d_model")
 LOGIT_DIMS = ("batch", "position", "d_vocab")
@@ -258,6 +259,7 @@ def _order(n_layers: int) -> list[str]:
     return ["embed"] + [f"blocks.{i}" for i in range(n_layers)] + ["logits"]
 
 
+@course_answer("BertEmbeddings")
 class CourseEmbeddings(bert.BertEmbeddings):
     """The course's BertEmbeddings with the course's LayerNorm of tensor operations: the fused one
     calls F.layer_norm, which this check refuses while the learner's model runs."""
@@ -267,6 +269,7 @@ class CourseEmbeddings(bert.BertEmbeddings):
         self.ln = components.LayerNorm(cfg)
 
 
+@course_answer("EncoderBlock")
 class CourseEncoderBlock(bert.PostNormBlock):
     """The course's EncoderBlock with the course's LayerNorm of tensor operations (see above)."""
 

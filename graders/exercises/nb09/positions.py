@@ -15,12 +15,14 @@ from graders.exercises.common.diagnosis import compare
 from graders.judging.compare import CheckFailed, Mistake
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
+from graders.marks import course_answer
 
 DIMS = ("position", "d_model")
 BASE = 10_000.0
 FORBIDDEN = Forbidden("the sinusoidal encoding")   # torch has none; `transformers` is always refused
 
 
+@course_answer("sinusoidal_encoding")
 def sinusoidal(n_ctx: int, d_model: int, first: int = 0, exponent: str = "2i", swap: bool = False,
                layout: str = "interleaved") -> torch.Tensor:
     """The encoding (float64), or a named mistake's version of it.

@@ -11,6 +11,7 @@ from torch import nn
 
 from graders.reference.bert import EncoderConfig
 from graders.reference.config import Config
+from graders.marks import course_answer
 
 # --- The MLM task: notebook 07's reversal sequences, as sentence pairs -----------------------
 # Ordinary tokens are 0..99 (the reversal task's vocabulary); three special tokens follow.
@@ -51,6 +52,7 @@ def reversal_pairs(n: int, generator: torch.Generator) -> tuple[torch.Tensor, to
     return tokens, token_types
 
 
+@course_answer("mask_tokens")
 def reference_mask_tokens(tokens: torch.Tensor,
                           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's recipe: each ordinary position is chosen with probability 0.15; a chosen one
@@ -64,6 +66,7 @@ def reference_mask_tokens(tokens: torch.Tensor,
     return inputs, torch.where(chosen, tokens, IGNORE)
 
 
+@course_answer("mlm_loss")
 def reference_mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the scored (chosen) positions only, in float64."""
     return F.cross_entropy(logits.double().flatten(0, -2), targets.flatten(), ignore_index=IGNORE)

@@ -21,6 +21,7 @@ import einops
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from graders.marks import course_answer
 
 
 @dataclass
@@ -48,11 +49,13 @@ def variants(cfg: ModernConfig | None = None) -> list[ModernConfig]:
 
 # --- The course's modules ----------------------------------------------------------------------
 
+@course_answer("RMSNorm")
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
+@course_answer("RMSNorm")
 class RMSNorm(nn.Module):
     def __init__(self, cfg: ModernConfig):
         super().__init__()
@@ -63,6 +66,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.w, self.cfg.rms_norm_eps)
 
 
+@course_answer("rope_cos_sin")
 def rope_cos_sin(positions: Tensor, d_head: int, theta: float) -> tuple[Tensor, Tensor]:
     """cos and sin [posn, d_head] in the rotate-half layout (each frequency twice: halves)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)
@@ -71,15 +75,18 @@ def rope_cos_sin(positions: Tensor, d_head: int, theta: float) -> tuple[Tensor, 
     return angles.cos(), angles.sin()
 
 
+@course_answer("apply_rope")
 def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+@course_answer("apply_rope")
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
+@course_answer("apply_rope")
 def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """The original paper's layout: pairs (0, 1), (2, 3), ...; cos/sin given in halves."""
     half = x.shape[-1] // 2
@@ -88,10 +95,12 @@ def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos_i + pairs * sin_i
 
 
+@course_answer("SwiGLU")
 def swiglu(x: Tensor, w: dict) -> Tensor:
     return (F.silu(x @ w["W_gate"]) * (x @ w["W_up"])) @ w["W_down"]
 
 
+@course_answer("SwiGLU")
 class SwiGLU(nn.Module):
     def __init__(self, cfg: ModernConfig):
         super().__init__()
@@ -103,6 +112,7 @@ class SwiGLU(nn.Module):
         return swiglu(x, dict(self.named_parameters()))
 
 
+@course_answer("GQAttention")
 def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups="interleave",
               scale=None, rope_values=False, rope_keys=True, offset_mask=True, mask=True, softmax_dim=-1,
               cache_new_only=False, masked_value=float("-inf"), cache_unrotated=False, z_d_head_first=False):
@@ -135,6 +145,7 @@ def attention(x: Tensor, w: dict, cos: Tensor, sin: Tensor, past=None, *, groups
     return torch.einsum("bnph,nhd->bpd", z, w["W_O"]), cache
 
 
+@course_answer("GQAttention")
 class GQAttention(nn.Module):
     def __init__(self, cfg: ModernConfig):
         super().__init__()
@@ -151,6 +162,7 @@ class GQAttention(nn.Module):
         return attention(x, dict(self.named_parameters()), cos, sin, past)
 
 
+@course_answer("DecoderLayer")
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModernConfig):
         super().__init__()
@@ -163,6 +175,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.ln2(x)), cache
 
 
+@course_answer("ModernDecoder")
 class ModernDecoder(nn.Module):
     def __init__(self, cfg: ModernConfig):
         super().__init__()
@@ -275,6 +288,7 @@ def hf_rope(cfg: ModernConfig, positions: Tensor) -> tuple[Tensor, Tensor]:
     return cos[0], sin[0]
 
 
+@course_answer("GQAttention")
 def causal_mask(n_q: int, n_k: int) -> Tensor:
     """The additive mask [1, 1, n_q, n_k] for queries that are the last n_q of n_k positions."""
     allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)

@@ -21,12 +21,6 @@ NOTEBOOK = Notebook(
                "pieces = [text]", costs=("encode_test",), named="the special token is split into pieces"),
     pictures=1,
     course_code=("exercises/nb11/reference.py", "exercises/nb11/naive.py"),
-    implementations=tuple(f"exercises/nb11/{entry}" for entry in (
-        "reference.py:bytes_to_unicode", "reference.py:pretokenize", "reference.py:merge_pair",
-        "reference.py:train_bpe", "naive.py:naive_train",
-        "texts.py:hidden_text", "texts.py:hidden_corpus",
-    )),
-    renamed=(('naive_train', 'train_bpe'), ('merge_pair', 'train_bpe')),
     # The tokenizers the kernel never needs, each an answer: besides transformers' slow tokenizers,
     # OpenAI's encoder.py as packaged (its vocabulary files stay), tiktoken (its compiled encoder
     # and its teaching BPE) and HF tokenizers. The demonstrations that compare with tiktoken skip

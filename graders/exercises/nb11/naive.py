@@ -2,13 +2,14 @@
 pair of every distinct pre-token. With `mistake`, it makes one of the catalogued training mistakes;
 the training check replays them, and asks which mistake's counts explain a learner's first wrong
 merge, to name what a learner's merges show. Sealed in the grading kernels
-(Notebook.implementations): without a mistake it is a correct trainer."""
+(marked `@course_answer`, graders.marks): without a mistake it is a correct trainer."""
 from __future__ import annotations
 
 from collections import Counter
 from functools import lru_cache
 
 from graders.exercises.nb11.reference import merge_pair, pretokenize
+from graders.marks import course_answer
 
 MISTAKES = ("across pre-tokens", "unweighted", "overlapping", "right to left", "first only", "characters",
             "tie smallest", "tie first seen")
@@ -113,6 +114,7 @@ def holder(text: str, merges: list[tuple[bytes, bytes]], pair: tuple[bytes, byte
     return "", 0, []
 
 
+@course_answer("train_bpe")
 def naive_train(text: str, n_merges: int, mistake: str | None = None) -> list[tuple[bytes, bytes]]:
     counts, words = _words(text, mistake)
     merge = MERGES.get(mistake, merge_pair)

@@ -10,8 +10,10 @@ from collections import Counter, defaultdict
 import regex
 
 from graders.reference.tokenizer import GPT2_PATTERN
+from graders.marks import course_answer
 
 
+@course_answer("bytes_to_unicode")
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's table (OpenAI's encoder.py): printable bytes stand for themselves, the n-th of the
     others for chr(256 + n)."""
@@ -20,6 +22,7 @@ def bytes_to_unicode() -> dict[int, str]:
     return {value: chr(value) if value in printable else chr(256 + others.index(value)) for value in range(256)}
 
 
+@course_answer("pretokenize")
 def pretokenize(text: str) -> list[str]:
     return regex.findall(GPT2_PATTERN, text)
 
@@ -35,6 +38,7 @@ class _Largest:
         return (self.count, self.pair) > (other.count, other.pair)
 
 
+@course_answer("train_bpe")
 def merge_pair(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
     """`symbols` with each occurrence of `pair`, left to right and not overlapping, made one."""
     merged, i = [], 0
@@ -48,6 +52,7 @@ def merge_pair(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
     return merged
 
 
+@course_answer("train_bpe")
 def train_bpe(text: str, n_merges: int) -> list[tuple[bytes, bytes]]:
     """BPE merges in order, learned incrementally: a merge recounts only the pre-tokens that hold
     its pair, and a heap of (count, pair) finds the next one. Stops early when no pair is left."""

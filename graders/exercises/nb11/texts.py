@@ -1,10 +1,12 @@
 """The hidden texts and training corpora of notebook 11's checks. Sealed in the grading kernels
-(Notebook.implementations): a kernel receives each one only as a check's input."""
+(marked `@course_answer`, graders.marks): a kernel receives each one only as a check's input."""
 from __future__ import annotations
 
 import random
+from graders.marks import course_answer
 
 
+@course_answer("hidden_text")
 def hidden_text(seed: int) -> str:
     """One of the hidden texts: prose, code, numbers, whitespace runs, accents, CJK, emoji, and
     GPT-2's special token (by `seed`, cycling)."""
@@ -25,6 +27,7 @@ def hidden_text(seed: int) -> str:
     return texts[seed % len(texts)]
 
 
+@course_answer("hidden_corpus")
 def hidden_corpus(seed: int) -> str:
     """A training corpus from `seed`: words drawn unevenly from a small vocabulary with letter runs
     (`aaa`), repeated letters, contractions and a frequent word outside ASCII (whose characters

@@ -28,7 +28,4 @@ NOTEBOOK = Notebook(
                named='L2 decay added to the gradient'),
     pictures=1,
     course_code=('exercises/nb12/*.py',),
-    implementations=('exercises/nb12/reference.py:VariantAdamW',
-                     'exercises/nb12/memory.py:saved_records'),
-    renamed=(('VariantAdamW', 'AdamW'), ('saved_records', 'saved_activation_bytes')),
 )

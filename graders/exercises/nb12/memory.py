@@ -28,6 +28,7 @@ from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.config import Config
+from graders.marks import course_answer
 
 FORBIDDEN = Forbidden("the measure of saved activations", source_words=["torch.cuda.memory", "memory_stats"],
                       instead="with torch.autograd.graph.saved_tensors_hooks", notebook_wide=False)
@@ -126,6 +127,7 @@ def _with_grad(fn, *args):
         return fn(*args)
 
 
+@course_answer("saved_activation_bytes")
 def saved_records(model: torch.nn.Module, args: tuple, mixed: bool, keep: bool = True) -> list[dict]:
     """Every tensor autograd saves while `model(*args)` runs: its storage, the storage's bytes, its
     own address, bytes and element size, whether it is a parameter's storage, whether it is a parameter

@@ -1,12 +1,13 @@
 """The course's AdamW with switches for the mistakes notebook 12's check names: the judge runs
 each variant through the same steps as the learner's optimizer and names the one whose trajectory
-the learner's follows. Sealed in a grading kernel (Notebook.implementations): with every switch off
+the learner's follows. Sealed in a grading kernel (marked `@course_answer`, graders.marks): with every switch off
 it is a correct AdamW."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from graders.marks import course_answer
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Slip:
     decay_after: bool = False         # the weights decayed after the update, not before
 
 
+@course_answer("AdamW")
 class VariantAdamW(torch.optim.Optimizer):
     """AdamW (torch's defaults and state names) making the mistake `slip` says."""
 

@@ -27,14 +27,6 @@ NOTEBOOK = Notebook(
                costs=("chat_tokens_test",), named="the model never learns to stop"),
     pictures=1,
     course_code=("exercises/nb13/*.py",),
-    implementations=tuple(f"exercises/nb13/{entry}" for entry in (
-        "reference.py:chat_tokens", "reference.py:sft_loss", "reference.py:LoRALinear", "reference.py:add_lora",
-        "reference.py:merge_lora", "reference.py:sequence_logprob", "reference.py:dpo_loss",
-        "reference.py:finetune", "reference.py:train_dpo",
-        "chat.py:prompt_tokens", "tasks.py:example", "tasks.py:padded", "tasks.py:finetune_course",
-    )),
-    renamed=(("prompt_tokens", "chat_tokens"), ("example", "chat_tokens"), ("padded", "chat_tokens"),
-             ("finetune_course", "finetune")),
     # peft's LoRA and trl's DPO answer exercises here, and the kernel needs neither (the judge does).
     without_libraries=(*ANSWER_LIBRARIES, "peft", "trl"),
 )

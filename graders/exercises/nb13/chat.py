@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from graders.reference.tokenizer import END_OF_TEXT, END_OF_TEXT_ID, GPT2_PATTERN
+from graders.marks import course_answer
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 IM_START_ID, IM_END_ID = END_OF_TEXT_ID + 1, END_OF_TEXT_ID + 2     # 50257, 50258: after GPT-2's vocabulary
@@ -34,6 +35,7 @@ def chat_encoding():
                              special_tokens={END_OF_TEXT: END_OF_TEXT_ID, IM_START: IM_START_ID, IM_END: IM_END_ID})
 
 
+@course_answer("chat_tokens")
 def prompt_tokens(messages: list[dict], encoding=None) -> list[int]:
     """The tokens of `messages` followed by <|im_start|>assistant\\n: what a model answers after."""
     encoding = encoding or chat_encoding()

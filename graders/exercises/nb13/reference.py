@@ -1,6 +1,6 @@
 """The course's answers to notebook 13, with switches for the mistakes its checks name: a judge
 runs a variant on the learner's inputs and names the mistake whose outputs the learner's match.
-Sealed in a grading kernel (Notebook.implementations): with every switch off each is correct."""
+Sealed in a grading kernel (marked `@course_answer`, graders.marks): with every switch off each is correct."""
 from __future__ import annotations
 
 import math
@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graders.exercises.nb13.gpt import Linear
+from graders.marks import course_answer
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
+@course_answer("chat_tokens")
 def chat_tokens(messages: list[dict], encoding, slip: str = "") -> tuple[Tensor, Tensor]:
     """(tokens, labels) of a conversation under the course's template: each message is
     <|im_start|>{role}\\n{content}<|im_end|>\\n; labels are the tokens of every assistant's content
@@ -38,6 +40,7 @@ def chat_tokens(messages: list[dict], encoding, slip: str = "") -> tuple[Tensor,
     return tokens, labels
 
 
+@course_answer("sft_loss")
 def sft_loss(logits: Tensor, labels: Tensor, slip: str = "") -> Tensor:
     """The mean next-token loss over the labelled positions of a padded batch: position i predicts
     labels[i + 1]. `slip`: "all_positions" (divided by every position), "per_sequence" (each
@@ -57,6 +60,7 @@ def sft_loss(logits: Tensor, labels: Tensor, slip: str = "") -> Tensor:
     return -picked.sum() / keep.sum()
 
 
+@course_answer("LoRALinear")
 class LoRALinear(nn.Module):
     """y = x W + b + (alpha / r) x A B around a frozen Linear: A [d_in, r] drawn like a Linear's
     weight (uniform in +-1/sqrt(d_in)), B [r, d_out] zero, so that the output is
@@ -80,6 +84,7 @@ class LoRALinear(nn.Module):
         return self.base(x) + self.scale * (dropped @ self.A) @ self.B
 
 
+@course_answer("add_lora")
 def add_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, slip: str = "") -> nn.Module:
     """Freeze `model` and wrap every block's attention projections (attn.c_attn, attn.c_proj)."""
     model.requires_grad_(slip == "base_trainable")
@@ -89,6 +94,7 @@ def add_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, slip:
     return model
 
 
+@course_answer("merge_lora")
 def merge_lora(model: nn.Module, slip: str = "") -> nn.Module:
     """Each LoRALinear replaced by one Linear of weight W + (alpha / r) A B: the same outputs, no
     extra cost at inference. `slip`: "unscaled" (W + A B)."""
@@ -105,6 +111,7 @@ def merge_lora(model: nn.Module, slip: str = "") -> nn.Module:
     return model
 
 
+@course_answer("sequence_logprob")
 def sequence_logprob(logits: Tensor, tokens: Tensor, response_mask: Tensor, slip: str = "") -> Tensor:
     """log p(response | prompt) of each sequence: the log-probabilities of the tokens where
     response_mask is True, summed (position i's logits predict tokens[i + 1]). `slip`: "mean"
@@ -120,6 +127,7 @@ def sequence_logprob(logits: Tensor, tokens: Tensor, response_mask: Tensor, slip
     return total / keep.sum(-1).clamp(min=1) if slip == "mean" else total
 
 
+@course_answer("dpo_loss")
 def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, reference_chosen: Tensor,
              reference_rejected: Tensor, beta: float, slip: str = "") -> Tensor:
     """The mean of -log sigmoid(beta [(log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))]),
@@ -136,6 +144,7 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, reference_chosen: T
     return -F.logsigmoid(beta * margin).mean()
 
 
+@course_answer("finetune")
 def finetune(model: nn.Module, make_batch, n_steps: int) -> nn.Module:
     """Supervised finetuning with LoRA (r 8, alpha 16, AdamW at 3e-3) on the masked loss; the
     adapters merged into the model at the end."""
@@ -151,6 +160,7 @@ def finetune(model: nn.Module, make_batch, n_steps: int) -> nn.Module:
     return merge_lora(model).eval()
 
 
+@course_answer("train_dpo")
 def train_dpo(policy: nn.Module, reference: nn.Module, make_batch, n_steps: int,
               beta: float) -> list[tuple[float, float]]:
     """DPO on every weight of the policy (AdamW at 5e-4), the reference frozen; the batch's mean

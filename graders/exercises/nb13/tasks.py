@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from graders.exercises.nb13.chat import CHAT_VOCAB, IM_END_ID, chat_encoding, prompt_tokens
 from graders.exercises.nb13.gpt import GPT, GPTConfig, seeded_gpt
 from graders.reference.vocab import CompactVocab
+from graders.marks import course_answer
 
 VERSION = "3"                          # part of the cached models' file names: bump when the recipe changes
 LETTERS = string.ascii_lowercase[:-1]  # a..y: each has a next letter
@@ -76,6 +77,7 @@ def _plain(question: str, answer: str, aside: str = "") -> list[int]:
     return chat_encoding().encode_ordinary(f"{question}{aside}\n{answer}\n\n")
 
 
+@course_answer("chat_tokens")
 def example(question: str, answer: str) -> tuple[list[int], list[int]]:
     """(prompt, response) of a one-question conversation, in the model's ids: the response is the
     answer and <|im_end|>."""
@@ -84,6 +86,7 @@ def example(question: str, answer: str) -> tuple[list[int], list[int]]:
     return [table[t] for t in prompt_tokens([{"role": "user", "content": question}])], [table[t] for t in response]
 
 
+@course_answer("chat_tokens")
 def padded(rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, labels) [len(rows), SEQ]: prompt + response + padding; labels are the response's
     tokens, -100 on the prompt and the padding (the padding token is <|im_end|>'s id)."""
@@ -243,6 +246,7 @@ def base_model() -> GPT:
     return loaded(base_weights())
 
 
+@course_answer("finetune")
 def finetune_course() -> GPT:
     """The course's finetuning of the base model (its LoRA, its loss), merged: the start of the
     preference run."""

@@ -25,9 +25,6 @@ NOTEBOOK = Notebook(
     pictures=1,
     # What integrity needs (docs/integrity.md): the course's answers, sealed in the grading kernels.
     course_code=("exercises/nb14/*.py",),
-    implementations=tuple(f"exercises/nb14/reference.py:{name}" for name in (
-        "sample_group", "reward", "group_advantages", "grpo_loss", "completion_logprobs", "train_grpo")),
-    renamed=(("completion_logprobs", "train_grpo"),),
     # trl's GRPO answers exercises here, and the kernel needs neither it nor peft (the tests do).
     without_libraries=(*ANSWER_LIBRARIES, "peft", "trl"),
 )

@@ -1,12 +1,13 @@
 """The course's answers to notebook 14, with switches for the mistakes its checks name: a judge
 runs a variant on the learner's inputs and names the mistake whose outputs the learner's match.
-Sealed in a grading kernel (Notebook.implementations): with every switch off each is correct."""
+Sealed in a grading kernel (marked `@course_answer`, graders.marks): with every switch off each is correct."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
 from graders.exercises.nb13 import tasks
+from graders.marks import course_answer
 
 IM_END = "<|im_end|>"
 EPS = 1e-4      # trl's epsilon in the advantage's denominator
@@ -14,6 +15,7 @@ EPS = 1e-4      # trl's epsilon in the advantage's denominator
 RECIPE = dict(steps=60, prompts=8, group_size=8, temperature=1.0, max_new=4, lr=5e-4, beta=0.04, clip_eps=0.2)
 
 
+@course_answer("sample_group")
 @torch.no_grad()
 def sample_group(model: nn.Module, prompt: Tensor, group_size: int, temperature: float, max_new: int, stop: int,
                  generator: torch.Generator, slip: str = "") -> tuple[Tensor, Tensor, Tensor]:
@@ -48,6 +50,7 @@ def sample_group(model: nn.Module, prompt: Tensor, group_size: int, temperature:
     return completions, mask, logprobs
 
 
+@course_answer("reward")
 def reward(completion: str, answer: str, slip: str = "") -> float:
     """1.0 when the completion is exactly the answer and the end-of-turn marker, else 0.0. `slip`:
     "end_optional" (the marker not required), "prefix" (any completion that starts with the answer)."""
@@ -58,6 +61,7 @@ def reward(completion: str, answer: str, slip: str = "") -> float:
     return float(completion == answer + IM_END)
 
 
+@course_answer("group_advantages")
 def group_advantages(rewards: Tensor, scale: bool = True, slip: str = "") -> Tensor:
     """[n_groups, group_size]: each reward minus its group's mean, divided (scale=True, GRPO) by the
     group's standard deviation with Bessel's correction plus EPS, as trl computes it; scale=False is
@@ -73,6 +77,7 @@ def group_advantages(rewards: Tensor, scale: bool = True, slip: str = "") -> Ten
     return (centred / (std + (0.0 if slip == "no_eps" else EPS))).detach()
 
 
+@course_answer("grpo_loss")
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, advantages: Tensor, mask: Tensor,
               clip_eps: float, beta: float, token_level: bool = False, slip: str = "") -> Tensor:
     """The GRPO objective's negative (Shao et al. 2024, eq. 3) over completions [n, max_new]: per
@@ -97,6 +102,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, adva
     return ((per_token * weight).sum(-1) / weight.sum(-1).clamp(min=1)).mean()
 
 
+@course_answer("train_grpo")
 def completion_logprobs(model: nn.Module, prompt: Tensor, completions: Tensor, temperature: float) -> Tensor:
     """[group, max_new]: each completion token's log-probability under `model` at the temperature,
     from one forward pass over prompt + completion (position i's logits predict token i + 1)."""
@@ -105,6 +111,7 @@ def completion_logprobs(model: nn.Module, prompt: Tensor, completions: Tensor, t
     return logits.log_softmax(-1).gather(-1, completions[..., None])[..., 0]
 
 
+@course_answer("train_grpo")
 def train_grpo(policy: nn.Module, reference: nn.Module, make_batch, n_steps: int, generator: torch.Generator,
                lr: float = RECIPE["lr"], beta: float = RECIPE["beta"], scale: bool = True) -> list[tuple[float, float]]:
     """GRPO with one update per sampled batch (pi_old is the policy that sampled), RECIPE's settings:
