@@ -50,6 +50,10 @@ class Guard:
     # in different kernels (graders.integrity.kernel_plan).
     may_run: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        if self.library_ops:   # its watch's first use, paid as the notebook's checks load
+            _library_ops.warm()
+
 __all__ = ["ANSWER_LIBRARIES", "LEARNER", "WATCH_PARTS", "CourseCodeSealed", "Guard", "LibraryOps", "arm",
            "exercise_bans", "file_functions", "fingerprint", "kernel_refusals", "origin", "receive", "refused_ops",
            "supplied_parts", "watch"]

@@ -177,9 +177,11 @@ def _same_file(filename: str, spec: str) -> bool:
     return found is not None and found.origin is not None and Path(filename) == Path(found.origin)
 
 
-def _warm() -> None:
-    """Enter a watch once, when the checks are loaded: the first dispatch mode of a process makes
-    torch import its compiler stack (about a second), which a check's own clock should not pay."""
+@functools.cache
+def warm() -> None:
+    """Enter a watch once, when a check that uses one is declared (Guard(library_ops=...)): the
+    first dispatch mode of a process makes torch import its compiler stack (about a second), which
+    a check's own clock should not pay, nor a kernel whose checks never watch."""
     with OpWatch():
         torch.zeros(1).add_(1)
 
@@ -188,5 +190,3 @@ def _warm() -> None:
 # parts it supplies, so that provenance does not take it for a course answer the learner ran.
 WATCH_PARTS = (OpWatch, _switches_watched)
 
-
-_warm()
