@@ -11,22 +11,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from fix_last import fix_only_last
 from graders.exercises import nb07
 from graders.exercises.nb07.practice import role
 from graders.judging.compare import CheckFailed
 from graders.reference import components
+from catalog_helpers import fails_with
 
 pytestmark = pytest.mark.xdist_group("nb07")
 
 SHARED_SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
-
-
-def fails(check, learner, expected: str, **kwargs):
-    """`check` fails on `learner`, naming the mistake (`expected`) on its message's FIRST line."""
-    with pytest.raises(CheckFailed) as failure:
-        check(learner, **kwargs)
-    assert expected in fix_only_last(str(failure.value)).splitlines()[0], str(failure.value)
 
 
 # --- losses the evaluate and train tests use ------------------------------------------------
@@ -173,7 +166,7 @@ GEN_BUGS = [
 
 @pytest.mark.parametrize("fn,expected", GEN_BUGS, ids=[f.__name__ for f, _ in GEN_BUGS])
 def test_generator_mistakes(fn, expected):
-    fails(nb07.check_reversal_generator, fn, expected)
+    fails_with(nb07.check_reversal_generator, fn, expected=expected, first_line=True)
 
 
 # --- evaluate -----------------------------------------------------------------------------------
@@ -304,7 +297,7 @@ EVAL_BUGS = [
 
 @pytest.mark.parametrize("fn,expected", EVAL_BUGS, ids=[f.__name__ for f, _ in EVAL_BUGS])
 def test_evaluate_mistakes(fn, expected):
-    fails(nb07.check_evaluate, fn, expected)
+    fails_with(nb07.check_evaluate, fn, expected=expected, first_line=True)
 
 
 # --- train (the reversal task) --------------------------------------------------------------------
@@ -482,13 +475,13 @@ TRAIN_BUGS = {
 @pytest.mark.parametrize("name", list(TRAIN_BUGS))
 def test_train_mistakes(name):
     train, model_class, expected = TRAIN_BUGS[name]
-    fails(nb07.check_train, train, expected, model_class=model_class)
+    fails_with(nb07.check_train, train, expected=expected, first_line=True, model_class=model_class)
 
 
 def test_train_not_implemented():
     def train(model, make_batch, n_steps, max_lr, eval_tokens, **settings):
         raise NotImplementedError
-    fails(nb07.check_train, train, "not written yet")
+    fails_with(nb07.check_train, train, expected="not written yet", first_line=True)
 
 
 WRONG_PARTS = """
@@ -537,9 +530,9 @@ def test_a_wrong_part_costs_only_its_own_check():
     notebook = {"torch": torch, "lm_cross_entropy_loss": loss_cross_entropy}
     exec(WRONG_PARTS + SOLUTION_TRAIN, notebook)
     parts = {name: notebook[name] for name in ("optimizer_groups", "lr_at", "evaluate")}
-    fails(nb07.check_optimizer_groups, parts["optimizer_groups"], "optimizer_groups")
-    fails(nb07.check_lr_at, parts["lr_at"], "lr_at")
-    fails(nb07.check_evaluate, parts["evaluate"], "evaluate left the model in eval mode")
+    fails_with(nb07.check_optimizer_groups, parts["optimizer_groups"], expected="optimizer_groups", first_line=True)
+    fails_with(nb07.check_lr_at, parts["lr_at"], expected="lr_at", first_line=True)
+    fails_with(nb07.check_evaluate, parts["evaluate"], expected="evaluate left the model in eval mode", first_line=True)
     nb07.check_train(notebook["train"])
     assert all(notebook[name] is part for name, part in parts.items())
 
@@ -557,7 +550,7 @@ def test_shakespeare_budget_is_enforced(shakespeare):
     """A loop that skips the budget fails fast (the full graded run is in the notebook's tests)."""
     def lazy(model, make_batch, n_steps, max_lr, eval_tokens, **settings):
         return [], []
-    fails(nb07.check_shakespeare_training, lazy, "drew 0 batches")
+    fails_with(nb07.check_shakespeare_training, lazy, expected="drew 0 batches", first_line=True)
 
 
 def test_shakespeare_short_run_passes(shakespeare):
@@ -579,7 +572,7 @@ SHAKESPEARE_SHORT_RUN_BUGS = {
 @pytest.mark.parametrize("name", list(SHAKESPEARE_SHORT_RUN_BUGS))
 def test_shakespeare_short_run_mistakes(shakespeare, name):
     train, expected = SHAKESPEARE_SHORT_RUN_BUGS[name]
-    fails(nb07.check_shakespeare_smoke, train, expected)
+    fails_with(nb07.check_shakespeare_smoke, train, expected=expected, first_line=True)
 
 
 def test_unigram_baseline(shakespeare):
@@ -651,8 +644,8 @@ def test_shakespeare_model_that_ignores_context_fails(shakespeare):
     """The graded run with the correct `train` on a model that cannot see its context: frequencies
     alone do not reach the bar, and the message says the context is not used. The 80 steps of
     the graded run, on a model that costs little (its logits' loss is most of its cost)."""
-    fails(nb07.check_shakespeare_training, make_train(), "it does not use the context",
-          model_class=ContextBlindTransformer)
+    fails_with(nb07.check_shakespeare_training, make_train(), expected="it does not use the context", first_line=True,
+               model_class=ContextBlindTransformer)
 
 
 # --- per_position_accuracy ------------------------------------------------------------------------
@@ -742,7 +735,7 @@ GROUP_BUGS = [
 
 @pytest.mark.parametrize("fn,expected", GROUP_BUGS, ids=[str(i) for i in range(len(GROUP_BUGS))])
 def test_optimizer_groups_mistakes(fn, expected):
-    fails(nb07.check_optimizer_groups, fn, expected)
+    fails_with(nb07.check_optimizer_groups, fn, expected=expected, first_line=True)
 
 
 def lr_cosine(step, max_lr, warmup_steps, total_steps, min_lr):
@@ -797,4 +790,4 @@ LR_BUGS = [
 
 @pytest.mark.parametrize("fn,expected", LR_BUGS, ids=[str(i) for i in range(len(LR_BUGS))])
 def test_lr_at_mistakes(fn, expected):
-    fails(nb07.check_lr_at, fn, expected)
+    fails_with(nb07.check_lr_at, fn, expected=expected, first_line=True)

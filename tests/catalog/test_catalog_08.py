@@ -12,22 +12,11 @@ from graders.exercises.nb08 import filters, reference
 from graders.judging.compare import CheckFailed
 
 from course_code import course_code_allowed
+from catalog_helpers import fails_with, named_message
 
 INF = float("inf")
 # The variants are built on the course's reference sampler and filters.
 reference_code_allowed = course_code_allowed(reference, filters)
-
-
-def fails_with(check, fn, *expected, **case):
-    """`check` fails on `fn`, its message's FIRST line naming the mistake (`expected[0]`), its
-    corrected code, if any, on its last line only."""
-    with pytest.raises(CheckFailed) as failure:
-        check(fn, **case)
-    message = fix_only_last(str(failure.value))
-    assert expected[0] in message.splitlines()[0], message
-    for text in expected[1:]:
-        assert text in message, message
-    return message
 
 
 HIDDEN = {"seed": 5, "batch": 3}
@@ -62,7 +51,7 @@ def test_greedy_correct_variants_pass(fn):
     (lambda l: l.max(-1).values, "return token ids (torch.long): the index of the largest logit"),
 ])
 def test_greedy_mistakes_fail(fn, message):
-    fails_with(nb08.check_greedy, fn, message)
+    fails_with(nb08.check_greedy, fn, expected=message, first_line=True)
 
 
 # --- temperature --------------------------------------------------------------------------------
@@ -86,18 +75,7 @@ def _in_place_temperature(l, t):
     (lambda l, t: (l / t).softmax(-1), "looks like probabilities"),
 ])
 def test_temperature_mistakes_fail(fn, message):
-    fails_with(nb08.check_temperature, fn, message)
-
-
-def named_message(check, fn) -> str:
-    """The message of `check` failing on `fn`, after asserting that it names the mistake, prints no
-    general recipe under it and holds the corrected code on its last line only."""
-    with pytest.raises(CheckFailed) as failure:
-        check(fn)
-    message = fix_only_last(str(failure.value))
-    assert "Likely mistake:" in message.splitlines()[0], message
-    assert "Hint:" not in message, message
-    return message
+    fails_with(nb08.check_temperature, fn, expected=message, first_line=True)
 
 
 def test_a_named_temperature_mistake_ends_with_the_division():
@@ -164,7 +142,7 @@ def _penalty_in_place(ids, logits, a):
      "a presence penalty over the whole batch"),
 ])
 def test_penalty_mistakes_fail(fn, message):
-    fails_with(nb08.check_frequency_penalty, fn, message)
+    fails_with(nb08.check_frequency_penalty, fn, expected=message, first_line=True)
 
 
 # --- top-k --------------------------------------------------------------------------------------
@@ -282,8 +260,8 @@ def test_the_solutions_filters_agree_with_hugging_face(scale, spike):
 
 def test_top_k_without_clamping_k_is_named():
     fails_with(nb08.check_top_k, lambda l, k: l.masked_fill(l < l.topk(k).values[..., -1:], -INF),
-               "apply_top_k crashed on apply_top_k(logits, k=57, more than the vocabulary)",
-               "Likely mistake: k = 57 is larger than the vocabulary (50)")
+               expected=("apply_top_k crashed on apply_top_k(logits, k=57, more than the vocabulary)",
+                         "Likely mistake: k = 57 is larger than the vocabulary (50)"), first_line=True)
 
 
 @pytest.mark.parametrize("fn, message", [
@@ -302,7 +280,7 @@ def test_top_k_without_clamping_k_is_named():
     (_top_k_probabilities, "looks like probabilities"),
 ])
 def test_top_k_mistakes_fail(fn, message):
-    fails_with(nb08.check_top_k, fn, message)
+    fails_with(nb08.check_top_k, fn, expected=message, first_line=True)
 
 
 def test_a_named_top_k_mistake_ends_with_the_solutions_lines():
@@ -411,7 +389,7 @@ def _top_p_vocabulary_order(logits, p):
      "Likely mistake: the least likely tokens are kept"),
 ])
 def test_top_p_mistakes_fail(fn, message):
-    fails_with(nb08.check_top_p, fn, message)
+    fails_with(nb08.check_top_p, fn, expected=message, first_line=True)
 
 
 @pytest.mark.parametrize("fn, fix", [
@@ -474,7 +452,7 @@ def _sampler_loop_argmax(logits, generator):
      ("sample_basic ignores the generator's seed", "a generator of its own with a fixed seed")),
 ])
 def test_sampler_mistakes_fail(fn, message):
-    fails_with(nb08.check_sampler, fn, *([message] if isinstance(message, str) else message))
+    fails_with(nb08.check_sampler, fn, expected=message, first_line=True)
 
 
 # --- sample_next_token ------------------------------------------------------------------------
@@ -541,7 +519,7 @@ def test_pipeline_correct_variants_pass(fn):
     (_pipeline_zero_before_penalty, "Likely mistake: at temperature 0 the frequency penalty is ignored"),
 ])
 def test_pipeline_mistakes_fail(fn, message):
-    fails_with(nb08.check_sample_next_token, fn, message)
+    fails_with(nb08.check_sample_next_token, fn, expected=message, first_line=True)
 
 
 # --- generate ----------------------------------------------------------------------------------
@@ -631,12 +609,13 @@ def test_generate_correct_variants_pass(fn):
     (_generate(pad=0), "Likely mistake: finished rows are padded with 0"),
 ])
 def test_generate_mistakes_fail(fn, message):
-    fails_with(nb08.check_generate, fn, message)
+    fails_with(nb08.check_generate, fn, expected=message, first_line=True)
 
 
 def test_generate_rows_ending_at_different_steps_hidden_case():
     """The hidden case has three rows, ending after 4, 2 and 3 new tokens."""
-    fails_with(nb08.check_generate, _generate(stop="any"), "after 4, 2, 3 new tokens", seed=18, batch=3)
+    fails_with(nb08.check_generate, _generate(stop="any"), expected="after 4, 2, 3 new tokens", first_line=True,
+               seed=18, batch=3)
     nb08.check_generate(reference.generate, seed=18, batch=3)
 
 
@@ -651,18 +630,19 @@ def test_generate_correct_variants_crop_to_the_models_n_ctx(fn):
 def test_a_crop_to_the_visible_models_n_ctx_is_named():
     nb08.check_generate(_generate(crop_to=16))   # the visible check's n_ctx: it passes
     fails_with(nb08.check_generate, _generate(crop_to=16),
-               "(the model's n_ctx is 20, the prompt has 6 tokens). Likely mistake: the context is cropped "
-               "to a literal 16 tokens, not to the model's n_ctx (20 here)", **OTHER_N_CTX)
+               expected="(the model's n_ctx is 20, the prompt has 6 tokens). Likely mistake: the context is "
+                        "cropped to a literal 16 tokens, not to the model's n_ctx (20 here)",
+               first_line=True, **OTHER_N_CTX)
 
 
 @pytest.mark.parametrize("limit", [64, 1024])   # the notebook-07 model's n_ctx, GPT-2's
 def test_a_crop_to_a_literal_longer_than_the_context_is_named(limit):
     fails_with(nb08.check_generate, _generate(crop_to=limit),
-               "(the model's n_ctx is 16). Likely mistake: the context is cropped to a literal "
-               f"{limit} tokens, not to the model's n_ctx (16 here)")
+               expected="(the model's n_ctx is 16). Likely mistake: the context is cropped to a literal "
+                        f"{limit} tokens, not to the model's n_ctx (16 here)", first_line=True)
     fails_with(nb08.check_generate, _generate(crop_to=limit),
-               "(the model's n_ctx is 20). Likely mistake: the context is cropped to a literal "
-               f"{limit} tokens, not to the model's n_ctx (20 here)", **OTHER_N_CTX)
+               expected="(the model's n_ctx is 20). Likely mistake: the context is cropped to a literal "
+                        f"{limit} tokens, not to the model's n_ctx (20 here)", first_line=True, **OTHER_N_CTX)
 
 
 def test_the_notebook_grades_generate_on_that_model():
@@ -687,8 +667,9 @@ def test_generate_ignoring_top_k_is_caught():
     def ignores_top_k(model, input_ids, max_new_tokens, generator, eos_token_id=None, **sampling):
         sampling.pop("top_k", None)
         return reference.generate(model, input_ids, max_new_tokens, generator, eos_token_id, **sampling)
-    fails_with(nb08.check_generate, ignores_top_k, "is not among the 5 most likely",
-               "Likely mistake: the sampling settings (top_k")
+    fails_with(nb08.check_generate, ignores_top_k,
+               expected=("is not among the 5 most likely", "Likely mistake: the sampling settings (top_k"),
+               first_line=True)
 
 
 def test_reference_generate_pads_finished_rows_with_end_of_text():
@@ -815,7 +796,7 @@ def _beam_no_repeat(model, input_ids, num_beams, max_new_tokens):
      "Likely mistake: only the new tokens are returned"),
 ])
 def test_beam_search_mistakes_fail(fn, message):
-    fails_with(nb08.check_beam_search, fn, message)
+    fails_with(nb08.check_beam_search, fn, expected=message, first_line=True)
 
 
 def test_beams_that_differ_unnamed_are_shown_side_by_side():
@@ -867,14 +848,15 @@ def test_forward_with_cache_correct_variants_pass(fn):
 def test_forward_with_cache_mistakes_are_named(mistake):
     fails_with(nb08.check_forward_with_cache,
                lambda m, t, c: reference.forward_with_cache(m, t, c, mistake=mistake),
-               "Likely mistake: " + nb08.CACHE_MISTAKES[mistake][:40])
+               expected="Likely mistake: " + nb08.CACHE_MISTAKES[mistake][:40], first_line=True)
 
 
 def test_forward_with_cache_that_forgets_the_cache_fails():
     """Named, and localised to the positions after the first call; the general hint on where the first
     call ends is left out under a named mistake."""
     message = fails_with(nb08.check_forward_with_cache, lambda m, t, c: reference.forward_with_cache(m, t, None),
-                         "Likely mistake: the cache passed in is never used", "position 6, 7, 8, 9, 10, 11 (6 of 12)")
+                         expected=("Likely mistake: the cache passed in is never used",
+                                   "position 6, 7, 8, 9, 10, 11 (6 of 12)"), first_line=True)
     assert "positions 0-5 are the first call" not in message
 
 
@@ -888,13 +870,13 @@ def _forward_cache_wrong_layout(model, new_tokens, cache):
 def test_forward_with_cache_without_a_mask_among_new_tokens_is_named():
     fails_with(nb08.check_forward_with_cache,
                lambda m, t, c: _forward_dict_cache(m, t, c, mask_new_tokens=False),
-               "Likely mistake: the new tokens are not masked among themselves")
+               expected="Likely mistake: the new tokens are not masked among themselves", first_line=True)
 
 
 def test_forward_with_cache_with_the_new_keys_before_the_cached_ones_is_named_and_ends_with_the_fix():
     fails_with(nb08.check_forward_with_cache,
                lambda m, t, c: _forward_dict_cache(m, t, c, new_first=True),
-               "Likely mistake: the new keys and values are put before the cached ones")
+               expected="Likely mistake: the new keys and values are put before the cached ones", first_line=True)
     with pytest.raises(CheckFailed) as failure:
         nb08.check_forward_with_cache(lambda m, t, c: _forward_dict_cache(m, t, c, new_first=True))
     assert str(failure.value).splitlines()[-1] == (
@@ -903,7 +885,8 @@ def test_forward_with_cache_with_the_new_keys_before_the_cached_ones_is_named_an
 
 def test_forward_with_cache_crash_names_the_call_and_the_cache():
     fails_with(nb08.check_forward_with_cache, _forward_cache_wrong_layout,
-               "forward_with_cache crashed on call 2: 1 new token(s) of shape [1, 1], a cache of 6 positions")
+               expected="forward_with_cache crashed on call 2: 1 new token(s) of shape [1, 1], a cache of 6 positions",
+               first_line=True)
 
 
 def _generate_cache_dict(model, input_ids, max_new_tokens, check_context=True):
@@ -943,25 +926,26 @@ def test_generate_with_cache_that_refuses_to_fill_the_context_exactly_fails():
             raise ValueError("does not fit n_ctx")
         return _generate_cache_dict(model, input_ids, max_new_tokens)
     fails_with(nb08.check_generate_with_cache, refuses_early,
-               "(filling the context, n_ctx = 128, to its last position) raised ValueError: does not "
-               "fit n_ctx. Generation that fills the context to its last position must work")
+               expected="(filling the context, n_ctx = 128, to its last position) raised ValueError: does not "
+                        "fit n_ctx. Generation that fills the context to its last position must work",
+               first_line=True)
 
 
 def test_generate_with_cache_past_n_ctx_must_be_refused():
     fails_with(nb08.check_generate_with_cache,
                lambda m, t, n: _generate_cache_dict(m, t, n, check_context=False),
-               "returned tokens, but 129 positions do not fit the context (n_ctx = 128)")
+               expected="returned tokens, but 129 positions do not fit the context (n_ctx = 128)", first_line=True)
     fails_with(nb08.check_generate_with_cache, _generate_cache_unchecked,
-               "generate_with_cache(model, prompt of 5 tokens, 124) returned tokens, but 129 "
-               "positions do not fit")
+               expected="generate_with_cache(model, prompt of 5 tokens, 124) returned tokens, but 129 "
+                        "positions do not fit", first_line=True)
 
     def refuses_vaguely(model, input_ids, max_new_tokens):
         if input_ids.shape[1] + max_new_tokens > model.cfg.n_ctx:
             raise RuntimeError("too long")
         return _generate_cache_dict(model, input_ids, max_new_tokens)
     fails_with(nb08.check_generate_with_cache, refuses_vaguely,
-               "raised RuntimeError: too long. When prompt + max_new_tokens > model.cfg.n_ctx, raise "
-               "a ValueError whose message names n_ctx")
+               expected="raised RuntimeError: too long. When prompt + max_new_tokens > model.cfg.n_ctx, raise "
+                        "a ValueError whose message names n_ctx", first_line=True)
 
 
 @pytest.mark.parametrize("fn", [reference.generate_with_cache, _generate_cache_dict])
@@ -981,14 +965,14 @@ def _limit_written_as(limit):
 def test_a_context_limit_of_the_visible_models_n_ctx_is_named():
     nb08.check_generate_with_cache(_limit_written_as(128))   # the visible check's n_ctx: it passes
     fails_with(nb08.check_generate_with_cache, _limit_written_as(128),
-               "returned tokens, but 61 positions do not fit the context (n_ctx = 60). Likely mistake: "
-               "the limit is not read from model.cfg.n_ctx", n_ctx=60)
+               expected="returned tokens, but 61 positions do not fit the context (n_ctx = 60). Likely mistake: "
+                        "the limit is not read from model.cfg.n_ctx", first_line=True, n_ctx=60)
 
 
 def test_a_context_limit_of_gpt2s_n_ctx_is_named():
     fails_with(nb08.check_generate_with_cache, _limit_written_as(1024),
-               "returned tokens, but 129 positions do not fit the context (n_ctx = 128). Likely "
-               "mistake: the limit is not read from model.cfg.n_ctx")
+               expected="returned tokens, but 129 positions do not fit the context (n_ctx = 128). Likely "
+                        "mistake: the limit is not read from model.cfg.n_ctx", first_line=True)
 
 
 # After the prompt, generation feeds one token at a time: it sees every key, so their order
@@ -997,8 +981,8 @@ def test_a_context_limit_of_gpt2s_n_ctx_is_named():
 def test_generate_with_cache_mistakes_are_named(mistake):
     fails_with(nb08.check_generate_with_cache,
                lambda m, t, n: reference.generate_with_cache(m, t, n, mistake=mistake),
-               "differs from greedy generation without a cache",
-               "Likely mistake: " + nb08.CACHE_MISTAKES[mistake][:40])
+               expected=("differs from greedy generation without a cache",
+                         "Likely mistake: " + nb08.CACHE_MISTAKES[mistake][:40]), first_line=True)
 
 
 def _generate_cache_whole_again(model, input_ids, max_new_tokens):
@@ -1012,7 +996,8 @@ def _generate_cache_whole_again(model, input_ids, max_new_tokens):
 
 def test_generate_with_cache_feeding_the_whole_sequence_again_is_named():
     fails_with(nb08.check_generate_with_cache, _generate_cache_whole_again,
-               "Likely mistake: each step feeds the whole sequence again together with the cache")
+               expected="Likely mistake: each step feeds the whole sequence again together with the cache",
+               first_line=True)
 
 
 def test_generate_with_cache_from_the_wrong_position_fails():
@@ -1024,7 +1009,7 @@ def test_generate_with_cache_from_the_wrong_position_fails():
             tokens = torch.cat([tokens, new], -1)
             logits, cache = reference.forward_with_cache(model, new, cache)
         return tokens
-    fails_with(nb08.check_generate_with_cache, first_position, "at new token 0")
+    fails_with(nb08.check_generate_with_cache, first_position, expected="at new token 0", first_line=True)
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.8, top_k=20, freq_penalty=0.5)])
@@ -1199,7 +1184,7 @@ def test_a_wrong_part_costs_only_its_own_check():
     notebook = {"torch": torch, "reference": reference}
     exec(WRONG_PARTS + SOLUTION_COMPOSITES, notebook)
     parts = {name: notebook[name] for name in (*reference.GENERATION_PARTS, "forward_with_cache")}
-    fails_with(nb08.check_top_p, parts["apply_top_p"], "one token too few")
+    fails_with(nb08.check_top_p, parts["apply_top_p"], expected="one token too few", first_line=True)
     for check, name in ((nb08.check_greedy, "greedy_search"), (nb08.check_temperature, "apply_temperature"),
                         (nb08.check_frequency_penalty, "apply_frequency_penalty"),
                         (nb08.check_top_k, "apply_top_k"), (nb08.check_sampler, "sample_basic"),

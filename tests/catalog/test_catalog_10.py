@@ -12,15 +12,10 @@ from graders.exercises.nb10 import reference as ref
 from graders.judging.compare import CheckFailed
 from graders.judging.tolerance import close
 from course_code import course_code_allowed
+from catalog_helpers import fails_with
 
 # The variants are built on the course's reference decoder (a subclass with one method changed).
 reference_code_allowed = course_code_allowed(ref)
-
-
-def fails_with(check, *learner, expected, **case):
-    with pytest.raises(CheckFailed) as failure:
-        check(*learner, **case)
-    assert expected in str(failure.value), str(failure.value)
 
 
 def test_the_course_decoder_matches_llama_whole_and_cached():

@@ -16,14 +16,9 @@ from graders.exercises import nb11
 from graders.exercises.nb11 import training
 from graders.judging.compare import CheckFailed
 from graders.reference.tokenizer import bpe_files
+from catalog_helpers import fails_with
 
 PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def fails_with(check, *learner, expected, **case):
-    with pytest.raises(CheckFailed) as failure:
-        check(*learner, **case)
-    assert expected in str(failure.value), str(failure.value)
 
 
 # --- The learner's side: the notebook's globals and answers, in several styles ---------------------
