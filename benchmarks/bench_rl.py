@@ -90,7 +90,9 @@ def main() -> None:
     print(f"floors: accuracy gain >= {runs.ACCURACY_GAIN}, reward rise >= {runs.REWARD_RISE}, "
           f"KL <= {runs.KL_BOUND}; recipe {ref.RECIPE}")
     if "run" in args.parts:
-        from tests.test_catalog_14 import _train
+        tests = Path(__file__).resolve().parent.parent / "tests"
+        sys.path[:0] = [str(tests), str(tests / "catalog")]     # the catalog and its helpers, as pytest's pythonpath
+        from test_catalog_14 import _train
 
         sweep("the course's train_grpo", ref.train_grpo, args.seeds)
         sweep("the catalog's loop (its own log-probs, another layout)", _train(), args.seeds)

@@ -10,16 +10,9 @@ from torch import nn
 
 from graders.exercises import nb13
 from graders.exercises.nb13.gpt import Linear
-from graders.judging.compare import CheckFailed
+from catalog_helpers import fails_with
 
 IM_START, IM_END = nb13.IM_START, nb13.IM_END
-
-
-def fails_with(check, *learner, expected, **case):
-    with pytest.raises(CheckFailed) as failure:
-        check(*learner, **case)
-    for words in [expected] if isinstance(expected, str) else expected:
-        assert words in str(failure.value), str(failure.value)
 
 
 # --- chat_tokens ---------------------------------------------------------------------------------

@@ -8,16 +8,9 @@ import pytest
 import torch
 
 from graders.exercises import nb14
-from graders.judging.compare import CheckFailed
+from catalog_helpers import fails_with
 
 IM_END = "<|im_end|>"
-
-
-def fails_with(check, *learner, expected, **case):
-    with pytest.raises(CheckFailed) as failure:
-        check(*learner, **case)
-    for words in [expected] if isinstance(expected, str) else expected:
-        assert words in str(failure.value), str(failure.value)
 
 
 # --- sample_group --------------------------------------------------------------------------------

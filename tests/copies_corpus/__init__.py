@@ -3,7 +3,7 @@ independent answer already is (graders.harness.copy_thresholds sets each exercis
 
 Two kinds, both whole answer cells: the files here, `<notebook>/<answer cell>.<style>.txt` (text:
 an answer cell needs its notebook's setup cell to run), written from the released notebook alone;
-and the correct variants of the catalogs (tests/catalog/test_catalog_NN.py), taken by their definitions:
+and the correct variants of the catalogs (tests/catalog/test_catalog_NN*.py), taken by their definitions:
 each function or class a `test_*correct*` test is parametrized with,
 named as the released test cell of the check it runs names its answer (a bare method becomes that
 class's `forward`). Add a file here to grow the corpus.
@@ -65,7 +65,7 @@ def catalog_variants() -> list[Honest]:
     notebooks = {path.stem[:2]: path.stem for path in EXERCISES.glob("[0-9][0-9]_*.ipynb")}
     found = []
     for path in sorted((TESTS / "catalog").glob("test_catalog_*.py")):
-        notebook = notebooks[path.stem[-2:]]
+        notebook = notebooks[path.stem.split("_")[2]]   # test_catalog_NN.py or test_catalog_NN_<topic>.py
         checks, text = _checks(notebook), path.read_text()
         tree = ast.parse(text)
         defined = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}

@@ -62,7 +62,7 @@ def _pasted_attention() -> str:
 
 
 # An AdamW written independently, in another style than the solution: one formula per line, the
-# step count an int, the update through .data (tests/catalog/test_catalog_12.py grades it correct).
+# step count an int, the update through .data (tests/catalog/test_catalog_12_adamw.py grades it correct).
 EXPLICIT_ADAMW = '''
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
@@ -84,7 +84,7 @@ class AdamW(torch.optim.Optimizer):
 '''
 
 # GPT-2's encoding done another way than encoder.py, tiktoken and the solution: the lowest-ranked
-# pair found by position and merged in place (tests/catalog/test_catalog_11.py grades it correct).
+# pair found by position and merged in place (tests/catalog/test_catalog_11_encoding.py grades it correct).
 BPE_BY_INDEX = '''
 def bpe(word, ranks):
     symbols = list(word)
