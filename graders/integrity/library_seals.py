@@ -41,8 +41,10 @@ def _files_of(module: str) -> list[Path]:
     return [Path(spec.origin)]
 
 
-# Run in a fresh Python: the torch functions (file, top-level name) that run while torch, the
-# graders and a few ordinary operators (autograd included) load and run.
+# Run in a fresh Python: the torch functions (file, top-level name) that run while torch, every
+# notebook's checks (what a setup cell imports, whichever notebook a kernel grades: notebook 13's
+# import notebook 12's, whose watch loads torch's compiler stack) and a few ordinary operators
+# (autograd included) load and run.
 _LOADING = """
 import json, sys, threading
 seen = set()
@@ -53,6 +55,7 @@ sys.setprofile(profile)
 threading.setprofile(profile)
 import torch
 import graders.judging.exercise, graders.integrity.library_ops, graders.exercises
+graders.exercises.declared_notebooks()
 x = torch.randn(3, 5, requires_grad=True)
 (x.softmax(-1) * x.tanh()).sum().backward()
 sys.setprofile(None)
@@ -61,7 +64,8 @@ print(json.dumps(sorted(seen)))
 
 
 def _run_while_loading() -> frozenset[tuple[str, str]]:
-    """What of torch runs as a kernel loads (`_LOADING`), recorded once per torch and graders."""
+    """What of torch runs as a kernel loads (`_LOADING`), recorded once per torch and version of
+    the graders (the views folder is the graders')."""
     import torch
 
     stored = views_folder() / "library" / f"loading-{torch.__version__}.json"

@@ -52,6 +52,7 @@ def _pasted_attention() -> str:
     """The course's Attention as a learner might paste it: names changed, comments and
     formatting different."""
     source = inspect.getsource(components.Attention)
+    source = re.sub(r"^@course_answer\(.*\)\n", "", source)   # the mark is not in their notebook
     for old, new in (("shape_in", "in_shape"), ("shape_out", "out_shape"), ("scores", "att"),
                      ("pattern", "probs"), ("future", "upper"), ("q_len", "nq"), ("k_len", "nk")):
         source = source.replace(old, new)
