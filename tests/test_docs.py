@@ -216,3 +216,17 @@ def test_the_readme_stays_a_front_door():
     linked = {target.partition("#")[0] for target in LINK.findall(_prose(text))}
     unlinked = [f"docs/{page.name}" for page in sorted(DOCS.glob("*.md")) if f"docs/{page.name}" not in linked]
     assert not unlinked, f"README.md does not link {unlinked}"
+
+
+def test_every_path_the_code_names_in_its_docstrings_and_comments_exists():
+    """A module of graders/ or benchmarks/ that points the reader at a test, a page or a notebook
+    by its path points at one that exists (tests move when a catalog is split by topic)."""
+    absent = []
+    for module in sorted([*(ROOT / "graders").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
+        text = module.read_text()
+        for found in REPO_PATH.finditer(text):
+            path = found.group(1).rstrip(".")
+            quoted = text[found.start() - 1] in "\"'"   # a string the code reads, relative to graders/
+            if not quoted and "..." not in path and path.endswith((".py", ".md", ".ipynb")) and not _exists(path):
+                absent.append(f"{module.relative_to(ROOT)}: {path}")
+    assert not absent, absent

@@ -139,7 +139,7 @@ def judge_shakespeare(case: Case, outputs: dict) -> None:
     tokens, which is below the bar for seed 2. So the bar alone does not fail every model that
     ignores context; the context check does: such a model's loss hardly changes when each
     window's tokens are shuffled, while the solution's rises by more than a nat (above).
-    tests/catalog/test_catalog_07.py trains a model blind to its input with the correct `train`.
+    tests/catalog/test_catalog_07_shakespeare.py trains a model blind to its input with the correct `train`.
     """
     _judge_run(outputs, SHAKESPEARE, N_VAL_WINDOWS, unigram_entropy() - BELOW_UNIGRAM,
                f"the unigram entropy - {BELOW_UNIGRAM}", context_gain=MIN_CONTEXT_GAIN)

@@ -45,7 +45,7 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
     Exact: the running total is summed in float64 (in float32 it reaches 1.0 early on sharp
     logits), and top_p >= 1 keeps every token; it agrees with Hugging Face's TopPLogitsWarper
-    (tests/catalog/test_catalog_08.py)."""
+    (tests/catalog/test_catalog_08_filters.py)."""
     if top_p >= 1.0:
         return logits.clone()
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
