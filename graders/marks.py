@@ -1,9 +1,10 @@
 """The mark on the course's own answers, where each is defined: `@course_answer("LayerNorm")`
 above graders/reference/components.py's LayerNorm says that it answers the notebooks' LayerNorm.
 
-graders.integrity reads the marks from the source, without importing it, and keeps each marked
-answer out of every grading kernel but where a check runs it (graders.integrity.kernel_view). At
-run time a mark changes nothing. A leaf module: every layer may mark its answers."""
+graders.integrity reads the marks from the source, without importing it
+(graders.integrity.course_answers), and keeps each marked answer out of every grading kernel but
+where a check runs it (graders.integrity.kernel_view). At run time a mark changes nothing. A leaf
+module: every layer may mark its answers."""
 from typing import TypeVar
 
 Answer = TypeVar("Answer")

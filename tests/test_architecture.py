@@ -183,7 +183,7 @@ LAYERS = ["layout", "marks", "reference", "judging", "exercises", "harness", "co
 # graders.integrity spans two layers: what runs in a kernel beside the checks sits with judging
 # (which calls it), what plans, confines and watches kernels from the host sits with the harness.
 INTEGRITY_ON_THE_HOST = {"host", "sandbox", "sandbox_kernel", "kernel_view", "kernel_plan", "library_seals",
-                         "disk_watch"}
+                         "course_answers", "disk_watch"}
 # What code outside graders.integrity may import of it: its two interfaces, and the torch
 # routines the exercises' declarations name.
 INTEGRITY_INTERFACE = {"graders.integrity", "graders.integrity.host", "graders.integrity.library_kernels"}

@@ -26,7 +26,8 @@ import functools
 import json
 
 from graders.integrity.kernel_bans import exercise_bans
-from graders.integrity.kernel_view import course_answers, kept_real, views_folder
+from graders.integrity.course_answers import course_answers
+from graders.integrity.kernel_view import kept_real, views_folder
 from graders.reference.paths import atomic_write
 
 

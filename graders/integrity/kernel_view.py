@@ -22,9 +22,9 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-from dataclasses import dataclass
 from pathlib import Path
 
+from graders.integrity.course_answers import course_answers, module_name
 from graders.integrity.origins import MACHINERY, PACKAGE
 from graders.integrity.allowed import allowed_code, given_part_names, given_parts, supplied_parts
 
@@ -47,34 +47,6 @@ def sealed(notebook: str, cells: tuple[str, ...] | None = None) -> dict[Path, se
             if set(names) - kept.get(path, set())}
 
 
-@dataclass(frozen=True)
-class CourseAnswer:
-    """A top-level class or function marked `@course_answer(named)` (graders.marks) in `path`."""
-    path: Path
-    symbol: str
-    named: str      # what the notebooks call it
-
-    @property
-    def module(self) -> str:
-        return _module_name(self.path)
-
-
-@functools.lru_cache(maxsize=None)
-def course_answers() -> tuple[CourseAnswer, ...]:
-    """Every marked course answer in the graders package, read from the source (nothing imported)."""
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        source = path.read_text()
-        if "@course_answer(" not in source:
-            continue
-        for node in ast.parse(source).body:
-            for decorator in getattr(node, "decorator_list", ()):
-                if (isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "course_answer"
-                        and decorator.args and isinstance(decorator.args[0], ast.Constant)):
-                    found.append(CourseAnswer(path.resolve(), node.name, decorator.args[0].value))
-    return tuple(found)
-
-
 @functools.lru_cache(maxsize=None)
 def _answers_and_judges() -> tuple:
     """Every course answer (graders.marks.course_answer), judge, `inputs` function and mistake catalog."""
@@ -90,7 +62,7 @@ def _answers_and_judges() -> tuple:
         source = path.read_text()
         for node in ast.parse(source).body if "_mistakes" in source else ():
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_mistakes"):
-                roots.append(getattr(importlib.import_module(_module_name(path)), node.name))
+                roots.append(getattr(importlib.import_module(module_name(path)), node.name))
     return tuple(inspect.unwrap(root) for root in roots)
 
 
@@ -213,7 +185,7 @@ def _run_on_import() -> tuple:
         if not calls:
             continue
         try:
-            namespace = vars(importlib.import_module(_module_name(path)))
+            namespace = vars(importlib.import_module(module_name(path)))
         except Exception:   # a script or a configuration file, which no kernel imports
             continue
         found += _course_callables(_resolve(namespace, call.func) for call in calls)
@@ -266,11 +238,6 @@ def _run_while_grading(tree: ast.AST):
             stack += list(ast.iter_child_nodes(node))
 
 
-def _module_name(path: Path) -> str:
-    name = path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", ".")
-    return name.removesuffix(".__init__")
-
-
 def delivered(notebook: str, grade_id: str) -> dict[Path, set[str]]:
     """What the kernel's view seals and the checks of test cell `grade_id` run (a composite's
     course parts, a course model handed over): the kernel receives it as that cell starts."""
@@ -288,7 +255,7 @@ def delivery(notebook: str, grade_id: str) -> bytes | None:
         tree = ast.parse(path.read_text())
         tree.body = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                      and n.name in names]
-        found.append((_module_name(path), compile(tree, str(path), "exec"), tuple(sorted(names))))
+        found.append((module_name(path), compile(tree, str(path), "exec"), tuple(sorted(names))))
     return marshal.dumps(found) if found else None
 
 

@@ -16,6 +16,7 @@ from graders.course import example_class
 from graders.exercises import declared_notebooks
 from graders.harness import grading
 from graders.integrity import kernel_plan, kernel_view, sandbox
+from graders.integrity.course_answers import course_answers
 from graders.integrity.origins import PACKAGE
 from test_integrity import crafted, grade, printed
 
@@ -31,7 +32,7 @@ def implementations(answers) -> dict[str, str]:
     """{fingerprint: name} of the course's answers to `answers` (the notebook's names), wherever
     they are marked (graders.marks.course_answer)."""
     found = {}
-    for answer in kernel_view.course_answers():
+    for answer in course_answers():
         if answer.named in answers:
             for code in _codes(getattr(importlib.import_module(answer.module), answer.symbol)):
                 found.update(dict.fromkeys(fingerprints(code), answer.symbol))
@@ -367,7 +368,7 @@ def _same_named(notebook) -> dict[str, list[tuple[str, str]]]:
     names as the course does (so that the course's can stand in for the learner's as it is)."""
     found = {}
     for grade_id, names in kernel_plan.answers(notebook).items():
-        for answer in kernel_view.course_answers():
+        for answer in course_answers():
             if answer.named in names and answer.symbol == answer.named:
                 found.setdefault(grade_id, []).append((answer.module, answer.symbol))
     return found

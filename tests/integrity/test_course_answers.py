@@ -6,6 +6,7 @@ import ast
 from graders.exercises import declared_notebooks
 from graders.harness.cells import source_notebook
 from graders.integrity import kernel_view
+from graders.integrity.course_answers import course_answers
 from graders.integrity.origins import PACKAGE
 
 
@@ -19,7 +20,7 @@ def test_every_mark_is_on_a_top_level_definition_and_is_read():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "course_answer":
                 written += 1
-    assert written == len(kernel_view.course_answers()) > 0
+    assert written == len(course_answers()) > 0
 
 
 def _defined_in_solutions() -> set[str]:
@@ -41,7 +42,7 @@ def test_every_mark_names_what_a_notebook_defines():
     learners write), so the kernel plan can tell which check grades it; 11's hidden texts are the
     one kind of mark that names a check's input instead."""
     defined = _defined_in_solutions() | {"hidden_text", "hidden_corpus"}
-    unknown = {(answer.path.name, answer.symbol, answer.named) for answer in kernel_view.course_answers()
+    unknown = {(answer.path.name, answer.symbol, answer.named) for answer in course_answers()
                if answer.named not in defined}
     assert not unknown, f"marks naming nothing a notebook defines: {sorted(unknown)}"
 
@@ -50,5 +51,5 @@ def test_a_marked_answer_is_sealed_in_a_kernel_that_does_not_run_it():
     """The course's LayerNorm is marked in graders/reference/components.py and sealed in the kernel
     of 06, whose checks never run it (06's given cells import its parts from the learner's)."""
     components = (PACKAGE / "reference" / "components.py").resolve()
-    assert "LayerNorm" in {a.symbol for a in kernel_view.course_answers() if a.path == components}
+    assert "LayerNorm" in {a.symbol for a in course_answers() if a.path == components}
     assert "LayerNorm" in kernel_view.sealed("01_layernorm", ()).get(components, set())
