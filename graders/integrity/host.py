@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from graders.integrity.kernel_view import kernel_package
 from graders.integrity.library_seals import sealed_mounts
 from graders.integrity.sandbox import (SANDBOX_UIDS, confinement_unavailable, kernel_files, library_paths,
                                        sandbox_env, sandbox_plan, unconfined_notice)
-from graders.integrity.sandbox_kernel import PLAN_ENV, SESSION_ARG
+from graders.integrity.sandbox_kernel import PLAN_ENV, SESSION_ARG, launcher_argv
 
 __all__ = ["Confinement", "DiskWatch", "KernelPlan", "confine", "confinement_unavailable", "hand_over",
            "kernel_argv", "plan", "sandbox_env", "unconfined_notice"]
@@ -73,8 +72,7 @@ def plan(notebook: str, inputs: Path, without_libraries: tuple[str, ...]) -> lis
 def kernel_argv(session_json: str) -> list[str]:
     """The kernelspec's command: the launcher that confines the kernel (where a plan says so) and
     arms its session before any learner code runs."""
-    return [sys.executable, "-m", "graders.integrity.sandbox_kernel", SESSION_ARG, session_json,
-            "-f", "{connection_file}"]
+    return launcher_argv(SESSION_ARG, session_json, "-f", "{connection_file}")
 
 
 def confine(confinement: Confinement, env: dict, workdir: Path, records: Path, private: Path,

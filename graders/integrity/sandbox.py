@@ -45,9 +45,11 @@ def sandbox_env(home: Path) -> dict:
 
 
 @functools.lru_cache(maxsize=1)
+@functools.cache
 def confinement_unavailable() -> str | None:
     """Why learner code cannot be confined here (None when it can): bubblewrap needs user
-    namespaces, which a throwaway sandbox tries once."""
+    namespaces, which a throwaway sandbox tries once per process (a start of Python and of
+    bubblewrap, about 0.7 s, which every notebook graded would otherwise pay again)."""
     from graders.integrity.sandbox_kernel import probe
 
     return probe()

@@ -1,7 +1,7 @@
 """The kernel a submission runs in during grading: an IPython kernel under a memory cap.
 
-Launched by the grading harness as `python -m graders.integrity.sandbox_kernel --session JSON -f
-CONNECTION_FILE`, with a scrubbed environment and its own working folder. The session (what the
+Launched by the grading harness as `python .../graders/integrity/sandbox_kernel.py --session JSON
+-f CONNECTION_FILE` (`launcher_argv`), with a scrubbed environment and its own working folder. The session (what the
 kernel's checks do: graders.judging.session) is installed before IPython starts, so no learner
 code runs before it. A memory bomb then fails inside the kernel
 (MemoryError, or the kernel dies) and costs only the cell that ran it.
@@ -35,6 +35,13 @@ PLAN_ENV = "GPT2_COURSE_SANDBOX_PLAN"
 CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE, PR_SET_NO_NEW_PRIVS = 0x00020000, 0x1000, 0x4000, 0x40000, 38
 NAMESPACES = ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--unshare-ipc",
               "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session")
+
+
+def launcher_argv(*args: str) -> list[str]:
+    """The command that starts this launcher: its file, not `-m graders.integrity.sandbox_kernel`,
+    which would import the package and with it torch (about 0.9 s per kernel) in a process whose
+    first job is to confine the kernel. It imports only the standard library until it does."""
+    return [sys.executable, os.path.abspath(__file__), *args]
 
 
 def bwrap() -> str:
@@ -157,8 +164,7 @@ def probe() -> str | None:
         bwrap()
     except Exception as err:   # the wheel without its binary
         return f"bubblewrap is missing ({err})"
-    done = subprocess.run([sys.executable, "-m", "graders.integrity.sandbox_kernel", "--probe"],
-                          capture_output=True, text=True)
+    done = subprocess.run(launcher_argv("--probe"), capture_output=True, text=True)
     if done.returncode:
         return f"bubblewrap cannot make its namespaces here ({(done.stderr.strip().splitlines() or ['?'])[-1]})"
     return None
@@ -235,4 +241,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]   # run as a file: its folder's modules are not top-level modules of the kernel
     main()
