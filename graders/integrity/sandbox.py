@@ -49,7 +49,7 @@ def sandbox_env(home: Path) -> dict:
 def confinement_unavailable() -> str | None:
     """Why learner code cannot be confined here (None when it can): bubblewrap needs user
     namespaces, which a throwaway sandbox tries once per process (a start of Python and of
-    bubblewrap, about 0.7 s, which every notebook graded would otherwise pay again)."""
+    bubblewrap, which every notebook graded would otherwise pay again)."""
     from graders.integrity.sandbox_kernel import probe
 
     return probe()

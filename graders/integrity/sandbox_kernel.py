@@ -39,7 +39,7 @@ NAMESPACES = ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-
 
 def launcher_argv(*args: str) -> list[str]:
     """The command that starts this launcher: its file, not `-m graders.integrity.sandbox_kernel`,
-    which would import the package and with it torch (about 0.9 s per kernel) in a process whose
+    which would import the package and with it torch (most of a second per kernel) in a process whose
     first job is to confine the kernel. It imports only the standard library until it does."""
     return [sys.executable, os.path.abspath(__file__), *args]
 
