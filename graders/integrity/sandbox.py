@@ -45,11 +45,9 @@ def sandbox_env(home: Path) -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-@functools.cache
 def confinement_unavailable() -> str | None:
     """Why learner code cannot be confined here (None when it can): bubblewrap needs user
-    namespaces, which a throwaway sandbox tries once per process (a start of Python and of
-    bubblewrap, which every notebook graded would otherwise pay again)."""
+    namespaces, which a throwaway sandbox tries once."""
     from graders.integrity.sandbox_kernel import probe
 
     return probe()

@@ -1,9 +1,9 @@
 """The kernel a submission runs in during grading: an IPython kernel under a memory cap.
 
 Launched by the grading harness as `python .../graders/integrity/sandbox_kernel.py --session JSON
--f CONNECTION_FILE` (`launcher_argv`), with a scrubbed environment and its own working folder. The session (what the
-kernel's checks do: graders.judging.session) is installed before IPython starts, so no learner
-code runs before it. A memory bomb then fails inside the kernel
+-f CONNECTION_FILE` (`launcher_argv`), with a scrubbed environment and its own working folder.
+The session (what the kernel's checks do: graders.judging.session) is installed before IPython
+starts, so no learner code runs before it. A memory bomb then fails inside the kernel
 (MemoryError, or the kernel dies) and costs only the cell that ran it.
 
 A confining harness also passes a plan (`$GPT2_COURSE_SANDBOX_PLAN`, JSON, see `bwrap_argv`):
