@@ -1,7 +1,12 @@
-"""Compare a learner's output with the expected one and explain any difference.
+"""Compare a learner's output with the expected one and explain any difference: the one
+comparison every check uses.
 
-`compare` checks type, shape and values under the course tolerance (graders.judging.tolerance)
-and names a known mistake when the output matches what that mistake produces.
+`compare` checks type, shape and values under the course tolerance (graders.judging.tolerance),
+names a known mistake when the output matches what that mistake produces (or when a `reading` of
+the output's properties recognises one), and words the failure the course's way: the diagnosis on
+the first line, a hint only when no mistake is named, the corrected code last (`with_fix`), on the
+line the displays fold away (graders.judging.rendering). `diagnosed` applies the same wording to
+any judge's failure; `decide` (graders.judging.verdict) applies it to every verdict.
 """
 from __future__ import annotations
 
@@ -9,7 +14,11 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from graders.judging.rendering import FIX_PREFIX, fix_line
 from graders.judging.tolerance import close, tolerance
+
+LIKELY = "Likely mistake:"
+FIX = FIX_PREFIX.strip()      # "Show the fix:", as rendering.py marks the line
 
 class Mistake(str):
     """A known mistake's description that carries its key: a short name, fixed where the mistake
@@ -119,13 +128,40 @@ def _how_many_wrong(dim: str, wrong: list[int], total: int) -> str:
 
 
 def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
-            mistakes: Mistakes = None, hint: str = "", depth: int = 1) -> None:
+            mistakes: Mistakes = None, hint: str = "", depth: int = 1,
+            reading: Callable[[torch.Tensor], str | None] | None = None,
+            fix: str = "", fixes: Mapping[str, str] = {}) -> None:
     """Check type, shape and values of `actual` against `expected`; explain any difference.
 
     `mistakes` maps a description of a known mistake to the output that mistake produces on
     the same input (or is a function returning that map); when the learner's output matches
-    one, the message names it.
+    one, the message names it on its first line. When none matches, `reading(actual)`
+    (graders.exercises.common.properties) may name one from the output's properties; it is asked
+    only about a finite output of the right shape. `hint` is printed only when no mistake is
+    named (it is general, the mistake is precise); `fixes` holds the corrected code of a named
+    mistake, `fix` the code of any mistake here.
     """
+    try:
+        _differences(what, actual, expected, dims, mistakes, depth)
+    except CheckFailed as failure:
+        message, key = str(failure), failure.mistake
+        if reading is not None and LIKELY not in message and _readable(actual, expected):
+            found = reading(actual.detach())
+            if found:
+                message, key = _with_likely(message, found), mistake_key(found)
+        named = named_mistake(message)
+        if named is None and hint:
+            message += f"\n  Hint: {hint}"
+        message = diagnosed(with_fix(message, fixes.get(named, fix)))
+        if message == str(failure) and key == failure.mistake:
+            raise
+        raise CheckFailed(message, mistake=key) from failure.__cause__
+
+
+def _differences(what: str, actual, expected: torch.Tensor, dims: Sequence[str], mistakes: Mistakes,
+                 depth: int) -> None:
+    """Fail, saying where and by how much `actual` differs from `expected` and which listed
+    mistake it matches, if any."""
     check_shape(what, actual, expected.shape, dims)
     if not actual.is_floating_point():
         raise CheckFailed(f"{what}: dtype {actual.dtype}, expected a floating-point tensor "
@@ -151,12 +187,62 @@ def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
     key = None
     for description, wrong_output in ((mistakes() if callable(mistakes) else mistakes) or {}).items():
         if wrong_output.shape == actual.shape and close(actual, wrong_output, depth):
-            lines.append(f"  Likely mistake: {description}")
+            lines.append(f"  {LIKELY} {description}")
             key = mistake_key(description)
             break
-    if hint:
-        lines.append(f"  Hint: {hint}")
     raise CheckFailed("\n".join(lines), mistake=key)
+
+
+def _readable(actual, expected: torch.Tensor) -> bool:
+    return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape and actual.is_floating_point()
+            and bool(torch.isfinite(actual).all()))
+
+
+def _with_likely(message: str, likely: str) -> str:
+    """`message` with a "Likely mistake: ..." line before its hint or its fix (at its end without)."""
+    lines = message.split("\n")
+    at = next((i for i, line in enumerate(lines)
+               if line.strip().startswith("Hint:") or line.startswith(FIX_PREFIX)), len(lines))
+    return "\n".join(lines[:at] + [f"  {LIKELY} {likely}"] + lines[at:])
+
+
+def with_fix(message: str, code: str) -> str:
+    """`message` ending with the corrected code, on the line the displays fold away."""
+    return message + fix_line(code) if code else message
+
+
+def named_mistake(message: str) -> str | None:
+    """The description on a message's "Likely mistake: ..." line, None when it names none."""
+    for line in message.split("\n"):
+        if LIKELY in line:
+            return line.split(LIKELY, 1)[1].strip()
+    return None
+
+
+def fix_last(message: str) -> str:
+    """`message` with its "Show the fix:" lines moved to the end, once each (a matched mistake's
+    description carries one, and a hint may follow it)."""
+    lines = message.split("\n")
+    fixes = [line for line in lines if line.strip().startswith(FIX)]
+    return "\n".join([line for line in lines if line not in fixes] + list(dict.fromkeys(fixes)))
+
+
+def lift_diagnosis(message: str) -> str:
+    """`message` with its first "Likely mistake: ..." line moved up to the end of its first line."""
+    lines = message.split("\n")
+    if not lines or LIKELY in lines[0]:
+        return message
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip().startswith(LIKELY):
+            first = lines[0].rstrip()
+            return "\n".join([f"{first} {line.strip()}"] + lines[1:i] + lines[i + 1:])
+    return message
+
+
+def diagnosed(message: str) -> str:
+    """A failure worded the course's way: the mistake it names on its first line (the line a
+    learner reads), the corrected code last. Applying it twice changes nothing."""
+    return fix_last(lift_diagnosis(message))
 
 
 def judge_generator_use(what: str, outputs: Mapping, made: str, how: str) -> None:

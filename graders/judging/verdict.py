@@ -102,14 +102,15 @@ def _slug(name: str) -> str:
 
 
 def _judged(exercise, case, outputs: dict) -> tuple[str | None, str | None]:
-    """What the judge finds wrong with `outputs` (None when they are right), and the key of the
-    known mistake it names."""
-    from graders.judging.compare import CheckFailed
+    """What the judge finds wrong with `outputs` (None when they are right), worded the course's
+    way (the mistake it names on the first line: graders.judging.compare.diagnosed), and the key
+    of that mistake."""
+    from graders.judging.compare import CheckFailed, diagnosed
 
     try:
         exercise.judge(case, outputs)
     except CheckFailed as failed:
-        return str(failed), failed.mistake
+        return diagnosed(str(failed)), failed.mistake
     except Exception as err:  # malformed outputs (wrong keys, types): the learner's loss
         return f"{exercise.name}: the recorded outputs are unusable ({type(err).__name__}: {err})", None
     return None, None

@@ -106,7 +106,7 @@ def test_a_learners_kernel_shows_the_fix_in_a_fold_after_the_error(folds, tmp_pa
 def test_a_comparison_hints_only_when_no_mistake_is_named_and_puts_the_fix_last():
     import torch
 
-    from graders.exercises.common.diagnosis import compare
+    from graders.judging.compare import compare
 
     expected, ones = torch.zeros(2, 3), torch.ones(2, 3)
     args = dict(mistakes={"every value is one": ones}, hint="look up torch.zeros.",
@@ -122,3 +122,22 @@ def test_a_comparison_hints_only_when_no_mistake_is_named_and_puts_the_fix_last(
     with pytest.raises(CheckFailed) as placed:
         compare("out", 2 * ones, expected, ("a", "b"), **args, fix="out = x - x")
     assert str(placed.value).endswith("  Hint: look up torch.zeros." + fix_line("out = x - x")), str(placed.value)
+
+
+def _judge_naming_late(case, outputs):
+    """A judge that names the mistake under its details, and a fix before a note."""
+    raise CheckFailed("out does not match the reference.\n  largest error 1 at [a=0]\n"
+                      "  Likely mistake: every value is one" + fix_line("out = torch.zeros(2, 3)") +
+                      "\n  (checked on seed 0)")
+
+
+def test_every_verdict_names_its_mistake_first_and_its_fix_last_whatever_the_judge_wrote():
+    from graders.judging.exercise import Exercise
+    from graders.judging.verdict import LearnerCode, decide
+
+    exercise = Exercise("98_wording", "wording", lambda learner, case, inputs: {}, _judge_naming_late)
+    verdict = decide(exercise, exercise.case(), {}, "", LearnerCode())
+    lines = verdict.message.splitlines()
+    assert lines[0] == "out does not match the reference. Likely mistake: every value is one", lines
+    assert lines[1:] == ["  largest error 1 at [a=0]", "  (checked on seed 0)",
+                         FIX_PREFIX + "out = torch.zeros(2, 3)"], lines

@@ -1,119 +1,20 @@
-"""How the graders word a failure: the specific diagnosis first, details and hints after.
+"""Diagnoses several notebooks' checks share, beyond the comparison of tensors (which is
+graders.judging.compare's, with the course's wording of every failure):
 
-- `diagnosis_first(judge)`: a judge whose messages carry their "Likely mistake: ..." line on the
-  first line (the line a learner reads), whatever check raised it.
-- `compare`: `graders.judging.compare.compare`, with that rule applied; when no listed mistake
-  matches, a `reading` of the output's properties (graders.exercises.common.properties) may name one.
-  Its hint (a pointer: the idea, the function to look up) is printed only when no mistake is
-  named, and the corrected code it knows goes last, on the line the displays fold away.
 - `crash(...)`: a crash inside learner code at a given input, reported with that input and the
   likely cause, before the library's own words.
-- `with_fix(message, code)`: the corrected code, where a check knows it, on a line of its own,
-  which `fix_last` keeps last.
 - `judge_generated(...)`: the shape of a `generate` output (notebooks 07 and 08).
 - `judge_randomness(...)`: where the randomness of a sampler or data generator comes from, with
   one message per mistake (always the most likely token, a fixed seed, torch's global generator).
 """
 from __future__ import annotations
 
-import functools
 import re
-from typing import Callable, Mapping, Sequence
+from typing import Mapping
 
 import torch
 
-from graders.judging.compare import CheckFailed, Mistakes, check_shape, mistake_key, require_tensor
-from graders.judging.compare import compare as _compare
-from graders.judging.rendering import FIX_PREFIX, fix_line
-
-LIKELY = "Likely mistake:"
-FIX = FIX_PREFIX.strip()      # "Show the fix:", as rendering.py marks the line
-
-
-def fix_last(message: str) -> str:
-    """`message` with its "Show the fix:" lines moved to the end, once each (a matched mistake's
-    description carries one, and a hint may follow it)."""
-    lines = message.split("\n")
-    fixes = [line for line in lines if line.strip().startswith(FIX)]
-    return "\n".join([line for line in lines if line not in fixes] + list(dict.fromkeys(fixes)))
-
-
-def lift_diagnosis(message: str) -> str:
-    """`message` with its first "Likely mistake: ..." line moved up to the end of its first line."""
-    lines = message.split("\n")
-    if not lines or LIKELY in lines[0]:
-        return message
-    for i, line in enumerate(lines[1:], start=1):
-        if line.strip().startswith(LIKELY):
-            first = lines[0].rstrip()
-            return "\n".join([f"{first} {line.strip()}"] + lines[1:i] + lines[i + 1:])
-    return message
-
-
-def diagnosis_first(judge: Callable) -> Callable:
-    """Wrap a judge so that every failure it raises names the mistake on its first line."""
-    @functools.wraps(judge)
-    def judged(case, outputs):
-        try:
-            return judge(case, outputs)
-        except CheckFailed as failure:
-            lifted = fix_last(lift_diagnosis(str(failure)))
-            if lifted == str(failure):
-                raise
-            raise CheckFailed(lifted, mistake=failure.mistake) from failure.__cause__
-    return judged
-
-
-def with_fix(message: str, code: str) -> str:
-    """`message` ending with the corrected code, on the line the displays fold away."""
-    return message + fix_line(code) if code else message
-
-
-def named_mistake(message: str) -> str | None:
-    """The description on a message's "Likely mistake: ..." line, None when it names none."""
-    for line in message.split("\n"):
-        if LIKELY in line:
-            return line.split(LIKELY, 1)[1].strip()
-    return None
-
-
-def compare(what: str, actual, expected: torch.Tensor, dims: Sequence[str],
-            mistakes: Mistakes = None, hint: str = "", depth: int = 1,
-            reading: Callable[[torch.Tensor], str | None] | None = None,
-            fix: str = "", fixes: Mapping[str, str] = {}) -> None:
-    """The course comparison; a recognised mistake is named on the message's first line. When no
-    listed mistake matches, `reading(actual)` (graders.exercises.common.properties) may name one from
-    the output's properties; it is asked only about a finite output of the right shape. `hint`
-    is printed only when no mistake is named (it is general, the mistake is precise); `fixes`
-    holds the corrected code of a named mistake, `fix` the code of any mistake here."""
-    try:
-        _compare(what, actual, expected, dims, mistakes=mistakes, depth=depth)
-    except CheckFailed as failure:
-        message, key = str(failure), failure.mistake
-        if reading is not None and LIKELY not in message and _readable(actual, expected):
-            found = reading(actual.detach())
-            if found:
-                message, key = _with_likely(message, found), mistake_key(found)
-        named = named_mistake(message)
-        if named is None and hint:
-            message += f"\n  Hint: {hint}"
-        message = fix_last(with_fix(lift_diagnosis(message), fixes.get(named, fix)))
-        if message == str(failure) and key == failure.mistake:
-            raise
-        raise CheckFailed(message, mistake=key) from failure.__cause__
-
-
-def _readable(actual, expected: torch.Tensor) -> bool:
-    return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape and actual.is_floating_point()
-            and bool(torch.isfinite(actual).all()))
-
-
-def _with_likely(message: str, likely: str) -> str:
-    """`message` with a "Likely mistake: ..." line before its hint or its fix (at its end without)."""
-    lines = message.split("\n")
-    at = next((i for i, line in enumerate(lines)
-               if line.strip().startswith("Hint:") or line.startswith(FIX_PREFIX)), len(lines))
-    return "\n".join(lines[:at] + [f"  {LIKELY} {likely}"] + lines[at:])
+from graders.judging.compare import CheckFailed, check_shape, mistake_key, require_tensor, with_fix
 
 
 def is_crash(failure: CheckFailed) -> bool:

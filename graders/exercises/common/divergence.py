@@ -7,8 +7,7 @@ from typing import Sequence
 
 import torch
 
-from graders.exercises.common.diagnosis import compare, with_fix
-from graders.judging.compare import CheckFailed, mistake_key
+from graders.judging.compare import CheckFailed, compare, mistake_key, with_fix
 from graders.judging.tolerance import close
 
 

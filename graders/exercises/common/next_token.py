@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graders.exercises.common.diagnosis import compare
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, compare
 from graders.judging.tolerance import tolerance
 from graders.marks import course_answer
 

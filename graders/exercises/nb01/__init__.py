@@ -9,8 +9,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, Mistake, check_shape
-from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, with_fix
 from graders.judging.learner import Forbidden, reads_global, run_learner
 from graders.integrity.library_kernels import NORMALISATION_KERNELS, TORCH_REFERENCES
 
@@ -173,7 +172,7 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
                 mistakes=lambda: mistakes(x), hint=HINT, fixes=fixes)
 
 
-layernorm = Exercise("01_layernorm", "LayerNorm", produce_layernorm, diagnosis_first(judge_layernorm),
+layernorm = Exercise("01_layernorm", "LayerNorm", produce_layernorm, judge_layernorm,
                      inputs=inputs_layernorm, forbidden=(FORBIDDEN,))
 check_layernorm = layernorm.checker(
     "Grade the learner's `LayerNorm` class (visible check: block 0 on the reference text).")

@@ -12,8 +12,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, Mistake, require_tensor
-from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
+from graders.judging.compare import CheckFailed, Mistake, compare, require_tensor, with_fix
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
 from graders.integrity.library_kernels import EMBEDDING_KERNELS, TORCH_REFERENCES
 
@@ -124,7 +123,7 @@ def judge_embed(case: Case, outputs: dict) -> None:
             mistakes=lambda: embed_mistakes(W_E, tokens), hint=EMBED_HINT, fix=EMBED_FIX)
 
 
-embed = Exercise("02_embeddings", "Embed", produce_embed, diagnosis_first(judge_embed),
+embed = Exercise("02_embeddings", "Embed", produce_embed, judge_embed,
                   forbidden=(FORBIDDEN_EMBED,))
 check_embed = embed.checker(
     "Grade the learner's `Embed` class (visible check: the reference text).")
@@ -203,7 +202,7 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
             mistakes=lambda: pos_embed_mistakes(W_pos, tokens), hint=POS_HINT, fix=POS_FIX)
 
 
-pos_embed = Exercise("02_embeddings", "PosEmbed", produce_pos_embed, diagnosis_first(judge_pos_embed),
+pos_embed = Exercise("02_embeddings", "PosEmbed", produce_pos_embed, judge_pos_embed,
                       forbidden=(FORBIDDEN_POS,))
 check_pos_embed = pos_embed.checker(
     "Grade the learner's `PosEmbed` class (visible check: the reference text).")

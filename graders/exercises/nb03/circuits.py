@@ -13,9 +13,8 @@ import math
 
 import torch
 
-from graders.exercises.common.diagnosis import compare, diagnosis_first
+from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.judging.cases import Case, rand_float
-from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.config import Config
@@ -90,7 +89,7 @@ def judge(case: Case, outputs: dict) -> None:
             fix="W_OV = attn.W_V @ attn.W_O")
 
 
-circuits = Exercise("03_attention", "qk_ov_circuits", produce, diagnosis_first(judge),
+circuits = Exercise("03_attention", "qk_ov_circuits", produce, judge,
                     defaults={"block": 1}, forbidden=(CIRCUIT_FORBIDDEN,))
 check_qk_ov_circuits = circuits.checker(
     "Grade `qk_ov_circuits(attn) -> (W_QK, W_OV)` by what the circuits compute (visible: block 1).")

@@ -10,10 +10,10 @@ from graders.exercises.nb03.common import (DIMS, FORBIDDEN, MASK_FIX, PER_HEAD_P
                                            attention_weights, course_attention, prefix_of, reference_scores)
 from graders.exercises.nb03.mask import missing_mask_method
 from graders.exercises.nb03.mistakes import MASKS_THE_DIAGONAL, attention_mistakes, head_settings_not_read
-from graders.exercises.common.diagnosis import LIKELY, compare, crash, diagnosis_first, is_crash, with_fix
+from graders.exercises.common.diagnosis import crash, is_crash
+from graders.judging.compare import LIKELY, CheckFailed, check_shape, compare, with_fix
 from graders.judging.rendering import split_fix
 from graders.judging.cases import Case, rand_float, unseen_variant
-from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import build_loaded, reads_global, run_learner
 from graders.judging.tolerance import close, tolerance
@@ -253,7 +253,7 @@ def judge_attention(case: Case, outputs: dict) -> None:
                 mistakes=lambda: mistakes(inp))
 
 
-attention = Exercise("03_attention", "Attention", produce_attention, diagnosis_first(judge_attention),
+attention = Exercise("03_attention", "Attention", produce_attention, judge_attention,
                       inputs=inputs_attention, forbidden=(FORBIDDEN,))
 check_attention = attention.checker(
     "Grade the learner's `Attention` forward pass (visible check: block 0, reference text).")

@@ -9,9 +9,9 @@ from torch import nn
 
 from graders.exercises.nb03.common import (FORBIDDEN_MASK, MASK_FIX, MASKED_AT_MOST, SCORE_DIMS, activations,
                                            future_mask, prefix_of, reference_scores)
-from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, mismatched_sizes, with_fix
+from graders.exercises.common.diagnosis import crash, is_crash, mismatched_sizes
+from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
 from graders.judging.cases import Case, rand_float
-from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded, run_learner
 from graders.judging.tolerance import close
@@ -186,7 +186,7 @@ def judge_mask(case: Case, outputs: dict) -> None:
                         "apply_causal_mask on scores [2, 3, 6, 6] whose future entries are partly exactly 0.0")
 
 
-causal_mask = Exercise("03_attention", "apply_causal_mask", produce_mask, diagnosis_first(judge_mask),
+causal_mask = Exercise("03_attention", "apply_causal_mask", produce_mask, judge_mask,
                         inputs=inputs_mask, forbidden=(FORBIDDEN_MASK,))
 check_apply_causal_mask = causal_mask.checker(
     "Grade the learner's `Attention.apply_causal_mask` (visible check: block 0, reference text).")

@@ -17,8 +17,8 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, Mistake, check_shape
-from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, with_fix
+from graders.exercises.common.diagnosis import crash, is_crash
 from graders.judging.learner import Forbidden, run_learner
 from graders.integrity.library_kernels import GELU_KERNELS, TORCH_REFERENCES
 
@@ -103,7 +103,7 @@ def judge_gelu(case: Case, outputs: dict) -> None:
             mistakes=lambda: activation_mistakes(acts[f"{b}.hook_pre"]), hint=GELU_HINT, fix=GELU_FIX)
 
 
-gelu = Exercise("04_mlp", "gelu_new", produce_gelu, diagnosis_first(judge_gelu),
+gelu = Exercise("04_mlp", "gelu_new", produce_gelu, judge_gelu,
                  inputs=inputs_gelu, forbidden=(GELU_FORBIDDEN,))
 check_gelu_new = gelu.checker(
     "Grade the learner's `gelu_new` function (visible check: block 0 on the reference text).")
@@ -220,7 +220,7 @@ def judge_mlp(case: Case, outputs: dict) -> None:
 # The learner's MLP runs with the course's `gelu_new` in place of theirs, which has a check of its
 # own: a mistake in the activation costs that check only.
 mlp = Exercise("04_mlp", "MLP", produce_mlp,
-               diagnosis_first(judge_mlp),
+               judge_mlp,
                inputs=inputs_mlp, forbidden=(MLP_FORBIDDEN,), course_parts={"gelu_new": course.gelu_new})
 check_mlp = mlp.checker(
     "Grade the learner's `MLP` class (visible check: block 0 on the reference text).")

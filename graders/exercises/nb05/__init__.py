@@ -25,10 +25,9 @@ from graders.judging.cases import Case, activations, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
 from graders.reference.store import part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, Mistake, check_shape
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, with_fix
 from graders.exercises.common.config_cases import (built_with_another_config, course_module, fitted_weights,
                                                    load_or_name, record_how_cfg_is_read, recorded_how_cfg_is_read)
-from graders.exercises.common.diagnosis import compare, diagnosis_first, with_fix
 from graders.judging.rendering import fix_line
 from graders.exercises.common.divergence import first_divergence
 from graders.exercises.common.submodules import TAKES_RESIDUAL, module_or_none, submodule_crash, watch
@@ -222,7 +221,7 @@ def _judge_unseen_inputs(case: Case, course: nn.Module, outputs: dict) -> None:
                      "adds its output to it; look for what differs from the reference text's case.")
 
 
-block = Exercise("05_transformer_block", "TransformerBlock", produce_block, diagnosis_first(judge_block),
+block = Exercise("05_transformer_block", "TransformerBlock", produce_block, judge_block,
                   inputs=inputs_block, forbidden=(FORBIDDEN,))
 check_transformer_block = block.checker(
     "Grade the learner's `TransformerBlock` class (visible check: block 0 on the reference text).")

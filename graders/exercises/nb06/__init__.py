@@ -23,11 +23,11 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import part, weights
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
 from graders.exercises.common.config_cases import (built_with_another_config, course_module, fitted_weights,
                                                    how_cfg_is_read, load_or_name, record_how_cfg_is_read,
                                                    recorded_how_cfg_is_read)
-from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
+from graders.exercises.common.diagnosis import crash, is_crash
 from graders.judging.learner import Forbidden, build_loaded, build_module, run_learner
 from graders.judging.tolerance import CHANGED_RELATIVE, close
 from graders.exercises.common.divergence import first_divergence
@@ -100,7 +100,7 @@ def judge_unembed(case: Case, outputs: dict) -> None:
             hint="logits = x @ W_U + b_U, with W_U of shape [d_model, d_vocab].")
 
 
-unembed = Exercise("06_gpt2", "Unembed", produce_unembed, diagnosis_first(judge_unembed),
+unembed = Exercise("06_gpt2", "Unembed", produce_unembed, judge_unembed,
                     inputs=inputs_unembed, forbidden=(UNEMBED_FORBIDDEN,))
 check_unembed = unembed.checker(
     "Grade the learner's `Unembed` (visible check: the reference text).")
@@ -241,7 +241,7 @@ def _submodules_names(n_layers: int):
     return ["embed", "pos_embed"] + [f"blocks.{i}" for i in range(n_layers)] + ["ln_final", "unembed"]
 
 
-model = Exercise("06_gpt2", "DemoTransformer", produce_model, diagnosis_first(judge_model),
+model = Exercise("06_gpt2", "DemoTransformer", produce_model, judge_model,
                   forbidden=(MODEL_FORBIDDEN,))
 check_demo_transformer = model.checker(
     "Grade the learner's `DemoTransformer` on the reference logits (visible check: the reference text).")
@@ -283,7 +283,7 @@ def judge_loss(case: Case, outputs: dict) -> None:
                     outputs["unseen_loss"], unseen_variant(logits, case.seed), tokens)
 
 
-loss = Exercise("06_gpt2", "next_token_loss", produce_loss, diagnosis_first(judge_loss),
+loss = Exercise("06_gpt2", "next_token_loss", produce_loss, judge_loss,
                  inputs=inputs_loss)
 check_loss = loss.checker(
     "Grade `next_token_loss(logits, tokens) -> scalar` on the reference model's logits.")

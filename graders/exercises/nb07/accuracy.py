@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graders.exercises.common.diagnosis import compare, diagnosis_first
+from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.exercises.nb07.tasks import D_VOCAB, SEQ_LEN, per_position, reference_reversal
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -76,7 +75,7 @@ def judge(case: Case, outputs: dict) -> None:
                 "return (predictions == tokens[:, 1:]).float().mean(dim=0)")
 
 
-accuracy = Exercise("07_training", "per_position_accuracy", produce, diagnosis_first(judge),
+accuracy = Exercise("07_training", "per_position_accuracy", produce, judge,
                     defaults={"text": None, "batch": 200})
 check_per_position_accuracy = accuracy.checker(
     "Grade `per_position_accuracy(model, tokens)` on a seeded test model and reversal sequences.")

@@ -14,11 +14,10 @@ import math
 
 import torch
 
-from graders.exercises.common.diagnosis import compare, diagnosis_first
+from graders.judging.compare import CheckFailed, check_shape, compare
 from graders.exercises.common.small_models import seeded_model
 from graders.exercises.nb07.tasks import reference_lr
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.reference.config import Config
@@ -128,7 +127,7 @@ def judge_groups(case: Case, outputs: dict) -> None:
                       "W_U; give the biases, LayerNorm's w and b, W_E and W_pos weight_decay 0.0.")
 
 
-groups_exercise = Exercise("07_training", "optimizer_groups", produce_groups, diagnosis_first(judge_groups),
+groups_exercise = Exercise("07_training", "optimizer_groups", produce_groups, judge_groups,
                            defaults={"text": None})
 check_optimizer_groups = groups_exercise.checker(
     "Grade `optimizer_groups(model, weight_decay)` on a small course model.")
@@ -201,6 +200,6 @@ def judge_lr(case: Case, outputs: dict) -> None:
                  "cosine from max_lr down to min_lr, where it stays after total_steps: see 07 §5's formula.")
 
 
-lr_exercise = Exercise("07_training", "lr_at", produce_lr, diagnosis_first(judge_lr), defaults={"text": None})
+lr_exercise = Exercise("07_training", "lr_at", produce_lr, judge_lr, defaults={"text": None})
 check_lr_at = lr_exercise.checker(
     "Grade `lr_at(step, max_lr, warmup_steps, total_steps, min_lr)` on every step of a schedule.")

@@ -10,9 +10,9 @@ import torch
 from graders.exercises.common.small_models import seeded_model
 from graders.exercises.nb07.tasks import (D_VOCAB, HALF, SEQ_LEN, reference_reversal, reversal_config)
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import compare, diagnosis_first, judge_randomness
+from graders.exercises.common.diagnosis import judge_randomness
+from graders.judging.compare import CheckFailed, check_shape, compare, require_tensor
 from graders.exercises.common.next_token import loss_mistakes, reference_loss
-from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.tolerance import close
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -124,7 +124,7 @@ def judge_generator(case: Case, outputs: dict) -> None:
 
 
 generator_exercise = Exercise("07_training", "make_reversal_batch", produce_generator,
-                              diagnosis_first(judge_generator), defaults={"text": None})
+                              judge_generator, defaults={"text": None})
 check_reversal_generator = generator_exercise.checker(
     "Grade `make_reversal_batch(batch_size, generator)`.")
 
@@ -278,7 +278,7 @@ def evaluate_mistakes(model, tokens: torch.Tensor, logits: torch.Tensor, other: 
     return mistakes
 
 
-evaluate_exercise = Exercise("07_training", "evaluate", produce_evaluate, diagnosis_first(judge_evaluate),
+evaluate_exercise = Exercise("07_training", "evaluate", produce_evaluate, judge_evaluate,
                              defaults={"text": None})
 check_evaluate = evaluate_exercise.checker(
     "Grade `evaluate(model, tokens) -> float` on held-out reversal sequences.")

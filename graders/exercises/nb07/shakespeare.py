@@ -7,7 +7,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from graders.exercises.common.diagnosis import diagnosis_first
 from graders.exercises.nb07.runs import (TRAIN_PARTS, CountingBatches, TrainingRun, judge_loop, one_thread,
                                          run_training, stuck_diagnosis)
 from graders.exercises.nb07.tasks import (BELOW_UNIGRAM, MIN_CONTEXT_GAIN, N_SMOKE_VAL_WINDOWS, N_VAL_WINDOWS,
@@ -164,11 +163,11 @@ def judge_shakespeare_smoke(case: Case, outputs: dict) -> None:
 
 shakespeare_exercise = Exercise("07_training", "train (tiny Shakespeare)",
                                 _shakespeare_producer(SHAKESPEARE, N_VAL_WINDOWS),
-                                diagnosis_first(judge_shakespeare), defaults={"text": None},
+                                judge_shakespeare, defaults={"text": None},
                                 guard=Guard(supplies=(*TRAIN_PARTS.values(), CountingBatches)))
 smoke_exercise = Exercise("07_training", "train (tiny Shakespeare, short run)",
                           _shakespeare_producer(SMOKE, N_SMOKE_VAL_WINDOWS),
-                          diagnosis_first(judge_shakespeare_smoke), defaults={"text": None},
+                          judge_shakespeare_smoke, defaults={"text": None},
                           guard=Guard(supplies=(*TRAIN_PARTS.values(), CountingBatches)))
 check_shakespeare_training = shakespeare_exercise.checker(
     "The graded run: train the 2-layer d_model-128 compact-vocabulary model on tiny Shakespeare "

@@ -6,7 +6,6 @@ import math
 
 import torch
 
-from graders.exercises.common.diagnosis import diagnosis_first
 from graders.exercises.nb07.runs import (TRAIN_PARTS, CountingBatches, TrainingRun, judge_loop, one_thread,
                                          reported_losses, run_training, stuck_diagnosis)
 from graders.exercises.nb07.tasks import (BAND_ABOVE, BAND_BELOW, D_VOCAB, FIRST_HALF_MAX_ACCURACY, FLOOR,
@@ -106,7 +105,7 @@ def judge_train(case: Case, outputs: dict) -> None:
             f"causes: the loss is not the mean next-token loss; too few updates.")
 
 
-train_exercise = Exercise("07_training", "train (reversal task)", produce_train, diagnosis_first(judge_train),
+train_exercise = Exercise("07_training", "train (reversal task)", produce_train, judge_train,
                           defaults={"text": None}, guard=Guard(supplies=(*TRAIN_PARTS.values(), CountingBatches)))
 check_train = train_exercise.checker(
     """Train a fresh 2-layer model with the learner's `train` on the grader's data and budget.

@@ -10,7 +10,6 @@ import torch
 from graders.exercises.nb08.reference import beam_search
 from graders.exercises.common.small_models import MarkovModel, markov_model
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import diagnosis_first
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -195,7 +194,7 @@ def judge_beam(case: Case, outputs: dict) -> None:
             "candidate by its total log-probability, and keep the num_beams best candidates overall.")
 
 
-beam_exercise = Exercise("08_sampling", "beam_search", produce_beam, diagnosis_first(judge_beam),
+beam_exercise = Exercise("08_sampling", "beam_search", produce_beam, judge_beam,
                          defaults={"text": None})
 check_beam_search = beam_exercise.checker(
     "Grade `beam_search(model, input_ids, num_beams, max_new_tokens)` on a tiny Markov model.")

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from graders.exercises.common.diagnosis import crash, diagnosis_first, is_crash, judge_generated
+from graders.exercises.common.diagnosis import crash, is_crash, judge_generated
 from graders.exercises.nb08.reference import GENERATION_PARTS, NEG_INF, apply_top_k, generate
 from graders.exercises.common.small_models import fed_lengths, markov_model, sampling_config, seeded_model
 from graders.judging.cases import Case
@@ -271,6 +271,6 @@ def _judge_eos_batch(chain, start: torch.Tensor, out: torch.Tensor) -> None:
 # generate runs with the course's sample_next_token (and its parts) in place of the learner's,
 # which have checks of their own: a mistake in one costs that check only.
 generate_exercise = Exercise("08_sampling", "generate", produce_generate,
-                             diagnosis_first(judge_generate), defaults={"text": None}, course_parts=GENERATION_PARTS)
+                             judge_generate, defaults={"text": None}, course_parts=GENERATION_PARTS)
 check_generate = generate_exercise.checker(
     "Grade `generate(model, input_ids, max_new_tokens, generator, eos_token_id, **sampling)`.")

@@ -7,8 +7,8 @@ import torch
 from graders.exercises.nb08.reference import forward_with_cache, generate, generate_with_cache
 from graders.exercises.common.small_models import cache_config, fed_lengths, seeded_model
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, judge_generated, with_fix
-from graders.judging.compare import CheckFailed, require_tensor
+from graders.exercises.common.diagnosis import crash, is_crash, judge_generated
+from graders.judging.compare import CheckFailed, compare, require_tensor, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import recorded_text, run_learner, text_record
 
@@ -99,7 +99,7 @@ def judge_forward_cache(case: Case, outputs: dict) -> None:
 
 
 forward_cache_exercise = Exercise("08_sampling", "forward_with_cache", produce_forward_cache,
-                                  diagnosis_first(judge_forward_cache), defaults={"text": None})
+                                  judge_forward_cache, defaults={"text": None})
 check_forward_with_cache = forward_cache_exercise.checker(
     "Grade `forward_with_cache(model, new_tokens, cache) -> (logits, cache)`.")
 
@@ -239,7 +239,7 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
 # a check of its own: a mistake in the cached forward pass costs that check only.
 generate_cache_exercise = Exercise("08_sampling", "generate_with_cache",
                                    produce_generate_cache,
-                                   diagnosis_first(judge_generate_cache), defaults={"text": None},
+                                   judge_generate_cache, defaults={"text": None},
                                    course_parts={"forward_with_cache": forward_with_cache})
 check_generate_with_cache = generate_cache_exercise.checker(
     """Grade `generate_with_cache(model, input_ids, max_new_tokens)`: 50 greedy tokens, identical

@@ -11,7 +11,7 @@ from graders.exercises.nb08.reference import (NEG_INF, SAMPLING_PARTS, apply_fre
                                               apply_top_k, apply_top_p, greedy_search, next_token_logits)
 from graders.exercises.nb08.transforms import as_probs, logit_batch, token_list
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import crash, diagnosis_first, is_crash, judge_randomness
+from graders.exercises.common.diagnosis import crash, is_crash, judge_randomness
 from graders.judging.compare import CheckFailed, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -136,7 +136,7 @@ def judge_sampler(case: Case, outputs: dict) -> None:
                 sampler_mistakes(logits))
 
 
-sampler_exercise = Exercise("08_sampling", "sample_basic", produce_sampler, diagnosis_first(judge_sampler),
+sampler_exercise = Exercise("08_sampling", "sample_basic", produce_sampler, judge_sampler,
                             defaults={"text": None})
 check_sampler = sampler_exercise.checker(
     "Grade `sample_basic(logits, generator)` from many seeded draws.")
@@ -262,7 +262,7 @@ def judge_pipeline(case: Case, outputs: dict) -> None:
 # check only.
 pipeline_exercise = Exercise("08_sampling", "sample_next_token",
                              produce_pipeline,
-                             diagnosis_first(judge_pipeline), defaults={"text": None}, course_parts=SAMPLING_PARTS)
+                             judge_pipeline, defaults={"text": None}, course_parts=SAMPLING_PARTS)
 check_sample_next_token = pipeline_exercise.checker(
     """Grade `sample_next_token(input_ids, logits, generator, temperature, top_k, top_p,
     freq_penalty)`: greedy at temperature 0, and the sampled distribution otherwise.""")

@@ -14,8 +14,8 @@ import torch
 from graders.exercises.nb08.reference import (NEG_INF, apply_frequency_penalty, apply_temperature, greedy_search,
                                               token_counts)
 from graders.judging.cases import Case, rand_float
-from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, with_fix
-from graders.judging.compare import CheckFailed, check_shape, mistake_key, require_tensor
+from graders.exercises.common.diagnosis import crash, is_crash
+from graders.judging.compare import CheckFailed, check_shape, compare, mistake_key, require_tensor, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import PROBABILITY_SUM_SLACK, close
@@ -155,7 +155,7 @@ def transform_exercise(name: str, cases, reference, mistakes, signature, hint: s
             judge_logits(f"{name}({signature(*args)})", outputs[key], reference(*args),
                          mistakes(*args), hint=hint, rule=rule(*args) if rule else None, fix=fix, fixes=fixes)
 
-    return Exercise("08_sampling", name, produce, diagnosis_first(judge), defaults={"text": None})
+    return Exercise("08_sampling", name, produce, judge, defaults={"text": None})
 
 
 def logit_batch(seed: int, batch: int, scale: float = 3.0, vocab: int = VOCAB) -> torch.Tensor:
@@ -205,7 +205,7 @@ def judge_greedy(case: Case, outputs: dict) -> None:
                               f"of each row, {expected.tolist()}.{why}")
 
 
-greedy_exercise = Exercise("08_sampling", "greedy_search", produce_greedy, diagnosis_first(judge_greedy),
+greedy_exercise = Exercise("08_sampling", "greedy_search", produce_greedy, judge_greedy,
                            defaults={"text": None})
 check_greedy = greedy_exercise.checker("Grade `greedy_search(logits) -> token ids`.")
 

@@ -30,8 +30,7 @@ from graders.exercises.nb09 import norms
 from graders.exercises.nb09.tasks import CLS, mlm_config, seeded_residual
 from graders.exercises.common.submodules import CallRecorder
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import compare, with_fix
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, course_functions, run_learner

@@ -18,8 +18,7 @@ from graders.exercises.nb09.tasks import (IGNORE, MASK, N_ORDINARY, P_CHOOSE, P_
                                           reference_mlm_loss, reversal_pairs)
 from graders.exercises.nb08.samplers import chi_square_p_value
 from graders.judging.cases import Case, rand_float
-from graders.exercises.common.diagnosis import compare
-from graders.judging.compare import CheckFailed, check_shape, judge_generator_use
+from graders.judging.compare import CheckFailed, check_shape, compare, judge_generator_use
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import P_VALUE_FLOOR

@@ -21,8 +21,7 @@ from graders.exercises.nb09.tasks import block_config, seeded_residual, spread_w
 from graders.exercises.common.divergence import first_divergence
 from graders.exercises.common.submodules import watch
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import compare, with_fix
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close

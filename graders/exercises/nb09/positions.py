@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import compare
-from graders.judging.compare import CheckFailed, Mistake
+from graders.judging.compare import CheckFailed, Mistake, compare
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.marks import course_answer

@@ -17,8 +17,7 @@ from torch import nn
 from graders.exercises.nb09.tasks import block_config, spread_weights
 from graders.exercises.nb07.runs import with_grad
 from graders.judging.cases import Case
-from graders.exercises.common.diagnosis import compare, with_fix
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, compare, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import build_module, run_learner
 from graders.reference import components

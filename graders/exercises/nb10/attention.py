@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders.exercises.common.diagnosis import compare, crash, diagnosis_first, is_crash, mismatched_sizes
+from graders.exercises.common.diagnosis import crash, is_crash, mismatched_sizes
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare
 from graders.exercises.nb10 import reference as ref
 from graders.exercises.nb10.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
 from graders.exercises.common.properties import read_output
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, Mistake, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_module, run_learner
 from graders.reference.weights import WeightLoadError, component, load_strict
@@ -188,7 +188,7 @@ def _judge_first_query_alone(what: str, out) -> None:
                           "torch.ones(n_q, n_k).triu(1) (shifted by the cache's length).")
 
 
-exercise = Exercise(NOTEBOOK, "GQAttention", produce, diagnosis_first(judge),
+exercise = Exercise(NOTEBOOK, "GQAttention", produce, judge,
                     forbidden=(FORBIDDEN,),
                     defaults=DEFAULTS, course_parts=ROPE_PARTS)
 check_gq_attention = exercise.checker(

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graders.exercises.common.diagnosis import compare, diagnosis_first, judge_generated, with_fix
+from graders.exercises.common.diagnosis import judge_generated
+from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
 from graders.integrity.library_kernels import LINEAR_KERNELS
 from graders.exercises.common.divergence import first_divergence
 from graders.exercises.nb10 import layer_flow, model_flow
@@ -22,7 +23,6 @@ from graders.exercises.nb10 import reference as ref
 from graders.exercises.nb10.attention import FORBIDDEN, ROPE_PARTS, load_attention
 from graders.exercises.nb10.norm_mlp import DEFAULTS, NOTEBOOK, hf_model, weights
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -129,7 +129,7 @@ def judge_layer(case: Case, outputs: dict) -> None:
             hint="pass `past` to the attention, and return the cache it returns.")
 
 
-layer_exercise = Exercise(NOTEBOOK, "DecoderLayer", produce_layer, diagnosis_first(judge_layer),
+layer_exercise = Exercise(NOTEBOOK, "DecoderLayer", produce_layer, judge_layer,
                           forbidden=(FORBIDDEN,), defaults=DEFAULTS)
 check_decoder_layer = layer_exercise.checker(
     "Grade `DecoderLayer` against transformers' LlamaDecoderLayer (seeded weights and inputs).")
@@ -237,7 +237,7 @@ def judge_model(case: Case, outputs: dict) -> None:
 
 
 model_exercise = Exercise(NOTEBOOK, "ModernDecoder", produce_model,
-                          diagnosis_first(judge_model),
+                          judge_model,
                           forbidden=(FORBIDDEN,), defaults=DEFAULTS,
                           course_parts=ROPE_PARTS, guard=Guard(may_run=LINEAR_KERNELS))   # F.linear for W_U
 check_modern_decoder = model_exercise.checker(

@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graders.exercises.common.diagnosis import LIKELY, compare, crash, diagnosis_first, is_crash
+from graders.exercises.common.diagnosis import crash, is_crash
+from graders.judging.compare import LIKELY, CheckFailed, check_shape, compare
 from graders.exercises.nb10 import reference as ref
 from graders.exercises.common.properties import (is_constant, named_factor, power_mean_divisor, read_output,
                                                  row_lengths, scaling_degree, transposed_declaration,
                                                  transposed_operand)
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close_in_half
@@ -197,7 +197,7 @@ def _judge_half(actual, hf_norm: nn.Module, x: torch.Tensor) -> None:
                          "apply the weight."))
 
 
-rms_norm_exercise = Exercise(NOTEBOOK, "RMSNorm", produce_rms_norm, diagnosis_first(judge_rms_norm),
+rms_norm_exercise = Exercise(NOTEBOOK, "RMSNorm", produce_rms_norm, judge_rms_norm,
                              forbidden=(NORM_FORBIDDEN,), defaults=DEFAULTS)
 check_rms_norm = rms_norm_exercise.checker(
     "Grade `RMSNorm` against transformers' LlamaRMSNorm (seeded weight and residual streams).")
@@ -278,7 +278,7 @@ def judge_swiglu(case: Case, outputs: dict) -> None:
             reading=lambda actual: read_output(actual, expected, x, "the MLP", DIMS, SIZES))
 
 
-swiglu_exercise = Exercise(NOTEBOOK, "SwiGLU", produce_swiglu, diagnosis_first(judge_swiglu),
+swiglu_exercise = Exercise(NOTEBOOK, "SwiGLU", produce_swiglu, judge_swiglu,
                            forbidden=(MLP_FORBIDDEN,), defaults=DEFAULTS)
 check_swiglu = swiglu_exercise.checker(
     "Grade the `SwiGLU` MLP against transformers' LlamaMLP (seeded weights and inputs).")

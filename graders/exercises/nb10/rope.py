@@ -15,13 +15,12 @@ from dataclasses import replace
 
 import torch
 
-from graders.exercises.common.diagnosis import (FIX, LIKELY, compare, diagnosis_first, fix_last, is_crash,
-                                                lift_diagnosis, with_fix)
+from graders.exercises.common.diagnosis import is_crash
+from graders.judging.compare import FIX, LIKELY, CheckFailed, compare, diagnosed, with_fix
 from graders.exercises.nb10 import reference as ref
 from graders.exercises.nb10.norm_mlp import DEFAULTS, NOTEBOOK
 from graders.exercises.common.properties import axis_reordered, signed_map
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
@@ -270,7 +269,7 @@ def judge(case: Case, outputs: dict) -> None:
         try:
             part(case, outputs)
         except CheckFailed as failed:
-            failures.append(fix_last(lift_diagnosis(str(failed))))
+            failures.append(diagnosed(str(failed)))
     if failures:
         raise CheckFailed("\n".join(failures))
     compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
@@ -314,7 +313,7 @@ def _judge_rotation(case: Case, outputs: dict) -> None:
             reading=lambda actual: read_rotation(outputs.get("map")))
 
 
-exercise = Exercise(NOTEBOOK, "RoPE", produce, diagnosis_first(judge), forbidden=(FORBIDDEN,), defaults=DEFAULTS)
+exercise = Exercise(NOTEBOOK, "RoPE", produce, judge, forbidden=(FORBIDDEN,), defaults=DEFAULTS)
 check_rope = exercise.checker(
     "Grade `rope_cos_sin` and `apply_rope` against transformers' Llama rotary embedding.",
     learner=lambda rope_cos_sin, apply_rope: (rope_cos_sin, apply_rope))

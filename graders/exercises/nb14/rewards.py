@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from graders.exercises.common.diagnosis import with_fix
+from graders.judging.compare import CheckFailed, with_fix
 from graders.exercises.nb13 import tasks
 from graders.exercises.nb14 import reference as ref
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
