@@ -154,28 +154,34 @@ def served(command: list[str], log_path, answers, seconds: float, **popen):
 def graded_as_shown(request, monkeypatch, tmp_path_factory):
     """In the catalog tests, every verdict a check shows is also reached the grading way: its
     outputs go through a record (safetensors, as from a grading kernel) and are judged as a
-    test cell by graders.harness.grading.judge_cell; the two must agree, point for point and
-    word for word. Each catalog case thereby proves the contract once more."""
+    test cell by graders.harness.grading.judge_cell; the two must agree, point for point, word
+    for word and mistake for mistake. Each catalog case thereby proves the contract once more.
+    And a verdict that names a likely mistake carries that mistake's key, by which a class's
+    results count it (graders.harness.insights) whatever its words."""
     if not request.module.__name__.startswith("test_catalog_"):
         yield
         return
     from graders.harness.grading import judge_cell
     from graders.judging import exercise as exercise_module
+    from graders.judging.compare import LIKELY
     from graders.judging.records import load_records
     from graders.judging.session import Session, save_record
 
     decide = exercise_module.decide
     folder = tmp_path_factory.mktemp("records")
 
-    def decide_both_ways(exercise, case, outputs, failure, code):
-        shown = decide(exercise, case, outputs, failure, code)
+    def decide_both_ways(exercise, case, outputs, failure, code, failure_mistake=None):
+        shown = decide(exercise, case, outputs, failure, code, failure_mistake)
         records = folder / f"{len(list(folder.iterdir()))}"
         records.mkdir()
-        save_record(Session(records=records), "cell/0", exercise.key, outputs, failure)
+        save_record(Session(records=records), "cell/0", exercise.key, outputs, failure, failure_mistake)
         cell = {"metadata": {"nbgrader": {"grade_id": "cell", "points": 1}}}
         graded = judge_cell(cell, [(exercise.key, dataclasses.asdict(case))], load_records(records),
                             None, "", code)
-        assert (graded.points, graded.message) == (float(shown.passed), shown.message), (exercise.key, case)
+        assert (graded.points, graded.message, graded.mistake) == \
+            (float(shown.passed), shown.message, shown.mistake), (exercise.key, case)
+        assert shown.mistake or LIKELY not in shown.message, \
+            f"{exercise.key} names a likely mistake without its key (declare it a Mistake):\n{shown.message}"
         return shown
 
     monkeypatch.setattr(exercise_module, "decide", decide_both_ways)

@@ -104,7 +104,8 @@ def judge_cell(cell, wanted: list[Check] | UnreadableTestCell, records: dict[str
             if problem and problem.startswith("timeout"):
                 status = "timeout"
             return failed(status, problem or error or f"{key[1]} did not run (an error before it?)")
-        verdict = decide(find(key), Case(**case), found["outputs"], found.get("message", ""), code)
+        verdict = decide(find(key), Case(**case), found["outputs"], found.get("message", ""), code,
+                         found.get("mistake"))
         if not verdict.passed:
             return failed("failed", verdict.message, mistake=verdict.mistake,
                           hidden_only=index in hidden and len(hidden) < len(wanted))

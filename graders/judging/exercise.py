@@ -127,12 +127,13 @@ class Exercise:
                 outputs, failure = self.run(learner, case, self.inputs(case), answers) if failure is None \
                     else (None, failure)
                 code = state.history.learner_code(self.notebook) if state.history else LearnerCode()
-                verdict = decide(self, case, outputs, str(failure or ""), code)
+                verdict = decide(self, case, outputs, str(failure or ""), code, getattr(failure, "mistake", None))
             progress.record(state, self.key, place, answers, verdict.passed,
                             unwritten=getattr(failure, "unwritten", False) and str(failure) == verdict.message)
         if not verdict.passed:   # the learner's own failure keeps its traceback (their line)
             own = failure is not None and str(failure) == verdict.message
             failed = failure if own else CheckFailed(verdict.message)
+            failed.mistake = verdict.mistake   # as the class's results count it
             failed.folds_fix = state.session.demonstrations   # a learner's own kernel (Validate and make check: off)
             raise failed
         ok(f"{self.name}: correct on {self.described(case)}{progress.points_note(state, place)}")
@@ -146,7 +147,8 @@ class Exercise:
         failure = did_not_run(self.name, given) or untouched(self.name, given)
         outputs, failure = self.run(learner, case, session.recorded_inputs(state.session, check_id, self), answers,
                                     state.session.given) if failure is None else (None, failure)
-        session.save_record(state.session, check_id, self.key, outputs, str(failure or ""))
+        session.save_record(state.session, check_id, self.key, outputs, str(failure or ""),
+                            getattr(failure, "mistake", None))
         print(f"{self.name}: outputs recorded for grading on {self.described(case, recorded=True)}.")
 
     def described(self, case: Case, recorded: bool = False) -> str:

@@ -125,10 +125,13 @@ def recorded_inputs(session: Session, check_id: str, exercise) -> dict:
                           "code's: tell your instructor.") from None
 
 
-def save_record(session: Session, check_id: str, key, outputs: dict | None, message: str) -> None:
+def save_record(session: Session, check_id: str, key, outputs: dict | None, message: str,
+                mistake: str | None = None) -> None:
+    """What one check produced, or its failure's message and the key of the mistake it names."""
     from graders.judging.records import write_record
 
-    write_record(session.records, {"check": check_id, "exercise": list(key), "message": message}, outputs)
+    write_record(session.records, {"check": check_id, "exercise": list(key), "message": message,
+                                   "mistake": mistake}, outputs)
 
 
 def code_only(source: str) -> str:

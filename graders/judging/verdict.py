@@ -78,22 +78,33 @@ def names_verdict(name: str, names: str, judged: str | None) -> str:
             f"alone will not pass this check:\n{judged}")
 
 
-def decide(exercise, case, outputs: dict | None, failure: str, code: LearnerCode) -> Verdict:
+def decide(exercise, case, outputs: dict | None, failure: str, code: LearnerCode,
+           failure_mistake: str | None = None) -> Verdict:
     """The verdict on one check: `outputs` is what `produce` returned, or None when it failed
-    with the message `failure` (the learner's crash, a missing method, a library call, ...).
-    Both come when the learner's submodules are named otherwise than the exercise's (`failure`
-    names them) and the outputs are their code's under their own names: the check fails, and
-    the message says whether the computation itself is right."""
+    with the message `failure` (the learner's crash, a missing method, a library call, ...), in
+    which `failure_mistake` is the key of the known mistake it names, if any. Both come when the
+    learner's submodules are named otherwise than the exercise's (`failure` names them) and the
+    outputs are their code's under their own names: the check fails, and the message says
+    whether the computation itself is right."""
     if outputs is None:
-        return Verdict(False, failure or f"{exercise.name}: your code produced nothing to check.")
+        return Verdict(False, failure or f"{exercise.name}: your code produced nothing to check.",
+                       _mistake(exercise, failure_mistake if failure else None))
     used = forbidden_use(exercise, code)
     if used:
         return Verdict(False, forbidden_message(exercise.name, used, code))
     judged, key = _judged(exercise, case, outputs)
-    mistake = f"{exercise.notebook}/{_slug(exercise.name)}/{key}" if key else None
     if failure:
-        return Verdict(False, names_verdict(exercise.name, failure, judged), mistake)
-    return Verdict(judged is None, judged or "", mistake)
+        return Verdict(False, names_verdict(exercise.name, failure, judged), _mistake(exercise, key))
+    return Verdict(judged is None, judged or "", _mistake(exercise, key))
+
+
+def _mistake(exercise, key) -> str | None:
+    """A known mistake's key in a class's results: "notebook/exercise/mistake". A key that is not
+    one word of lower-case letters, digits and underscores is no key (a produce failure's key
+    comes from the learner's kernel)."""
+    if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9_]+", key):
+        return None
+    return f"{exercise.notebook}/{_slug(exercise.name)}/{key}"
 
 
 def _slug(name: str) -> str:

@@ -14,7 +14,7 @@ from torch import nn
 
 from graders.exercises.nb03.common import regrouped
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.learner import load_learner, reads_global, recorded_text, text_record
 from graders.reference import components
 from graders.reference.config import Config
@@ -80,9 +80,9 @@ def built_with_another_config(what: str, module: nn.Module, case: Case) -> str:
              else " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names))
     theirs = ", ".join(f"{field} {getattr(other[names[0]], field):g}" for field in settings)
     wanted = ", ".join(f"{field} {value:g}" for field, value in settings.items())
-    return (f"the submodules are not built with the cfg passed to __init__: {shown} "
-            f"{'has' if len(names) == 1 else 'have'} {theirs}; this check's config has {wanted}. "
-            f"Build each part with the cfg given to {what}(cfg)" + how_cfg_is_read(type(module)))
+    return Mistake("built_with_another_config", f"the submodules are not built with the cfg passed to __init__: "
+                   f"{shown} {'has' if len(names) == 1 else 'have'} {theirs}; this check's config has {wanted}. "
+                   f"Build each part with the cfg given to {what}(cfg)" + how_cfg_is_read(type(module)))
 
 
 def load_or_name(what: str, module: nn.Module, weights: dict, likely: str) -> nn.Module:
@@ -94,4 +94,5 @@ def load_or_name(what: str, module: nn.Module, weights: dict, likely: str) -> nn
         if not likely:
             raise
         raise CheckFailed(f"{what} cannot take this check's weights. Likely mistake: {likely}\n"
-                          + "\n".join("  " + line for line in str(failure).splitlines())) from None
+                          + "\n".join("  " + line for line in str(failure).splitlines()),
+                          mistake=mistake_key(likely)) from None

@@ -55,30 +55,36 @@ def judge_randomness(what: str, outputs: Mapping, made: str, how: str,
         raise CheckFailed(with_fix(
             f"{what} draws from torch's global random generator, not from the generator it is given: "
             f"two calls with generators seeded the same gave different {made}. Pass the generator "
-            "you are given to the call that draws (its `generator=` argument).", how))
+            "you are given to the call that draws (its `generator=` argument).", how),
+            mistake="global_generator")
     if not torch.equal(outputs["a"], outputs["a_again"]):
         raise CheckFailed(with_fix(
             f"{what}: two calls with generators seeded the same gave different {made}: some "
             "randomness does not come from the generator you are given. Draw every random number "
-            "from it.", how))
+            "from it.", how),
+            mistake="randomness_not_from_the_generator")
     if torch.equal(outputs["a"], outputs["b"]):
         for description, output in deterministic.items():
             if output.shape == outputs["a"].shape and torch.equal(outputs["a"], output):
                 raise CheckFailed(with_fix(
                     f"{what} {description}, so generators with different seeds give the same "
-                    f"{made}. Sample instead, from the generator you are given.", how))
+                    f"{made}. Sample instead, from the generator you are given.", how),
+                    mistake=mistake_key(description))
         if bool(outputs["global_rng_used"]):
             raise CheckFailed(with_fix(
                 f"{what} reseeds torch's global random generator (torch.manual_seed), so generators "
-                f"with different seeds give the same {made}. Use only the generator you are given.", how))
+                f"with different seeds give the same {made}. Use only the generator you are given.", how),
+                mistake="reseeds_the_global_generator")
         raise CheckFailed(with_fix(
             f"{what} ignores the generator's seed: generators with different seeds give the same "
             f"{made}. Likely mistake: it draws from a generator of its own with a fixed seed (or "
-            "reseeds the one it is given); draw from the generator you are given, as it is.", how))
+            "reseeds the one it is given); draw from the generator you are given, as it is.", how),
+            mistake="fixed_seed")
     if bool(outputs["global_rng_used"]):
         raise CheckFailed(with_fix(
             f"{what} used or reseeded torch's global random generator. Use only the generator "
-            "passed in, so that callers control the randomness.", how))
+            "passed in, so that callers control the randomness.", how),
+            mistake="global_generator_used")
 
 
 def judge_generated(where: str, out: torch.Tensor, prompt: torch.Tensor, n_new: int) -> None:
@@ -89,7 +95,8 @@ def judge_generated(where: str, out: torch.Tensor, prompt: torch.Tensor, n_new: 
         raise CheckFailed(with_fix(
             f"{where}: shape {list(out.shape)}, expected {[prompt.shape[0], n_prompt + n_new]}. "
             "Likely mistake: only the new tokens are returned; return the prompt followed by them, "
-            "joined along the position dimension.", "torch.cat([input_ids, new_tokens], dim=-1)"))
+            "joined along the position dimension.", "torch.cat([input_ids, new_tokens], dim=-1)"),
+            mistake="only_new_tokens_returned")
     check_shape(where, out, (prompt.shape[0], n_prompt + n_new), ("batch", "position"))
     if out.dtype != torch.long:
         raise CheckFailed(f"{where}: dtype {out.dtype}; return token ids as torch.long.")

@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from graders.judging.compare import Mistake
 from graders.judging.tolerance import close, tolerance
 
 # How far a property may sit from exact and still be read as holding: float32 rounding is ~1e-7
@@ -177,20 +178,22 @@ def read_output(actual: torch.Tensor, expected: torch.Tensor, x: torch.Tensor, w
     fit = as_combination(actual, {what: expected, "x": x}) if x.shape == expected.shape else None
     if fit is not None and abs(fit["x"]) > 1e-3:
         if abs(fit[what] - 1) < 1e-3 and abs(fit["x"] - 1) < 1e-3:
-            return (f"your output is {what} plus its input x (the difference from the reference is x itself): the "
-                    f"residual is added inside; the layer adds it, {what} returns its own output only")
-        return (f"your output is {combination_words(fit)}: the difference from the reference grows with the "
-                "input x")
+            return Mistake("residual_added_inside", f"your output is {what} plus its input x (the difference "
+                           f"from the reference is x itself): the residual is added inside; the layer adds "
+                           f"it, {what} returns its own output only")
+        return Mistake("grows_with_input", f"your output is {combination_words(fit)}: the difference from the "
+                       "reference grows with the input x")
     for sign in (1, -1):
         lengths = row_lengths(sign * actual, expected)
         if lengths is not None and is_constant(lengths):
             factor = sign * lengths.mean().item()
             if abs(factor + 1) < 1e-3:
-                return f"your output is the reference's with its sign flipped: {what} has no minus sign"
-            return (f"your output is the reference's times {named_factor(factor, sizes)}, the same factor "
-                    f"everywhere: {what} has no such factor")
+                return Mistake("sign_flipped", f"your output is the reference's with its sign flipped: {what} has "
+                               "no minus sign")
+            return Mistake("scaled_by_a_constant", f"your output is the reference's times "
+                           f"{named_factor(factor, sizes)}, the same factor everywhere: {what} has no such factor")
     reordered = axis_reordered(actual, expected, dims)
-    return f"your output is the reference's, {reordered}" if reordered else None
+    return Mistake("axis_reordered", f"your output is the reference's, {reordered}") if reordered else None
 
 
 def signed_map(matrix: torch.Tensor, name: str = "x", tol: float = 1e-3) -> str | None:
@@ -250,8 +253,9 @@ def transposed_operand(message: str, matrices: Mapping[str, Sequence[int]]) -> s
     if cols != inner or not names:
         return None
     which = " or ".join(names)
-    return (f"{which} is used transposed: it is [{cols}, {rows}], made to be multiplied as it is "
-            f"(h @ {names[0]}, h's last size {cols}); its .T needs h's last size to be {rows}")
+    return Mistake("weight_used_transposed", f"{which} is used transposed: it is [{cols}, {rows}], made to be "
+                   f"multiplied as it is (h @ {names[0]}, h's last size {cols}); its .T needs h's last size to "
+                   f"be {rows}")
 
 
 SHAPE = re.compile(r"wrong shape: (\S+) is \[(\d+), (\d+)\], expected \[(\d+), (\d+)\]")
@@ -266,5 +270,6 @@ def transposed_declaration(message: str) -> str | None:
     name, a, b, c, d = found.groups()
     if (a, b) != (d, c) or a == b:
         return None
-    return (f"{name} is declared transposed, [{a}, {b}] as nn.Linear stores a weight ([out, in]): the "
-            f"course multiplies x @ {name.split('.')[-1]} with it [{c}, {d}] ([in, out])")
+    return Mistake("weight_declared_transposed", f"{name} is declared transposed, [{a}, {b}] as nn.Linear "
+                   f"stores a weight ([out, in]): the course multiplies x @ {name.split('.')[-1]} with it [{c}, "
+                   f"{d}] ([in, out])")

@@ -90,18 +90,20 @@ def submodule_crash(what: str, failure: CheckFailed, rec: CallRecorder, takes: d
     wanted = takes.get("blocks" if name.startswith("blocks.") else name, "")
     call = f"self.{name}(...)" if not name.startswith("blocks.") else f"self.blocks[{name.split('.')[1]}](...)"
     head = f"{what}: the call {call} failed; it was given {describe(given)}"
-    wrong = ""
+    wrong, key = "", None
     if isinstance(given, torch.Tensor) and wanted == TAKES_TOKENS and (given.is_floating_point() or given.ndim != 2):
         wrong = (f" Likely mistake: {name} takes {wanted}, as embed does; it was passed "
                  + ("the embedding or residual stream" if given.ndim == 3 else "something else")
                  + f" instead: call self.{name}(tokens).")
+        key = "not_given_tokens"
     elif isinstance(given, torch.Tensor) and wanted == TAKES_RESIDUAL and (
             not given.is_floating_point() or given.ndim != 3 or given.shape[-1] != d_model):
-        wrong = f" Likely mistake: {call} takes {wanted}."
+        wrong, key = f" Likely mistake: {call} takes {wanted}.", "not_given_the_residual_stream"
     elif not isinstance(given, torch.Tensor) and wanted:
         wrong = f" Likely mistake: {call} takes {wanted}, passed as its first positional argument."
+        key = "not_given_a_tensor"
     lines = str(failure).splitlines()
-    return CheckFailed(f"{head}.{wrong}\n  " + "\n  ".join(line.strip() for line in lines))
+    return CheckFailed(f"{head}.{wrong}\n  " + "\n  ".join(line.strip() for line in lines), mistake=key)
 
 
 def _keep(value):
