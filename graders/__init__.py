@@ -15,3 +15,5 @@
   answers out of their code, used through ``graders.integrity`` (the kernel's side, beside
   judging) and ``graders.integrity.host`` (the grading host's, beside the harness) only.
 """
+
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code

@@ -34,6 +34,8 @@ from graders.integrity.origins import ANSWER_LIBRARIES, LEARNER, compiled_names,
 from graders.integrity.provenance import CourseCodeSealed
 from graders.judging.compare import CheckFailed
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 @dataclass(frozen=True)
 class Guard:

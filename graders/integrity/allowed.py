@@ -11,6 +11,8 @@ import inspect
 
 from graders.integrity.origins import LEARNER, library_class, origin
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 def parts_of(obj) -> list:
     """What an object is made of: itself, a method's, a partial's or a wrapper's function, a class's own

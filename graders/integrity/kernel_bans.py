@@ -28,6 +28,8 @@ import torch
 from graders.judging.compare import CheckFailed
 from graders.integrity.kernels import matches
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 # What an operator's registration dump lists that is not a dispatch key of a kernel, and the key
 # whose kernels compute only shapes (never an answer).
 _NOT_REPLACED = ("debug", "Meta")

@@ -25,7 +25,7 @@ import inspect
 from pathlib import Path
 
 from graders.integrity.course_answers import course_answers, module_name
-from graders.integrity.origins import MACHINERY, PACKAGE
+from graders.integrity.origins import PACKAGE, is_machinery
 from graders.integrity.allowed import allowed_code, given_part_names, given_parts, supplied_parts
 
 SEALED_ERROR = "CourseCodeSealed"
@@ -70,9 +70,9 @@ def _answers_and_judges() -> tuple:
 def _sealable() -> dict[Path, frozenset[str]]:
     """`_answers_and_judges`, and the course functions and classes they name, transitively (a
     judge's float64 expected value, or a helper an implementation calls, is the answer too), by
-    file. The machinery that may run inside the learner's code (origins.MACHINERY) is never sealed."""
+    file. The machinery that may run inside the learner's code (origins.is_machinery) is never sealed."""
     return {path: frozenset(names) for path, names in _by_name(allowed_code(_answers_and_judges())).items()
-            if path.relative_to(PACKAGE).as_posix() not in MACHINERY}
+            if not is_machinery(path)}
 
 
 def cell_exercises(notebook: str, cells: tuple[str, ...] | None) -> list:

@@ -22,6 +22,8 @@ from torch.autograd import profiler
 
 from graders.judging.compare import CheckFailed
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 # Marks made as the watch starts and ends: both are in its results only if the learner's code
 # left the profiler on in between (not stopped, nor stopped and started again).
 START, END = "graders::check_starts", "graders::check_ends"

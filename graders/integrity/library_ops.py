@@ -30,6 +30,8 @@ from graders.judging.compare import CheckFailed
 from graders.integrity.kernels import OperatorWatch, matches, switched_off
 from graders.integrity.origins import file_functions, fingerprint
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 @dataclass(frozen=True)
 class LibraryOps:

@@ -4,6 +4,7 @@ graders.integrity.provenance decides from these origins whether a check's answer
 """
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import linecache
@@ -12,19 +13,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 PACKAGE = Path(__file__).resolve().parents[1]
-# Files of the graders package whose code may run inside the learner's code: the check's own
-# machinery (tripwires, submodule watchers), the config and loading helpers a learner may call.
-# None of them implements anything a notebook grades.
-MACHINERY = frozenset({
-    "__init__.py", "layout.py", "marks.py", "judging/__init__.py", "judging/learner.py", "judging/compare.py",
-    "judging/stubs.py", "judging/session.py", "judging/progress.py", "judging/failed_cells.py", "judging/exercise.py",
-    "reference/__init__.py", "reference/config.py", "reference/paths.py", "reference/store.py",
-    "reference/weights.py", "reference/tokenizer.py", "reference/vocab.py", "reference/data.py",
-    "exercises/common/submodules.py",
-    "integrity/__init__.py", "integrity/provenance.py", "integrity/allowed.py", "integrity/origins.py",
-    "integrity/library_ops.py", "integrity/kernels.py", "integrity/kernel_bans.py",
-})
+# A graders file whose code may run inside the learner's code (the check's own machinery:
+# tripwires, submodule watchers; the config and loading helpers a learner may call) says so where
+# it is written, with a module-level `RUNS_IN_LEARNER_CODE = True` (graders.marks). None of them
+# implements anything a notebook grades.
+MACHINERY_MARK = "RUNS_IN_LEARNER_CODE"
 ANSWER_LIBRARIES = ("transformer_lens", "transformers")   # libraries that hold the answers
 LEARNER, LIBRARY, MACHINE, COURSE, COPY, ANSWER_LIBRARY = (
     "learner", "library", "machinery", "course", "copy", "answer library")
@@ -137,6 +133,18 @@ def file_functions(path: Path):
             yield code
 
 
+@functools.lru_cache(maxsize=None)
+def is_machinery(path: Path) -> bool:
+    """Whether a graders file carries the machinery mark: read from its source, never imported
+    (a file this kernel cannot read is not machinery)."""
+    try:
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return False
+    return any(isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [MACHINERY_MARK]
+               and isinstance(node.value, ast.Constant) and node.value.value is True for node in body)
+
+
 @functools.lru_cache(maxsize=1)
 def course_index() -> dict[tuple, str]:
     """Every function of the course's own code (not its machinery) by fingerprint, as this
@@ -144,7 +152,7 @@ def course_index() -> dict[tuple, str]:
     index: dict[tuple, str] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative not in MACHINERY:
+        if not is_machinery(path):
             for code in file_functions(path):
                 index.setdefault(fingerprint(code), f"graders/{relative} ({code.co_qualname})")
     return index
@@ -198,7 +206,7 @@ def _file_origin(filename: str) -> Origin:
     path = str(Path(filename).resolve())
     if path.startswith(str(PACKAGE) + os.sep):
         relative = Path(path).relative_to(PACKAGE).as_posix()
-        return Origin(MACHINE if relative in MACHINERY else COURSE, f"graders/{relative}")
+        return Origin(MACHINE if is_machinery(Path(path)) else COURSE, f"graders/{relative}")
     for root, name in _answer_library_dirs():
         if path.startswith(root):
             return Origin(ANSWER_LIBRARY, name)

@@ -28,6 +28,8 @@ from graders.integrity.origins import (
     ANSWER_LIBRARY, COPY, COURSE, LEARNER, LIBRARY, MACHINE, Origin, compiled_call, compiled_names, library_answer_spec,
     origin)
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 # torch's module calls: a course module the check hands over (a model, its layers) runs its
 # forward from here when the learner's code calls it; to call a course module of its own, the
 # learner's code would have to build it, which the check sees.

@@ -17,6 +17,8 @@ import torch
 from graders.judging.rendering import FIX_PREFIX, fix_line
 from graders.judging.tolerance import close, tolerance
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 LIKELY = "Likely mistake:"
 FIX = FIX_PREFIX.strip()      # "Show the fix:", as rendering.py marks the line
 

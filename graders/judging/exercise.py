@@ -38,6 +38,8 @@ from graders.judging.learner import Forbidden, renamed_submodules_loaded, with_c
 from graders.judging.stubs import untouched
 from graders.judging.verdict import LearnerCode, decide, names_verdict
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 _REGISTRY: dict[tuple[str, str], "Exercise"] = {}
 
 

@@ -17,6 +17,8 @@ import traceback
 import warnings
 from dataclasses import dataclass
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 _DEFINITION = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
 _MISSING = object()
 _LONGEST_LINE = 60   # characters of the failing line quoted in a message

@@ -18,6 +18,8 @@ from graders import integrity
 from graders.integrity import CourseCodeSealed
 from graders.judging.stubs import cached_source, source, unwritten, unwritten_part
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 @dataclass
 class Forbidden:
     """Library implementations of the thing the learner must build, by where they live."""

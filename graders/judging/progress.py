@@ -28,6 +28,8 @@ from graders.judging import session
 from graders.judging.failed_cells import DidNotRun
 from graders.judging.testcells import TestCell, released_test_cells
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 @dataclass(frozen=True)
 class Place:

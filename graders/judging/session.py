@@ -28,6 +28,8 @@ from graders.judging.testcells import (TestCell, released_course_sources, releas
                                       test_sources)
 from graders.judging.verdict import LearnerCode
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 class GraderError(RuntimeError):
     """The grading run itself is broken (not the learner's code): the message says what to fix."""

@@ -9,6 +9,8 @@ import textwrap
 
 from graders.judging.compare import CheckFailed
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 def source(definition) -> str:
     try:

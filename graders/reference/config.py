@@ -1,6 +1,8 @@
 """The `Config` every notebook gives the learner (GPT-2 small by default)."""
 from dataclasses import dataclass
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 @dataclass
 class Config:

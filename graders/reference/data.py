@@ -18,6 +18,8 @@ from pathlib import Path
 
 from graders.reference.paths import cache_dir, sha256_file
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 SHAKESPEARE_ENV = "GPT2_COURSE_SHAKESPEARE"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

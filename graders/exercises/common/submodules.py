@@ -11,6 +11,8 @@ from torch import nn
 from graders.exercises.common.diagnosis import describe, is_crash
 from graders.judging.compare import CheckFailed
 
+RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
+
 
 class CallRecorder:
     """Record (input, output) of every call of some named submodules while a forward runs.
