@@ -76,3 +76,32 @@ def test_a_key_survives_the_checks_that_reword_a_failure(check, learner, key):
     outputs, failure = exercise.run(learner(), case, exercise.inputs(case))
     verdict = decide(exercise, case, outputs, str(failure or ""), LearnerCode())
     assert not verdict.passed and verdict.mistake == key, verdict.message
+
+
+def _crashes_with_a_likely_cause(learner, case, inputs):
+    raise CheckFailed("f crashed on x of shape [2, 3]. Likely mistake: the mask has a fixed size",
+                      mistake="fixed_size_mask")
+
+
+def test_a_failure_while_the_learners_code_runs_keeps_its_key_through_the_record(tmp_path, monkeypatch):
+    """A mistake recognised in the kernel, while the learner's code runs (a crash with a likely
+    cause), reaches the graded verdict through the check's record; a key that is not one word of
+    lower-case letters, digits and underscores (a kernel writes it) is no key."""
+    from graders.harness import grading
+    from graders.judging.exercise import Exercise
+    from graders.judging.records import load_records
+    from graders.judging.session import Session, save_record
+
+    exercise = Exercise("98_keys", "f", _crashes_with_a_likely_cause, lambda case, outputs: None)
+    monkeypatch.setattr(grading, "find", {exercise.key: exercise}.__getitem__)
+    case = exercise.case()
+    outputs, failure = exercise.run(None, case, {})
+    shown = decide(exercise, case, outputs, str(failure), LearnerCode(), failure.mistake)
+    assert shown.mistake == "98_keys/f/fixed_size_mask"
+    cell = {"metadata": {"nbgrader": {"grade_id": "f_test", "points": 1}}}
+    for written, graded_as in ((failure.mistake, shown.mistake), ("../../x y", None), (["list"], None)):
+        records = tmp_path / str(len(list(tmp_path.iterdir())))
+        records.mkdir()
+        save_record(Session(records=records), "f_test/0", exercise.key, None, str(failure), written)
+        graded = grading.judge_cell(cell, [(exercise.key, {})], load_records(records), None, "", LearnerCode())
+        assert (graded.status, graded.mistake, graded.message) == ("failed", graded_as, str(failure))
