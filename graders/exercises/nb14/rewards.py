@@ -132,7 +132,7 @@ def judge_advantages(case: Case, outputs: dict) -> None:
         if nan_rows.any():
             g = int(nan_rows.nonzero()[0])
             raise CheckFailed(f"{where}: group {g} (rewards {rewards[g].tolist()}) gets NaN advantages. Likely "
-                              f"mistake: {ADVANTAGE_SLIPS['no_eps']}.")
+                              f"mistake: {ADVANTAGE_SLIPS['no_eps']}.", mistake="no_eps")
         group_means = got.mean(-1)
         if float(group_means.abs().max()) > 1e-6:
             g = int(group_means.abs().argmax())

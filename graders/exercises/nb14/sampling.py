@@ -83,7 +83,8 @@ def judge(case: Case, outputs: dict) -> None:
     if shape == (group_size, prompt_length + MAX_NEW):
         raise CheckFailed(f"{where} returned completions of shape {list(shape)}; the prompt has {prompt_length} "
                           f"tokens. Likely mistake: the prompt's tokens are counted: return the completion alone, "
-                          f"[group_size, max_new] = [{group_size}, {MAX_NEW}] (the prompt is given, not sampled).")
+                          f"[group_size, max_new] = [{group_size}, {MAX_NEW}] (the prompt is given, not sampled).",
+                          mistake="prompt_included")
     if any(tuple(outputs[k].shape) != (group_size, MAX_NEW) for k in outputs):
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
         raise CheckFailed(f"{where} returned {shapes}; each should be [group_size, max_new] = [{group_size}, "
