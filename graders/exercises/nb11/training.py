@@ -47,9 +47,9 @@ NAMES = {
                              "a) gives `aa a` (left to right), not `a aa`"),
     "first only": Mistake("first_only", "only the first occurrence in a pre-token is merged: merge every "
                           "occurrence, left to right"),
-    "characters": Mistake("characters", "the pre-tokens start as characters, not bytes: a character outside ASCII "
-                          "is one token of several bytes from the start. Start from the UTF-8 bytes, one token each "
-                          "(`[bytes([b]) for b in word.encode(\"utf-8\")]`): the merges join them"),
+    "characters": Mistake("starts_from_characters", "the pre-tokens start as characters, not bytes: a character "
+                          "outside ASCII is one token of several bytes from the start. Start from the UTF-8 bytes, "
+                          "one token each (`[bytes([b]) for b in word.encode(\"utf-8\")]`): the merges join them"),
     "not subtracted": Mistake("not_subtracted", "the counts of the pairs a merge removes are not taken off: after a "
                               "merge, subtract each changed pre-token's old pairs (times its count) before adding "
                               "its new ones"),

@@ -307,12 +307,12 @@ def _update_parts(outputs: dict, expected: dict, first: int, case: Case) -> str 
         return Mistake("update_sign", f"the Adam update has the wrong sign {step}: subtract lr * m_hat / "
                        "(sqrt(v_hat) + eps)")
     if near(a, 1) and D.norm() > 0:
-        return (Mistake("decay_scaled", f"the Adam update is right {step}, but the weight decay is {b:.3g} times "
+        return (Mistake("decay_wrong_size", f"the Adam update is right {step}, but the weight decay is {b:.3g} times "
                         "torch's (lr * weight_decay * p, with the group's weight_decay)") if not near(b, 0) else
                 Mistake("no_decay", f"the Adam update is right {step}, but the weights are not decayed: p -= lr * "
                         "weight_decay * p, with each group's own weight_decay"))
     if near(b, 1) or D.norm() == 0:
-        return Mistake("update_scaled", f"the Adam update is {a:.4g} times torch's {step} (its direction is right, "
+        return Mistake("update_wrong_size", f"the Adam update is {a:.4g} times torch's {step} (its direction is right, "
                        "its size is not): look at the learning rate it uses and the bias corrections 1 - beta**t")
     return None
 

@@ -82,7 +82,7 @@ def _gradients_kept(params) -> None:
         if name == WITHOUT_GRAD:
             if p.grad is not None:
                 raise CheckFailed(f"clip_grad_norm gave {WITHOUT_GRAD}, which had no gradient (.grad None), a "
-                                  "gradient. Skip parameters whose .grad is None.")
+                                  "gradient. Skip parameters whose .grad is None.", mistake="none_grad_given")
         elif real_tensor(p.grad) is None or p.grad.shape != p.shape:
             raise CheckFailed(f"clip_grad_norm left {name}.grad as {shown(p.grad)}, where it was a tensor of shape "
                               f"{list(p.shape)}: scale each gradient in place (g.mul_(coefficient)).")

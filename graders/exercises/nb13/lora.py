@@ -284,7 +284,7 @@ def judge(case: Case, outputs: dict) -> None:
     if all(outputs[f"{name}.A"].abs().max() == 0 for name, _ in _layers(jittered_gpt(CONFIG, case.seed), "x")):
         raise CheckFailed(f"add_lora {where}: A and B both start at zero, so neither gets a gradient (each one's is "
                           "a product with the other) and nothing ever learns. Draw A at random (uniform in "
-                          "+-1/sqrt(d_in), as a Linear layer's weight), B zero.")
+                          "+-1/sqrt(d_in), as a Linear layer's weight), B zero.", mistake="both_factors_zero")
     _judge_steps(case, outputs, expected, where)
     first, again = outputs["logits_dropout"], outputs["logits_dropout_again"]
     trained = outputs[f"logits_{STEPS}"]
