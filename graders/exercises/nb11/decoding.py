@@ -11,14 +11,14 @@ from graders.exercises.nb11.encoding import CourseTable
 from graders.exercises.nb11.pieces import TIKTOKEN, _text, _where, run_answer
 from graders.exercises.nb11.wire import ids_tensor, tensor_text, text_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.reference.tokenizer import END_OF_TEXT, gpt2_encoding
 
 NOTEBOOK = "11_tokenizer"
-LATIN_1 = ("the tokens' characters read as Latin-1 (or their code points taken as bytes): GPT-2's table moved "
-           "68 bytes to other characters ('Ġ', chr(288), is the space). Map each character back to its byte "
-           "with byte_decoder")
+LATIN_1 = Mistake("latin_1_table", "the tokens' characters read as Latin-1 (or their code points taken as bytes): "
+                  "GPT-2's table moved 68 bytes to other characters ('Ġ', chr(288), is the space). Map each "
+                  "character back to its byte with byte_decoder")
 
 
 def inputs_decode(case: Case) -> dict:
@@ -44,8 +44,8 @@ def _crash_named(failure: CheckFailed) -> str | None:
     """The mistake a crash of the learner's decode shows, if it shows one."""
     cause = failure.__cause__
     if isinstance(cause, UnicodeDecodeError):
-        return ("decoding strictly: a token may hold part of a character; decode the joined bytes with "
-                "errors=\"replace\"")
+        return Mistake("strict_decode", "decoding strictly: a token may hold part of a character; decode the "
+                       "joined bytes with errors=\"replace\"")
     if isinstance(cause, UnicodeEncodeError) or isinstance(cause, ValueError) and "range(0, 256)" in str(cause):
         return LATIN_1
     return None
@@ -61,7 +61,8 @@ def produce_decode(decode, case: Case, inputs: dict) -> dict:
             named = _crash_named(failure)
             if named:
                 raise CheckFailed(f"decode raised {type(failure.__cause__).__name__} on {run[:8]}"
-                                  f"{' ...' if len(run) > 8 else ''}. Likely mistake: {named}.") from None
+                                  f"{' ...' if len(run) > 8 else ''}. Likely mistake: {named}.",
+                                  mistake=mistake_key(named)) from None
             raise
         if not isinstance(text, str):
             raise CheckFailed(f"decode: return a str; got {type(text).__name__}.")
@@ -98,32 +99,35 @@ def _diagnosis(run: list[int], theirs: str, expected: str, at: int) -> str:
     encoding, table = gpt2_encoding(), ref.bytes_to_unicode()
     pieces = [encoding.decode_single_token_bytes(i) for i in run]
     if theirs == "".join(piece.decode("utf-8", errors="replace") for piece in pieces):
-        return ("Likely mistake: each token is decoded on its own and the pieces joined: a character split "
-                "across tokens comes out as '\ufffd'. Join the bytes of all tokens first, then decode once.")
+        return Mistake("per_token_decode", "Likely mistake: each token is decoded on its own and the pieces "
+                       "joined: a character split across tokens comes out as '\ufffd'. Join the bytes of all "
+                       "tokens first, then decode once.")
     undone = ("Likely mistake: the byte table is not undone: map each character of the tokens' strings back to "
               "its byte with byte_decoder, then decode the bytes.")
     if theirs == "".join(table[b] for b in b"".join(pieces)):
-        return f"Yours is the tokens' strings as they are, in the byte table's characters. {undone}"
+        return Mistake("table_not_undone", f"Yours is the tokens' strings as they are, in the byte table's "
+                       f"characters. {undone}")
     if at < len(expected) and at < len(theirs) and ord(expected[at]) < 256 \
             and table[ord(expected[at])] != expected[at] and theirs[at] == table[ord(expected[at])]:
-        return (f"Yours has {theirs[at]!r} where the text has {expected[at]!r}, byte {ord(expected[at])}: the byte "
-                f"table's stand-in for it. {undone}")
+        return Mistake("table_not_undone", f"Yours has {theirs[at]!r} where the text has {expected[at]!r}, byte "
+                       f"{ord(expected[at])}: the byte table's stand-in for it. {undone}")
     if theirs == b"".join(pieces).decode("utf-8", errors="ignore"):
-        return ("Likely mistake: errors=\"ignore\" drops a character cut across tokens; errors=\"replace\" shows "
-                "it as '\ufffd', as tiktoken does.")
+        return Mistake("errors_ignore", "Likely mistake: errors=\"ignore\" drops a character cut across tokens; "
+                       "errors=\"replace\" shows it as '\ufffd', as tiktoken does.")
     if theirs == b"".join(pieces).decode("latin-1"):
-        return ("Likely mistake: the bytes decoded as Latin-1, a character for each byte: decode them as "
-                "UTF-8, with errors=\"replace\".")
+        return Mistake("latin_1_decode", "Likely mistake: the bytes decoded as Latin-1, a character for each byte: "
+                       "decode them as UTF-8, with errors=\"replace\".")
     joined = _joined(theirs, {
         "": [piece.decode("utf-8", errors="replace") for piece in pieces],
         f", and {undone[16:-1]}": ["".join(table[b] for b in piece) for piece in pieces]})
     if joined:
         separator, also = joined
-        return (f"Yours has {separator!r} between the tokens. Likely mistake: the tokens joined with {separator!r} "
-                f"between them: a token holds its own spaces; join them with nothing between{also}.")
+        return Mistake("joined_with_separator", f"Yours has {separator!r} between the tokens. Likely mistake: the "
+                       f"tokens joined with {separator!r} between them: a token holds its own spaces; join them with "
+                       f"nothing between{also}.")
     if _moved_lost(b"".join(pieces), theirs, expected, at):
-        return ("Only the bytes the table moved (the space, the newline, control bytes) come out wrong. Likely "
-                f"mistake: {LATIN_1}.")
+        return Mistake(mistake_key(LATIN_1), "Only the bytes the table moved (the space, the newline, control bytes) "
+                       f"come out wrong. Likely mistake: {LATIN_1}.")
     if len(theirs) < len(expected) and difflib.SequenceMatcher(None, expected, theirs, autojunk=False).ratio() > 0.8:
         return "Yours leaves part of the text out: every id's bytes belong in the text, the special token's too."
     return ("Look up each id's string in decoder, map its characters back to bytes with byte_decoder, join all "
@@ -141,8 +145,9 @@ def judge_decode(case: Case, outputs: dict) -> None:
                 f"decode([{run[0]}]), a token that holds part of a character "
                 f"({encoding.decode_single_token_bytes(run[0])!r})")
         at = next((j for j, (a, b) in enumerate(zip(theirs, expected)) if a != b), min(len(theirs), len(expected)))
+        diagnosis = _diagnosis(run, theirs, expected, at)
         raise CheckFailed(f"{what}: {theirs[max(0, at - 10):at + 10]!r} at character {at}, expected "
-                          f"{expected[max(0, at - 10):at + 10]!r}. {_diagnosis(run, theirs, expected, at)}")
+                          f"{expected[max(0, at - 10):at + 10]!r}. {diagnosis}", mistake=mistake_key(diagnosis))
 
 
 DECODE_PARTS = {"byte_decoder": CourseTable(lambda: {c: b for b, c in ref.bytes_to_unicode().items()}),

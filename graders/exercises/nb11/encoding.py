@@ -18,7 +18,7 @@ from graders.exercises.nb11.libraries import refuse_library_parts
 from graders.exercises.nb11.pieces import TIKTOKEN, _text, _where
 from graders.exercises.nb11.wire import (as_list, ids_tensor, pieces_tensors, tensor_text, tensors_pieces, text_tensor)
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import course_functions, run_learner
@@ -79,14 +79,16 @@ def _named_crash(failure: CheckFailed) -> str | None:
     cause = failure.__cause__
     key = cause.args[0] if isinstance(cause, KeyError) and cause.args else None
     if isinstance(key, tuple) and len(key) == 2:
-        return ("a pair with no rank looked up with ranks[pair]: most adjacent pairs are not merges; make them "
-                "lose to every ranked pair instead of raising, and stop when no pair has a rank")
+        return Mistake("unranked_pair_lookup", "a pair with no rank looked up with ranks[pair]: most adjacent "
+                       "pairs are not merges; make them lose to every ranked pair instead of raising, and stop when "
+                       "no pair has a rank")
     if isinstance(key, int) and key > 255:
-        return ("code points, not bytes: a character's code point is no byte value; map each byte of "
-                "chunk.encode(\"utf-8\") through byte_encoder")
+        return Mistake("code_points", "code points, not bytes: a character's code point is no byte value; map "
+                       "each byte of chunk.encode(\"utf-8\") through byte_encoder")
     if isinstance(key, str) and any(ord(c) <= 32 or 127 <= ord(c) <= 160 for c in key):
-        return ("the byte table skipped: map each byte of the UTF-8 text through byte_encoder before the merges "
-                "(vocab.bpe and encoder.json are written in its characters: 'Ġ' for a space)")
+        return Mistake("table_skipped", "the byte table skipped: map each byte of the UTF-8 text through "
+                       "byte_encoder before the merges (vocab.bpe and encoder.json are written in its characters: "
+                       "'Ġ' for a space)")
     return None
 
 
@@ -96,7 +98,8 @@ def _run(what: str, fn, *args, **kwargs):
     except CheckFailed as failure:
         named = _named_crash(failure)
         if named:
-            raise CheckFailed(f"{what} raised {failure.__cause__!r}. Likely mistake: {named}.") from None
+            raise CheckFailed(f"{what} raised {failure.__cause__!r}. Likely mistake: {named}.",
+                              mistake=mistake_key(named)) from None
         raise
 
 
@@ -160,8 +163,8 @@ def _one_pass(word: str, ranks: dict) -> list[str]:
     return tokens
 
 
-ONE_PASS = ("the merges stop early (one left-to-right pass, or a loop that ends too soon): repeat until no "
-            "adjacent pair has a rank, merging the lowest-ranked pair each time")
+ONE_PASS = Mistake("stops_early", "the merges stop early (one left-to-right pass, or a loop that ends too soon): "
+                   "repeat until no adjacent pair has a rank, merging the lowest-ranked pair each time")
 
 
 def _as_they_come(word: str, ranks: dict) -> list[str]:
@@ -198,16 +201,18 @@ def cut_mistakes(word: str, ranks: dict) -> dict[str, list[str]]:
     """Wrong cuts of one pre-token (in the table's characters), by what their mistake is called."""
     vocabulary = {a + b for a, b in ranks} | set(word)
     return {
-        "greedy longest match: the longest vocabulary token at each position is not what BPE makes; merge "
-        "the pair of lowest rank (earliest in vocab.bpe) first, again and again": _greedy(word, vocabulary),
-        "the highest rank merged first: the lowest rank (the earliest line of vocab.bpe) goes first":
-            _merging(word, ranks, lambda pairs: max(pairs, key=ranks.get)),
-        RANKS_IGNORED.format(how="any ranked pair merged as soon as it forms, in one pass from left to right"):
+        Mistake("greedy", "greedy longest match: the longest vocabulary token at each position is not what BPE "
+                "makes; merge the pair of lowest rank (earliest in vocab.bpe) first, again and again"):
+            _greedy(word, vocabulary),
+        Mistake("highest_rank_first", "the highest rank merged first: the lowest rank (the earliest line of "
+                "vocab.bpe) goes first"): _merging(word, ranks, lambda pairs: max(pairs, key=ranks.get)),
+        Mistake("merged_as_formed", RANKS_IGNORED.format(
+            how="any ranked pair merged as soon as it forms, in one pass from left to right")):
             _as_they_come(word, ranks),
-        RANKS_IGNORED.format(how="each pass from left to right merges every ranked pair it meets"):
-            _in_passes(word, ranks),
-        "the most frequent pair merged in place of the lowest-ranked one: encoding follows the ranks, the "
-        "order in which the merges were learned":
+        Mistake("merged_in_passes", RANKS_IGNORED.format(
+            how="each pass from left to right merges every ranked pair it meets")): _in_passes(word, ranks),
+        Mistake("most_frequent_pair", "the most frequent pair merged in place of the lowest-ranked one: encoding "
+                "follows the ranks, the order in which the merges were learned"):
             _merging(word, ranks, lambda pairs: Counter(pairs).most_common(1)[0][0]),
         ONE_PASS: _one_pass(word, ranks),
     }
@@ -219,7 +224,8 @@ def _cut_diagnosis(word: str, mine: list[str], right: list[str], ranks: dict, cu
     only when its cut is the learner's on every one of them."""
     left = next(((a, b) for a, b in zip(mine, mine[1:]) if (a, b) in ranks), None)
     if left is not None:
-        return f"{left} (rank {ranks[left]}) is still side by side in yours. Likely mistake: {ONE_PASS}."
+        return Mistake(mistake_key(ONE_PASS),
+                       f"{left} (rank {ranks[left]}) is still side by side in yours. Likely mistake: {ONE_PASS}.")
     named = [name for name, made in cut_mistakes(word, ranks).items() if made == mine]
     for other, cut in cuts:
         if not named:
@@ -228,7 +234,7 @@ def _cut_diagnosis(word: str, mine: list[str], right: list[str], ranks: dict, cu
         named = [name for name in named if variants[name] == cut]
     if named:   # two when they cut every pre-token of this text alike: both are said
         also = f" Or: {named[1]}; the two cut every pre-token of this text alike." if len(named) > 1 else ""
-        return f"Likely mistake: {named[0]}.{also}"
+        return Mistake(mistake_key(named[0]), f"Likely mistake: {named[0]}.{also}")
     order, symbols = [], list(word)
     while len(order) < 6 and symbols != right:
         best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, float("inf")))
@@ -276,8 +282,8 @@ def _first_difference(theirs: list[int], expected: list[int], text: str, allow_s
                 f"{theirs[at:at + 8]}.")
     valid = all(0 <= i < encoding.n_vocab for i in theirs)
     if valid and max(map(ord, text)) < 256 and encoding.decode_bytes(theirs) == bytes(map(ord, text)) != text.encode():
-        return ("your tokens spell the text's code points, one byte each. Likely mistake: code points, not bytes: "
-                "map each byte of chunk.encode(\"utf-8\") through byte_encoder.")
+        return Mistake("code_points", "your tokens spell the text's code points, one byte each. Likely mistake: "
+                       "code points, not bytes: map each byte of chunk.encode(\"utf-8\") through byte_encoder.")
     chunks, position = _chunks(text, allow_special), 0
     for index, (chunk, right) in enumerate(chunks):
         if position + len(right) > at:
@@ -298,14 +304,16 @@ def _first_difference(theirs: list[int], expected: list[int], text: str, allow_s
             f"pre-token {chunk!r} (at character {start}): yours {pieces(mine)}, tiktoken's {pieces(right)}.")
     wanted = chunk.encode("utf-8")
     if spelled.startswith(wanted) and len(spelled) > len(wanted):
-        return head + (" A token of yours runs past the end of this pre-token. Likely mistake: merges across "
-                       "pre-tokens: pre-tokenize first, and merge inside each pre-token only.")
+        return Mistake("merges_across_pretokens", head + (
+            " A token of yours runs past the end of this pre-token. Likely mistake: merges across "
+            "pre-tokens: pre-tokenize first, and merge inside each pre-token only."))
     if spelled != wanted:
         other = next((c for c, ids in chunks if c != chunk and theirs[position:position + len(ids)] == ids), None)
         if other is not None:
-            return head + (f" Yours are tiktoken's tokens of another pre-token, {other!r}. Likely mistake: a cache "
-                           "whose key is not the pre-token itself (stripped, or changed otherwise): key it on the "
-                           "whole pre-token.")
+            return Mistake("cache_key_not_pretoken", head + (
+                f" Yours are tiktoken's tokens of another pre-token, {other!r}. Likely mistake: a cache "
+                "whose key is not the pre-token itself (stripped, or changed otherwise): key it on the "
+                "whole pre-token."))
         return head + " Your tokens spell other bytes than the text: check the byte table and the ids."
     _, ranks = _files()
 
@@ -314,7 +322,13 @@ def _first_difference(theirs: list[int], expected: list[int], text: str, allow_s
 
     cuts = [("".join(written(tiktokens)), written(ids))
             for (_, ids), (_, tiktokens) in zip(_aligned(theirs, chunks), chunks)]
-    return head + " " + _cut_diagnosis("".join(written(right)), written(mine), written(right), ranks, cuts)
+    diagnosis = _cut_diagnosis("".join(written(right)), written(mine), written(right), ranks, cuts)
+    return _keyed_as(diagnosis, head + " " + diagnosis)
+
+
+def _keyed_as(named: str, text: str) -> str:
+    """`text`, carrying the key of the mistake `named` declares (plain text when it declares none)."""
+    return Mistake(mistake_key(named), text) if mistake_key(named) else text
 
 
 def _judge_ids(case: Case, outputs: dict) -> None:
@@ -336,8 +350,10 @@ def _judge_ids(case: Case, outputs: dict) -> None:
         if not mode and END_OF_TEXT in text and theirs == wanted_special:
             raise CheckFailed(f"{where}: {END_OF_TEXT} became the special token {encoding.eot_token}. Likely "
                               "mistake: the special token is honoured when it is not allowed: without "
-                              "allow_special it is ordinary text, as tiktoken's encode_ordinary has it.")
-        raise CheckFailed(f"{where}: {_first_difference(theirs, expected, text, bool(mode))}")
+                              "allow_special it is ordinary text, as tiktoken's encode_ordinary has it.",
+                              mistake="special_token_honoured")
+        difference = _first_difference(theirs, expected, text, bool(mode))
+        raise CheckFailed(f"{where}: {difference}", mistake=mistake_key(difference))
 
 
 def _judge_other_ranks(case: Case, outputs: dict, bpe) -> None:
@@ -358,10 +374,12 @@ def _judge_other_ranks(case: Case, outputs: dict, bpe) -> None:
         if mine == bpe(word, _files()[1]):
             raise CheckFailed(f"{head} Yours is its cut by GPT-2's ranks. Likely mistake: bpe ignores its `ranks` "
                               "argument: a cache keyed on the word alone (key it on the word and the ranks, or keep "
-                              "one cache per ranks), or bpe_ranks read in place of `ranks`.")
+                              "one cache per ranks), or bpe_ranks read in place of `ranks`.",
+                              mistake="ranks_argument_ignored")
         if "".join(mine) != word:
             raise CheckFailed(f"{head} Your tokens do not add up to the word: return the tokens it is cut into.")
-        raise CheckFailed(f"{head} {_cut_diagnosis(word, mine, right, ranks, cuts)}")
+        diagnosis = _cut_diagnosis(word, mine, right, ranks, cuts)
+        raise CheckFailed(f"{head} {diagnosis}", mistake=mistake_key(diagnosis))
 
 
 def judge_encode(case: Case, outputs: dict) -> None:

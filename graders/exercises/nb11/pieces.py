@@ -12,7 +12,7 @@ from graders.exercises.nb11.libraries import refuse_library_parts
 from graders.exercises.nb11.texts import hidden_text
 from graders.exercises.nb11.wire import as_list, pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.tokenizer import GPT2_PATTERN, bpe_files, gpt2_encoding
@@ -89,7 +89,7 @@ def produce_bytes(learner, case: Case, inputs: dict) -> dict:
                 raise CheckFailed(f"bytes_to_text raised UnicodeDecodeError on {list(cut)}, bytes that end or start "
                                   "inside a character. Likely mistake: decoding strictly: decode with "
                                   "errors=\"replace\", as GPT-2 does, so that a cut character becomes "
-                                  "'\ufffd'.") from None
+                                  "'\ufffd'.", mistake="strict_decode") from None
             raise
         if not isinstance(back, str):
             raise CheckFailed(f"bytes_to_text: return a str; got {type(back).__name__}.")
@@ -105,7 +105,8 @@ def judge_bytes(case: Case, outputs: dict) -> None:
         if values == [ord(c) for c in text]:
             raise CheckFailed(f"text_to_bytes on {_where(case)}: {len(values)} values, expected {len(expected)} "
                               "bytes. Likely mistake: code points (ord), not bytes: a character outside ASCII "
-                              "takes 2 to 4 bytes in UTF-8; use text.encode(\"utf-8\").")
+                              "takes 2 to 4 bytes in UTF-8; use text.encode(\"utf-8\").",
+                              mistake="code_points")
         at = next((i for i, (a, b) in enumerate(zip(values, expected)) if a != b), min(len(values), len(expected)))
         raise CheckFailed(f"text_to_bytes on {_where(case)}: value {at} is "
                           f"{values[at] if at < len(values) else 'missing'}, expected "
@@ -118,11 +119,11 @@ def judge_bytes(case: Case, outputs: dict) -> None:
         if back == "".join(chr(b) for b in cut):
             raise CheckFailed(f"bytes_to_text on {list(cut)[:12]}: {back!r}, expected {wanted!r}. Likely mistake: "
                               "each byte made a character of its own (chr): join the bytes (bytes(values)) "
-                              "and decode them together as UTF-8.")
+                              "and decode them together as UTF-8.", mistake="byte_per_character")
         if back == cut.decode("utf-8", errors="ignore"):
             raise CheckFailed(f"bytes_to_text on {list(cut)[:12]}: {back!r}, expected {wanted!r}. Likely mistake: "
                               "errors=\"ignore\" drops the cut character; errors=\"replace\" shows it as '\ufffd', "
-                              "as GPT-2 does.")
+                              "as GPT-2 does.", mistake="errors_ignore")
         raise CheckFailed(f"bytes_to_text on {list(cut)[:12]}: {back!r}, expected {wanted!r} "
                           "(UTF-8, errors=\"replace\").")
 
@@ -170,28 +171,33 @@ def judge_table(case: Case, outputs: dict) -> None:
              f"{chr(expected[first])!r} (U+{expected[first]:04X})")
     kept, kept_by_gpt2 = {b for b in range(256) if chars[b] == b}, {b for b in range(256) if expected[b] == b}
     if chars == list(range(256)):
-        likely = ("every byte stands for itself (chr(b)): the space, the newline and the control bytes "
-                  "would then be invisible or unprintable in vocab.bpe; those (and only those) move to chr(256 + n)")
+        likely = Mistake("identity_table", "every byte stands for itself (chr(b)): the space, the newline and the "
+                         "control bytes would then be invisible or unprintable in vocab.bpe; those (and only those) "
+                         "move to chr(256 + n)")
     elif len(set(chars)) < 256:
-        likely = "two bytes map to the same character: the table must be one to one, or tokens cannot be read back"
+        likely = Mistake("not_one_to_one", "two bytes map to the same character: the table must be one to one, or "
+                         "tokens cannot be read back")
     elif kept_by_gpt2 - kept:
-        likely = (f"the printable bytes are not all kept: {sorted(kept_by_gpt2 - kept)[:6]} stand for themselves in "
-                  "GPT-2's table. The kept ranges are '!' to '~', '¡' to '¬' and '®' to 'ÿ'")
+        likely = Mistake("printable_not_kept", f"the printable bytes are not all kept: "
+                         f"{sorted(kept_by_gpt2 - kept)[:6]} stand for themselves in GPT-2's table. The kept ranges "
+                         "are '!' to '~', '¡' to '¬' and '®' to 'ÿ'")
     elif chars == _table_keeping(kept) and kept - kept_by_gpt2 == {32}:
-        likely = ("the space (byte 32) kept as itself: GPT-2 moves it too, to 'Ġ' (chr(288)), since vocab.bpe "
-                  "separates the two tokens of a merge with a space; the first kept range starts at '!' (33)")
+        likely = Mistake("space_kept", "the space (byte 32) kept as itself: GPT-2 moves it too, to 'Ġ' (chr(288)), "
+                         "since vocab.bpe separates the two tokens of a merge with a space; the first kept range "
+                         "starts at '!' (33)")
     elif chars == _table_keeping(kept):
-        likely = (f"bytes GPT-2 moves kept as themselves: {sorted(kept - kept_by_gpt2)[:6]}; only '!' to '~', "
-                  "'¡' to '¬' and '®' to 'ÿ' stand for themselves")
+        likely = Mistake("moved_bytes_kept", f"bytes GPT-2 moves kept as themselves: "
+                         f"{sorted(kept - kept_by_gpt2)[:6]}; only '!' to '~', '¡' to '¬' and '®' to 'ÿ' stand for "
+                         "themselves")
     elif kept == kept_by_gpt2 and all(chars[b] >= 256 for b in range(256) if b not in kept):
-        likely = ("the bytes that move are numbered differently: the n-th byte that is not printable, counting "
-                  "up from 0, maps to chr(256 + n)")
+        likely = Mistake("moved_numbered_differently", "the bytes that move are numbered differently: the n-th "
+                         "byte that is not printable, counting up from 0, maps to chr(256 + n)")
     else:
         raise CheckFailed(f"bytes_to_unicode: {len(wrong)} of 256 entries differ from encoder.json's; {shown}: "
                           "each kept byte stands for itself, and the n-th of the others, in increasing byte order, "
                           "for chr(256 + n).")
     raise CheckFailed(f"bytes_to_unicode: {len(wrong)} of 256 entries differ from encoder.json's; {shown}. "
-                      f"Likely mistake: {likely}.")
+                      f"Likely mistake: {likely}.", mistake=mistake_key(likely))
 
 
 def _table_keeping(kept: set[int]) -> list[int]:
@@ -211,20 +217,26 @@ PATTERN_FIX = f'\n  Show the fix: pattern = r"""{GPT2_PATTERN}"""'
 # Each mistake's pattern, recomputed on the text, by its name. A whitespace alternative missing is said
 # in words, as the notebook's Hint 2 says it, and its pattern shown only in the fix (the last line).
 PATTERN_MISTAKES = {
-    "a run of whitespace before a word keeps all of its spaces: the alternative that takes a run of "
-    "whitespace but leaves its last character, when something other than whitespace follows, is missing, "
-    "so the next word loses its leading space (GPT-2 has ' world', not 'world')":
+    Mistake("lookahead_alternative_missing",
+            "a run of whitespace before a word keeps all of its spaces: the alternative that takes a run of "
+            "whitespace but leaves its last character, when something other than whitespace follows, is missing, "
+            "so the next word loses its leading space (GPT-2 has ' world', not 'world')"):
         (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+""", PATTERN_FIX),
-    "whitespace that no other alternative takes (a newline or a tab before a word, as in '\\n\\nHi') matches "
-    "nothing, and findall skips it: the last alternative, any run of whitespace on its own, is missing":
+    Mistake("whitespace_alternative_missing",
+            "whitespace that no other alternative takes (a newline or a tab before a word, as in '\\n\\nHi') "
+            "matches nothing, and findall skips it: the last alternative, any run of whitespace on its own, is "
+            "missing"):
         (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)""", PATTERN_FIX),
-    "the contractions match case-insensitively: GPT-2's pattern is case-sensitive, so \"DON'T\" splits as "
-    "\"DON\", \"'\", \"T\" (a known quirk); keep the pattern as it is, without IGNORECASE or (?i)":
+    Mistake("case_insensitive",
+            "the contractions match case-insensitively: GPT-2's pattern is case-sensitive, so \"DON'T\" splits "
+            "as \"DON\", \"'\", \"T\" (a known quirk); keep the pattern as it is, without IGNORECASE or (?i)"):
         (r"""(?i:'(?:[sdmt]|ll|ve|re))| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""", ""),
-    "letters and digits are ASCII only ([a-zA-Z], [0-9]): \\p{L} and \\p{N} (the `regex` package) take the "
-    "letters and digits of every script":
+    Mistake("ascii_classes",
+            "letters and digits are ASCII only ([a-zA-Z], [0-9]): \\p{L} and \\p{N} (the `regex` package) take "
+            "the letters and digits of every script"):
         (r"""'(?:[sdmt]|ll|ve|re)| ?[a-zA-Z]+| ?[0-9]+| ?[^\sa-zA-Z0-9]+|\s+(?!\S)|\s+""", ""),
-    "`re`'s \\w stands in for letters: it takes digits and '_' too; use `regex` with \\p{L} and \\p{N}":
+    Mistake("backslash_w", "`re`'s \\w stands in for letters: it takes digits and '_' too; use `regex` with "
+            "\\p{L} and \\p{N}"):
         (r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""", ""),
 }
 
@@ -247,11 +259,13 @@ def produce_pretokenize(pretokenize, case: Case, inputs: dict) -> dict:
     except CheckFailed as failure:
         if isinstance(failure.__cause__, re.error) and "\\p" in str(failure.__cause__):
             raise CheckFailed("pretokenize: Python's `re` does not know \\p{L} or \\p{N} (bad escape). Likely "
-                              "mistake: `re` in place of `regex`: import regex and call regex.findall.") from None
+                              "mistake: `re` in place of `regex`: import regex and call regex.findall.",
+                              mistake="re_not_regex") from None
         raise
     if isinstance(chunks, list) and chunks and isinstance(chunks[0], tuple):
         raise CheckFailed("pretokenize returned tuples, not strings. Likely mistake: a capturing group in the "
-                          "pattern: findall then returns the groups; group with (?:...) instead.")
+                          "pattern: findall then returns the groups; group with (?:...) instead.",
+                          mistake="capturing_group")
     chunks = as_list("pretokenize", chunks, str, "a list of str")
     flat, lengths = pieces_tensors([c.encode("utf-8") for c in chunks])
     return {"chunks": flat, "lengths": lengths}
@@ -276,13 +290,15 @@ def judge_pretokenize(case: Case, outputs: dict) -> None:
         head += f" Joined, your pre-tokens do not give the text back: {_lost(chunks, text)}."
     for likely, (pattern, fix) in PATTERN_MISTAKES.items():
         if chunks == regex.findall(pattern, text):
-            raise CheckFailed(f"{head} Likely mistake: {likely}.{fix}")
+            raise CheckFailed(f"{head} Likely mistake: {likely}.{fix}", mistake=mistake_key(likely))
     if len(chunks) == len(expected) and all(mine in theirs for mine, theirs in zip(chunks, expected)):
         raise CheckFailed(f"{head} Likely mistake: a capturing group in the pattern: findall then returns what the "
-                          "group matched (or '' where it took no part); group with (?:...) instead.")
+                          "group matched (or '' where it took no part); group with (?:...) instead.",
+                          mistake="capturing_group")
     if "".join(chunks) != text:
         raise CheckFailed(f"{head} Likely mistake: your pre-tokens do not add up to the text (some characters "
-                          "are dropped or changed): findall with GPT-2's pattern covers every character.")
+                          "are dropped or changed): findall with GPT-2's pattern covers every character.",
+                          mistake="text_not_covered")
     raise CheckFailed(f"{head} Your pre-tokens add up to the text but are cut elsewhere: compare your pattern with "
                       "GPT-2's alternative by alternative, in order.")
 

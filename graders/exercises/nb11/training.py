@@ -21,7 +21,7 @@ from graders.exercises.nb11.pieces import REFUSED_WORDS, TOKENIZER_CODE, TOKENIZ
 from graders.exercises.nb11.texts import hidden_corpus
 from graders.exercises.nb11.wire import pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
@@ -37,32 +37,33 @@ FORBIDDEN = Forbidden("BPE training", source_words=REFUSED_WORDS, library_code=T
                       targets=TOKENIZER_TARGETS, instead="with dictionaries and counts")
 # What each replayed mistake is called (naive.MISTAKES), the catalog the judge names.
 NAMES = {
-    "across pre-tokens": "pairs are counted across pre-token boundaries (over the whole text): "
-                         "count inside each pre-token only, so that no merge spans two",
-    "unweighted": "the counts are not weighted: each distinct pre-token counts once. A pair in a "
-                  "pre-token that occurs n times occurs n times",
-    "overlapping": "overlapping occurrences are merged twice: in `a a a`, merging (a, a) gives "
-                   "`aa a` (left to right, not overlapping), not `aa aa`",
-    "right to left": "the occurrences are merged from the right: in `a a a`, merging (a, a) gives "
-                     "`aa a` (left to right), not `a aa`",
-    "first only": "only the first occurrence in a pre-token is merged: merge every occurrence, "
-                  "left to right",
-    "characters": "the pre-tokens start as characters, not bytes: a character outside ASCII is one "
-                  "token of several bytes from the start. Start from the UTF-8 bytes, one token each "
-                  "(`[bytes([b]) for b in word.encode(\"utf-8\")]`): the merges join them",
-    "not subtracted": "the counts of the pairs a merge removes are not taken off: after a merge, subtract "
-                      "each changed pre-token's old pairs (times its count) before adding its new ones",
-    "split at whitespace": "the text is cut at whitespace (str.split), not by pretokenize: pre-tokens keep "
-                           "their leading space (' the'); call pretokenize",
-    "once per pre-token": "a pair is counted once per pre-token even where it occurs more often in it "
-                          "(`banana` holds (a, n) twice): count every occurrence",
-    "index not updated": "the pair-to-pre-token index is not updated with the pairs a merge makes, so a later "
-                         "merge of such a pair misses the pre-tokens that hold it: add each pre-token to the "
-                         "index of each new pair it holds",
-    "tie smallest": "the tie-break takes the smallest pair: among the most frequent pairs, take "
-                    "the greatest, max((count, pair))",
-    "tie first seen": "the tie-break is ignored (the first most frequent pair found): among the "
-                      "most frequent pairs, take the greatest, max((count, pair))",
+    "across pre-tokens": Mistake("across_pretokens", "pairs are counted across pre-token boundaries (over the whole "
+                                 "text): count inside each pre-token only, so that no merge spans two"),
+    "unweighted": Mistake("unweighted", "the counts are not weighted: each distinct pre-token counts once. A pair "
+                          "in a pre-token that occurs n times occurs n times"),
+    "overlapping": Mistake("overlapping", "overlapping occurrences are merged twice: in `a a a`, merging (a, a) "
+                           "gives `aa a` (left to right, not overlapping), not `aa aa`"),
+    "right to left": Mistake("right_to_left", "the occurrences are merged from the right: in `a a a`, merging (a, "
+                             "a) gives `aa a` (left to right), not `a aa`"),
+    "first only": Mistake("first_only", "only the first occurrence in a pre-token is merged: merge every "
+                          "occurrence, left to right"),
+    "characters": Mistake("starts_from_characters", "the pre-tokens start as characters, not bytes: a character "
+                          "outside ASCII is one token of several bytes from the start. Start from the UTF-8 bytes, "
+                          "one token each (`[bytes([b]) for b in word.encode(\"utf-8\")]`): the merges join them"),
+    "not subtracted": Mistake("not_subtracted", "the counts of the pairs a merge removes are not taken off: after a "
+                              "merge, subtract each changed pre-token's old pairs (times its count) before adding "
+                              "its new ones"),
+    "split at whitespace": Mistake("split_at_whitespace", "the text is cut at whitespace (str.split), not by "
+                                   "pretokenize: pre-tokens keep their leading space (' the'); call pretokenize"),
+    "once per pre-token": Mistake("once_per_pretoken", "a pair is counted once per pre-token even where it occurs "
+                                  "more often in it (`banana` holds (a, n) twice): count every occurrence"),
+    "index not updated": Mistake("index_not_updated", "the pair-to-pre-token index is not updated with the pairs a "
+                                 "merge makes, so a later merge of such a pair misses the pre-tokens that hold it: "
+                                 "add each pre-token to the index of each new pair it holds"),
+    "tie smallest": Mistake("tie_smallest", "the tie-break takes the smallest pair: among the most frequent pairs, "
+                            "take the greatest, max((count, pair))"),
+    "tie first seen": Mistake("tie_first_seen", "the tie-break is ignored (the first most frequent pair found): "
+                              "among the most frequent pairs, take the greatest, max((count, pair))"),
 }
 
 
@@ -73,8 +74,9 @@ def _merges_record(merges) -> dict:
     for merge in merges:
         if not (isinstance(merge, (tuple, list)) and len(merge) == 2
                 and all(isinstance(p, (bytes, bytearray)) for p in merge)):
+            kind = _merge_kind(merge)
             raise CheckFailed(f"train_bpe: each merge must be a pair of bytes objects, like (b' t', b'he'); "
-                              f"got {merge!r}.{_merge_kind(merge)}")
+                              f"got {merge!r}.{kind}", mistake=mistake_key(kind))
     lefts, left_lengths = pieces_tensors([bytes(m[0]) for m in merges])
     rights, right_lengths = pieces_tensors([bytes(m[1]) for m in merges])
     return {"lefts": lefts, "left_lengths": left_lengths, "rights": rights, "right_lengths": right_lengths}
@@ -83,12 +85,14 @@ def _merges_record(merges) -> dict:
 def _merge_kind(merge) -> str:
     """What a merge of another kind looks like it holds."""
     if isinstance(merge, (tuple, list)) and len(merge) == 2 and all(isinstance(p, int) for p in merge):
-        return (" Likely mistake: the merges recorded as token ids: record the two tokens themselves, "
-                "the byte strings that were joined.")
+        return Mistake("merges_as_ids", " Likely mistake: the merges recorded as token ids: record the two tokens "
+                       "themselves, the byte strings that were joined.")
     if isinstance(merge, (bytes, bytearray)):
-        return " Likely mistake: the merged token recorded: record the pair that was joined, (left, right)."
+        return Mistake("merged_token_recorded", " Likely mistake: the merged token recorded: record the pair that "
+                       "was joined, (left, right).")
     if isinstance(merge, (tuple, list)) and len(merge) == 2 and all(isinstance(p, str) for p in merge):
-        return " Likely mistake: the tokens are strings: keep them as bytes, from the text's UTF-8 bytes."
+        return Mistake("tokens_as_strings", " Likely mistake: the tokens are strings: keep them as bytes, from the "
+                       "text's UTF-8 bytes.")
     return ""
 
 
@@ -139,19 +143,22 @@ def judge_merges(text: str, n_merges: int, learned: list, where: str, replay: bo
         why = (f"no pair is left after merge {step}" if len(expected) < n_merges else
                f"n_merges is {n_merges}. Likely mistake: the loop makes more merges than n_merges (its bound)")
         raise CheckFailed(f"{head}: {len(learned)} merges, expected {len(expected)} (the first {step} are "
-                          f"right): {why}. Return n_merges merges, fewer only when no pair is left.")
+                          f"right): {why}. Return n_merges merges, fewer only when no pair is left.",
+                          mistake=None if len(expected) < n_merges else "too_many_merges")
     counts = naive.pair_counts(text, learned[:step])
     if step == len(learned):
         wanted = counts[expected[step]]
         if wanted == 1:
-            why = ("Likely mistake: training stops when the most frequent pair occurs once: a pair that occurs "
-                   "once is merged too, until n_merges merges are made or no pair is left.")
+            why = Mistake("stops_at_count_one", "Likely mistake: training stops when the most frequent pair occurs "
+                          "once: a pair that occurs once is merged too, until n_merges merges are made or no pair is "
+                          "left.")
         elif len(learned) == n_merges - 1:
-            why = "Likely mistake: one merge too few: the loop's bound is off by one."
+            why = Mistake("one_merge_too_few", "Likely mistake: one merge too few: the loop's bound is off by one.")
         else:
             why = "Return n_merges merges, fewer only when no pair is left."
         raise CheckFailed(f"{head}: only {len(learned)} merges, expected {len(expected)} (those are right); the "
-                          f"next, {expected[step]!r}, occurs {_times(wanted)} at that point. {why}")
+                          f"next, {expected[step]!r}, occurs {_times(wanted)} at that point. {why}",
+                          mistake=mistake_key(why))
     replayed = {mistake: naive_train(text, n_merges, mistake) for mistake in naive.MISTAKES} if replay else {}
     best = max(replayed, key=lambda m: _common(learned, replayed[m]), default=None)
     theirs, ours = learned[step], expected[step]
@@ -163,8 +170,9 @@ def judge_merges(text: str, n_merges: int, learned: list, where: str, replay: bo
     # Named when the replay agrees on the next 6 merges too (or all): a mistake nobody listed (counts
     # weighted by a pre-token's length) agrees with "unweighted" for 4.
     if best is not None and _common(learned, replayed[best]) >= min(step + 6, len(learned)):
-        raise CheckFailed(f"{shown} Likely mistake: {NAMES[best]}.")
-    raise CheckFailed(f"{shown} {_diagnosis(text, learned, step, ours, counts, depth=6 if replay else 3)}")
+        raise CheckFailed(f"{shown} Likely mistake: {NAMES[best]}.", mistake=mistake_key(NAMES[best]))
+    diagnosis = _diagnosis(text, learned, step, ours, counts, depth=6 if replay else 3)
+    raise CheckFailed(f"{shown} {diagnosis}", mistake=mistake_key(diagnosis))
 
 
 def _spans_pre_tokens(pair: tuple[bytes, bytes]) -> bool:
@@ -218,31 +226,40 @@ def _diagnosis(text: str, learned: list, step: int, ours: tuple, counts: Counter
     before, theirs = learned[:step], learned[step]
     mine, right = counts.get(theirs, 0), counts[ours]
     if any(_whole_character(side, before) for side in theirs):
-        return f"Likely mistake: {NAMES['characters']}."
+        return _named(NAMES['characters'], f"Likely mistake: {NAMES['characters']}.")
     if _spans_pre_tokens(theirs):
-        return f"Likely mistake: {NAMES['across pre-tokens']}."
+        return _named(NAMES['across pre-tokens'], f"Likely mistake: {NAMES['across pre-tokens']}.")
     if theirs == ours[::-1]:
-        return "Likely mistake: the pair recorded the other way round: record (left, right), in the text's order."
+        return Mistake("pair_reversed", "Likely mistake: the pair recorded the other way round: record (left, "
+                       "right), in the text's order.")
     if theirs in before:
-        return (f"Yours was merged before, at merge {before.index(theirs) + 1}, and kept a count. Likely "
-                f"mistake: {NAMES['index not updated']} (or the merged pair's count is not dropped).")
+        return _named(NAMES['index not updated'], f"Yours was merged before, at merge {before.index(theirs) + 1}, "
+                      f"and kept a count. Likely mistake: {NAMES['index not updated']} (or the merged pair's count "
+                      "is not dropped).")
     if mine == right:
         order = "smaller" if theirs < ours else "greater"
-        return (f"Likely mistake: the tie-break: yours took a {order} pair; among the most frequent pairs, "
-                f"take the greatest, max((count, pair)).")
+        return Mistake("tie_break", f"Likely mistake: the tie-break: yours took a {order} pair; among the most "
+                       f"frequent pairs, take the greatest, max((count, pair)).")
     if all(learned[k] == max(naive.pair_counts(text, learned[:k]))
            for k in range(step, min(len(learned), step + depth))):
-        return ("Yours is the greatest pair there is, not the most frequent (and so are the next ones). Likely "
-                "mistake: the pairs compared pair first: compare (count, pair), the count first.")
+        return Mistake("pair_compared_first", "Yours is the greatest pair there is, not the most frequent (and so "
+                       "are the next ones). Likely mistake: the pairs compared pair first: compare (count, pair), the "
+                       "count first.")
     mistake = _explaining(text, learned, step, ours, depth)
     if mistake:
-        return f"Likely mistake: {NAMES[mistake]}."
+        return _named(NAMES[mistake], f"Likely mistake: {NAMES[mistake]}.")
     if mine == 0:
-        return ("Yours is not a pair of adjacent tokens inside any pre-token at that point: its count is left "
-                "over. Likely mistake: the counts of the pairs a merge removes are not taken off, or an earlier "
-                "merge was not applied to every pre-token that holds its pair.")
-    return ("Likely mistake: the pairs are miscounted: count each adjacent pair of each pre-token's current "
-            "tokens, times the number of times that pre-token occurs, and take the most frequent.")
+        return Mistake("count_left_over", "Yours is not a pair of adjacent tokens inside any pre-token at that "
+                       "point: its count is left over. Likely mistake: the counts of the pairs a merge removes are "
+                       "not taken off, or an earlier merge was not applied to every pre-token that holds its pair.")
+    return Mistake("miscounted", "Likely mistake: the pairs are miscounted: count each adjacent pair of each "
+                   "pre-token's current tokens, times the number of times that pre-token occurs, and take the most "
+                   "frequent.")
+
+
+def _named(mistake: Mistake, text: str) -> Mistake:
+    """`text`, which names `mistake`, under that mistake's key."""
+    return Mistake(mistake_key(mistake), text)
 
 
 def _where(case: Case) -> str:
@@ -327,7 +344,7 @@ def judge_speed(case: Case, outputs: dict) -> None:
             f"Shakespeare within {float(outputs['ceiling']):.1f} s ({CEILING_FACTOR}x the course trainer's time "
             f"here, at least {CEILING_FLOOR:g} s). Likely mistake: the full recount: every merge counts every "
             "pair of every pre-token again. Count once, then after each merge update only the pre-tokens that "
-            "hold the merged pair (keep, for each pair, which pre-tokens hold it).")
+            "hold the merged pair (keep, for each pair, which pre-tokens hold it).", mistake="full_recount")
     judge_merges(speed_corpus(), SPEED_MERGES, recorded_merges(outputs),
                  f"the first {SPEED_CHARACTERS:,} characters of tiny Shakespeare", replay=False)
 

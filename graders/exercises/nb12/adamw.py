@@ -169,11 +169,12 @@ def _named_crash(failure: CheckFailed) -> CheckFailed:
         return CheckFailed("AdamW.step crashed on a parameter whose .grad is None (it took no part in "
                            "this step's loss). Likely mistake: parameters without a gradient are not "
                            "skipped; `if p.grad is None: continue`, as torch's optimizers do.\n  "
-                           + text.splitlines()[0])
+                           + text.splitlines()[0], mistake="none_grad_not_skipped")
     if "leaf Variable that requires grad" in text:
         return CheckFailed("AdamW.step updates the parameters in place while autograd records it. "
                            "Likely mistake: step() is not under torch.no_grad(); decorate it with "
-                           "@torch.no_grad(), as torch's optimizers do.\n  " + text.splitlines()[0])
+                           "@torch.no_grad(), as torch's optimizers do.\n  " + text.splitlines()[0],
+                           mistake="step_without_no_grad")
     return failure
 
 
@@ -213,8 +214,8 @@ MISTAKES = {
 }
 # Mistakes torch's own AdamW makes on request: its keyword arguments, and what they mean.
 TORCH_MISTAKES = {
-    (("amsgrad", True),): "the denominator uses the largest v so far (AMSGrad's max(v_max, v)): AdamW divides "
-                          "by the root of this step's bias-corrected v, which can shrink",
+    (("amsgrad", True),): Mistake("amsgrad", "the denominator uses the largest v so far (AMSGrad's max(v_max, "
+                                  "v)): AdamW divides by the root of this step's bias-corrected v, which can shrink"),
 }
 
 
@@ -261,14 +262,15 @@ def judge(case: Case, outputs: dict) -> None:
     if not torch.isfinite(outputs["params"][first]).all():
         raise CheckFailed(f"{head} They are NaN or infinite. Likely mistake: the bias correction counts "
                           "from step 0: 1 - beta**0 is 0 and m / 0 is infinite; the step count is 1 at "
-                          "the first update (increment it before using it).")
+                          "the first update (increment it before using it).", mistake="correction_from_zero")
     for description, mistaken in adamw_mistakes(case).items():
         if _same_params(outputs, mistaken):
             raise CheckFailed(f"{head} Likely mistake: {description}.", mistake=mistake_key(description))
     keys = f"\n  Also: {keys_mistake(outputs)}." if keys_mistake(outputs) else ""
     parts = _update_parts(outputs, expected, first, case)
     named = f" Likely mistake: {parts}." if parts else ""
-    raise CheckFailed(f"{head}{named}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}{keys}")
+    raise CheckFailed(f"{head}{named}\n  {_localised(outputs, expected, first, wrong, names, sizes, case)}{keys}",
+                      mistake=mistake_key(parts))
 
 
 def _update_parts(outputs: dict, expected: dict, first: int, case: Case) -> str | None:
@@ -294,22 +296,24 @@ def _update_parts(outputs: dict, expected: dict, first: int, case: Case) -> str 
     step = f"at step {first + 1}"
     near = lambda x, y: abs(x - y) <= 1e-2 * max(1.0, abs(y))   # noqa: E731
     if near(a, 0) and near(b, 0):
-        return (f"the parameters do not change {step}: the update never reaches them. `p = p - ...` rebinds "
-                "the name p to a new tensor and leaves the model's parameter as it was; update it in place "
-                "(p.mul_, p.add_, p.addcdiv_, or p.copy_(...))")
+        return Mistake("not_in_place", f"the parameters do not change {step}: the update never reaches them. "
+                       "`p = p - ...` rebinds the name p to a new tensor and leaves the model's parameter as it "
+                       "was; update it in place (p.mul_, p.add_, p.addcdiv_, or p.copy_(...))")
     if near(a, 0):
-        return (f"only the weight decay reaches the parameters {step}; the Adam update lr * m_hat / (sqrt(v_hat) "
-                "+ eps) is computed but not applied in place (rebound to a new tensor?)")
+        return Mistake("update_not_applied", f"only the weight decay reaches the parameters {step}; the Adam "
+                       "update lr * m_hat / (sqrt(v_hat) + eps) is computed but not applied in place (rebound to "
+                       "a new tensor?)")
     if near(a, -1):
-        return f"the Adam update has the wrong sign {step}: subtract lr * m_hat / (sqrt(v_hat) + eps)"
+        return Mistake("update_sign", f"the Adam update has the wrong sign {step}: subtract lr * m_hat / "
+                       "(sqrt(v_hat) + eps)")
     if near(a, 1) and D.norm() > 0:
-        return (f"the Adam update is right {step}, but the weight decay is {b:.3g} times torch's "
-                "(lr * weight_decay * p, with the group's weight_decay)" if not near(b, 0) else
-                f"the Adam update is right {step}, but the weights are not decayed: p -= lr * weight_decay * p, "
-                "with each group's own weight_decay")
+        return (Mistake("decay_wrong_size", f"the Adam update is right {step}, but the weight decay is {b:.3g} times "
+                        "torch's (lr * weight_decay * p, with the group's weight_decay)") if not near(b, 0) else
+                Mistake("no_decay", f"the Adam update is right {step}, but the weights are not decayed: p -= lr * "
+                        "weight_decay * p, with each group's own weight_decay"))
     if near(b, 1) or D.norm() == 0:
-        return (f"the Adam update is {a:.4g} times torch's {step} (its direction is right, its size is not): "
-                "look at the learning rate it uses and the bias corrections 1 - beta**t")
+        return Mistake("update_wrong_size", f"the Adam update is {a:.4g} times torch's {step} (its direction is right, "
+                       "its size is not): look at the learning rate it uses and the bias corrections 1 - beta**t")
     return None
 
 
@@ -355,7 +359,7 @@ def _judge_state(outputs: dict, expected: dict, names: list[str], sizes: list[in
     """The parameters are right: the state must be too, under torch's names (checkpoints save it)."""
     if keys_mistake(outputs):
         raise CheckFailed(f"AdamW's updates are right, but its state cannot be read. Likely mistake: "
-                          f"{keys_mistake(outputs)}.")
+                          f"{keys_mistake(outputs)}.", mistake=mistake_key(keys_mistake(outputs)))
     for key in STATE:
         if torch.isnan(outputs[key]).all():
             raise CheckFailed(f"AdamW's updates are right, but optimizer.state[p]['{key}'] is missing. Keep "

@@ -26,7 +26,7 @@ from graders.integrity.library_kernels import CLIP_GRAD_RUNS, CROSS_ENTROPY_RUNS
 from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import items_of, shown, whole_number
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -203,19 +203,20 @@ def _after_saving(model, optimizer, generator, data, case: Case) -> dict:
 # What differs at the first resumed step, in the order it is looked for, and what it means.
 DIVERGED = (
     ("weights", "the model's weights",
-     "the model's weights are not restored: load model.state_dict() with model.load_state_dict"),
+     Mistake("weights_not_restored",
+             "the model's weights are not restored: load model.state_dict() with model.load_state_dict")),
     ("exp_avg", "AdamW's first moments (exp_avg)",
-     "the optimizer's state is not restored, so AdamW's moments restart from zero: save "
-     "optimizer.state_dict() and load it with optimizer.load_state_dict"),
+     Mistake("optimizer_not_restored", "the optimizer's state is not restored, so AdamW's moments restart from "
+             "zero: save optimizer.state_dict() and load it with optimizer.load_state_dict")),
     ("batch", "the batch",
-     "the data generator is not restored, so the resumed run draws other batches: save "
-     "generator.get_state() and restore it with generator.set_state"),
+     Mistake("generator_not_restored", "the data generator is not restored, so the resumed run draws other "
+             "batches: save generator.get_state() and restore it with generator.set_state")),
     ("training", "the model's mode (train or eval)",
-     "the model is left in eval mode after loading (the run saved right after an evaluation): call "
-     "model.train() in load_checkpoint, so dropout is on again"),
+     Mistake("left_in_eval", "the model is left in eval mode after loading (the run saved right after an "
+             "evaluation): call model.train() in load_checkpoint, so dropout is on again")),
     ("rng", "the state of torch's global random generator",
-     "torch's global random generator is not restored, so dropout draws other masks: save "
-     "torch.get_rng_state() and restore it with torch.set_rng_state"),
+     Mistake("global_rng_not_restored", "torch's global random generator is not restored, so dropout draws other "
+             "masks: save torch.get_rng_state() and restore it with torch.set_rng_state")),
 )
 
 
@@ -230,7 +231,9 @@ def judge(case: Case, outputs: dict) -> None:
                if first_step == 0 else
                f"the step is off by one: save_checkpoint was given step={stop}, the next step to run, and "
                "load_checkpoint returns it as it was (no + 1 or - 1)." if abs(first_step - stop) == 1 else
-               "the step is not the one saved: return the step passed to save_checkpoint."))
+               "the step is not the one saved: return the step passed to save_checkpoint."),
+            mistake=("step_not_restored" if first_step == 0 else
+                     "step_off_by_one" if abs(first_step - stop) == 1 else "step_not_saved"))
     if "saved_rng" in outputs and torch.equal(outputs["loaded_batch_rng"], outputs["saved_rng"]) \
             and torch.equal(outputs["loaded_rng"], outputs["saved_batch_rng"]):
         raise CheckFailed(
@@ -238,7 +241,7 @@ def judge(case: Case, outputs: dict) -> None:
             "data generator holds the state torch's global generator had when the run saved, and the global "
             "generator the data generator's. Likely mistake: the two generators' states are swapped: restore "
             "generator.set_state(what generator.get_state() gave) and torch.set_rng_state(what "
-            "torch.get_rng_state() gave).")
+            "torch.get_rng_state() gave).", mistake="generators_swapped")
     for i in range(N_STEPS - stop):
         for key, what, meaning in DIVERGED:
             if not torch.equal(outputs[key][i], expected[key][i]):
@@ -246,7 +249,7 @@ def judge(case: Case, outputs: dict) -> None:
                     _judge_in_memory(outputs, key, what)
                 when = "as training resumed" if i == 0 else f"at step {stop + i}, {i} steps after resuming"
                 raise CheckFailed(f"The resumed run differs from the uninterrupted one {when}, first in "
-                                  f"{what}. Likely mistake: {meaning}.")
+                                  f"{what}. Likely mistake: {meaning}.", mistake=mistake_key(meaning))
         if not torch.equal(outputs["loss"][i], expected["loss"][i]):
             raise CheckFailed(
                 f"The resumed run's loss at step {stop + i} is {float(outputs['loss'][i]):.9g}, the "
@@ -265,7 +268,7 @@ def _judge_in_memory(outputs: dict, key: str, what: str) -> None:
             "those of the saving run after it trained on past the checkpoint. Likely mistake: load reads the "
             "objects that save kept in memory (state_dict() holds the live tensors, not copies), not the file: "
             "save to the file with torch.save and load everything back from it with torch.load, as a new "
-            "process would have to.")
+            "process would have to.", mistake="loaded_from_memory")
 
 
 exercise = Exercise(NOTEBOOK, "checkpoints", produce, judge, defaults={"text": None},

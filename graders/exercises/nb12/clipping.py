@@ -10,7 +10,7 @@ from graders.exercises.nb12.adamw import gradient, named_params
 from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import shown, real_number, real_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.integrity import WATCH_PARTS, Guard, LibraryOps, refused_ops
@@ -82,7 +82,7 @@ def _gradients_kept(params) -> None:
         if name == WITHOUT_GRAD:
             if p.grad is not None:
                 raise CheckFailed(f"clip_grad_norm gave {WITHOUT_GRAD}, which had no gradient (.grad None), a "
-                                  "gradient. Skip parameters whose .grad is None.")
+                                  "gradient. Skip parameters whose .grad is None.", mistake="none_grad_given")
         elif real_tensor(p.grad) is None or p.grad.shape != p.shape:
             raise CheckFailed(f"clip_grad_norm left {name}.grad as {shown(p.grad)}, where it was a tensor of shape "
                               f"{list(p.shape)}: scale each gradient in place (g.mul_(coefficient)).")
@@ -106,21 +106,23 @@ def clip_mistakes(grads: list[torch.Tensor], max_norm: float) -> dict[str, tuple
     l1 = float(flat.abs().sum())
     summed = sum(float(g.norm()) for g in grads)
     return {
-        "the coefficient is inverted: the gradients are multiplied by norm / max_norm, which lengthens them; "
-        "multiply by max_norm / (norm + 1e-6) when that is below 1": (total, flat / coef if coef < 1 else flat),
-        "the norm is the L1 norm (the sum of absolute values): clip_grad_norm_ uses the L2 norm, "
-        "sqrt(sum of g**2)": (l1, flat * min(max_norm / (l1 + 1e-6), 1.0)),
-        "the total norm is the sum of each parameter's norm: the norm of all gradients together is "
-        "sqrt(sum of each gradient's squared norm), which is smaller":
+        Mistake("inverted", "the coefficient is inverted: the gradients are multiplied by norm / max_norm, which "
+                "lengthens them; multiply by max_norm / (norm + 1e-6) when that is below 1"):
+            (total, flat / coef if coef < 1 else flat),
+        Mistake("l1_norm", "the norm is the L1 norm (the sum of absolute values): clip_grad_norm_ uses the L2 "
+                "norm, sqrt(sum of g**2)"): (l1, flat * min(max_norm / (l1 + 1e-6), 1.0)),
+        Mistake("summed_norms", "the total norm is the sum of each parameter's norm: the norm of all gradients "
+                "together is sqrt(sum of each gradient's squared norm), which is smaller"):
             (summed, flat * min(max_norm / (summed + 1e-6), 1.0)),
-        "each parameter is clipped by its own norm: clip by the one norm of all gradients together, "
-        "sqrt(sum of every gradient's squared norm)": (total, per_parameter),
-        "the gradients are scaled up when their norm is below max_norm: apply the coefficient "
-        "max_norm / (norm + 1e-6) only when it is below 1": (total, flat * coef),
-        "the norm is returned after clipping: return the total norm before clipping (what "
-        "clip_grad_norm_ returns, the number a training log shows)": (float(clipped.norm()), clipped),
-        "the gradients are left unchanged. If you loop over `parameters` twice, note it may be a "
-        "generator (model.parameters()), used up by the first loop: make a list first":
+        Mistake("per_parameter", "each parameter is clipped by its own norm: clip by the one norm of all gradients "
+                "together, sqrt(sum of every gradient's squared norm)"): (total, per_parameter),
+        Mistake("scaled_up", "the gradients are scaled up when their norm is below max_norm: apply the "
+                "coefficient max_norm / (norm + 1e-6) only when it is below 1"): (total, flat * coef),
+        Mistake("norm_after_clipping", "the norm is returned after clipping: return the total norm before "
+                "clipping (what clip_grad_norm_ returns, the number a training log shows)"):
+            (float(clipped.norm()), clipped),
+        Mistake("unchanged", "the gradients are left unchanged. If you loop over `parameters` twice, note it may "
+                "be a generator (model.parameters()), used up by the first loop: make a list first"):
             (total, flat),
     }
 
@@ -140,11 +142,13 @@ def judge(case: Case, outputs: dict) -> None:
                 f"{norm:.4g} is {which} max_norm")
         for description, (m_norm, m_grads) in clip_mistakes(list(before.split(sizes)), max_norm).items():
             if close(torch.tensor(got_norm), torch.tensor(m_norm)) and close(got, m_grads):
-                raise CheckFailed(f"{head}: not what clip_grad_norm_ does. Likely mistake: {description}.")
+                raise CheckFailed(f"{head}: not what clip_grad_norm_ does. Likely mistake: {description}.",
+                                  mistake=mistake_key(description))
         if not norm_ok:
             raise CheckFailed(f"{head} returned {got_norm:.6g}; clip_grad_norm_ returns {norm:.6g}, the norm "
                               "of all gradients together, before clipping.")
-        raise CheckFailed(f"{head}: {_localised(got, grads, before, names, sizes)}")
+        localised = _localised(got, grads, before, names, sizes)
+        raise CheckFailed(f"{head}: {localised}", mistake=mistake_key(localised))
 
 
 def _localised(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor, names: list[str], sizes: list[int]) -> str:
@@ -159,9 +163,11 @@ def _localised(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor, nam
                      if torch.allclose(g, b * ratio, rtol=1e-4, atol=1e-12) else
                      f"{name} is not a multiple of its gradient before")
     n_wrong = len(notes)
-    return (f"{n_wrong} of {len(names)} gradients differ from clip_grad_norm_'s: " + "; ".join(notes[:3])
-            + f".{_one_factor(got, grads, before)} Every gradient is multiplied by the same coefficient, "
+    one_factor = _one_factor(got, grads, before)
+    said = (f"{n_wrong} of {len(names)} gradients differ from clip_grad_norm_'s: " + "; ".join(notes[:3])
+            + f".{one_factor} Every gradient is multiplied by the same coefficient, "
             "min(1, max_norm / (norm + 1e-6)).")
+    return Mistake(mistake_key(one_factor), said) if mistake_key(one_factor) else said
 
 
 def _one_factor(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor) -> str:
@@ -170,11 +176,12 @@ def _one_factor(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor) ->
     factor, wanted = float(got @ before / (before @ before)), float(grads @ before / (before @ before))
     if not torch.allclose(got, before * factor, rtol=1e-4, atol=1e-12) or wanted <= 0 or factor <= 0:
         return ""
-    for relation, value in (("the square of", wanted ** 2), ("the inverse of", 1 / wanted),
-                            ("the square root of", wanted ** 0.5)):
+    for key, relation, value in (("coefficient_squared", "the square of", wanted ** 2),
+                                 ("inverted", "the inverse of", 1 / wanted),
+                                 ("coefficient_square_root", "the square root of", wanted ** 0.5)):
         if abs(factor - value) <= 1e-3 * value:
-            return (f" Likely mistake: every gradient is scaled by one factor, {factor:.4g}, {relation} "
-                    f"clip_grad_norm_'s {wanted:.4g}: the direction is kept, the coefficient is wrong.")
+            return Mistake(key, f" Likely mistake: every gradient is scaled by one factor, {factor:.4g}, {relation} "
+                           f"clip_grad_norm_'s {wanted:.4g}: the direction is kept, the coefficient is wrong.")
     return (f" Every gradient is scaled by one factor, {factor:.4g} (clip_grad_norm_'s is {wanted:.4g}): the "
             "direction is kept, the coefficient's value is wrong.")
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from graders.exercises.nb12.readers import real_number, real_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.integrity import WATCH_PARTS, Guard, LibraryOps, refused_ops
@@ -114,7 +114,8 @@ def produce(cross_entropy, case: Case, inputs: dict) -> dict:
             raise CheckFailed(
                 f"cross_entropy returned a tensor of shape {list(loss.shape)} on logits "
                 f"{list(logits.shape)}, not a scalar. Likely mistake: the mean is taken over one axis "
-                "only; the loss is the mean over every position whose target is not ignore_index.")
+                "only; the loss is the mean over every position whose target is not ignore_index.",
+                mistake="mean_one_axis")
         outputs[label] = loss.detach().reshape(()).double()
         outputs[f"{label}_is_float32"] = torch.tensor(loss.dtype == torch.float32)
     return {**outputs, **_one_position_at_a_time(cross_entropy, case)}
@@ -155,7 +156,7 @@ def _crash_named(failure: CheckFailed, label: str, case: Case) -> CheckFailed:
             f"ignore_index={ignore_index_of(case)}. Likely mistake: the ignore index is not honoured: "
             f"those targets are not token ids, so mask them out (targets != ignore_index) and pick the "
             f"target logits with a valid index there (e.g. targets.clamp(min=0)); use the ignore_index "
-            f"argument, not a fixed -100.\n  {text.splitlines()[0]}")
+            f"argument, not a fixed -100.\n  {text.splitlines()[0]}", mistake="ignore_index_unused")
     return failure
 
 
@@ -179,32 +180,35 @@ def loss_mistakes(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
         return losses.sum() / keep.sum()
     probs = (x - shift).exp() / (x - shift).exp().sum(-1, keepdim=True)
     return {
-        "exp without the max-shift: exp(1e4) overflows to inf. Subtract each row's max before exp, "
-        "and add it back after the log: logsumexp(x) = m + log(sum(exp(x - m)))":
+        Mistake("no_max_shift", "exp without the max-shift: exp(1e4) overflows to inf. Subtract each row's max "
+                "before exp, and add it back after the log: logsumexp(x) = m + log(sum(exp(x - m)))"):
             mean((x.exp().sum(-1).log() - picked) * keep),
-        "the log of a softmax: a probability below ~1e-45 underflows to 0 and its log is -inf. Work "
-        "in log space: log p = x - logsumexp(x), never log(softmax(x))":
+        Mistake("log_of_softmax", "the log of a softmax: a probability below ~1e-45 underflows to 0 and its log "
+                "is -inf. Work in log space: log p = x - logsumexp(x), never log(softmax(x))"):
             mean(-probs.gather(-1, targets.clamp(min=0)[..., None])[..., 0].log() * keep),
-        "the shift is each row's minimum, not its maximum: exp(x - min) is at least 1 and overflows once a "
-        "row spans more than about 88. Subtract the row's max, so that every exponent is at most 0":
+        Mistake("min_shift", "the shift is each row's minimum, not its maximum: exp(x - min) is at least 1 and "
+                "overflows once a row spans more than about 88. Subtract the row's max, so that every exponent "
+                "is at most 0"):
             mean((x.amin(-1) + (x - x.amin(-1, keepdim=True)).exp().sum(-1).log() - picked) * keep),
-        "the shift is the max of the whole tensor, not of each row: a row far below it has every "
-        "exp(x - m) underflow to 0. Take m per position: x.amax(dim=-1, keepdim=True)":
+        Mistake("global_max_shift", "the shift is the max of the whole tensor, not of each row: a row far below "
+                "it has every exp(x - m) underflow to 0. Take m per position: x.amax(dim=-1, keepdim=True)"):
             mean((x.amax() + (x - x.amax()).exp().sum(-1).log() - picked) * keep),
-        "the max is subtracted but not added back: logsumexp(x) = m + log(sum(exp(x - m)))":
+        Mistake("max_not_added_back", "the max is subtracted but not added back: logsumexp(x) = m + "
+                "log(sum(exp(x - m)))"):
             mean(((x - shift).exp().sum(-1).log() - picked) * keep),
-        "the padding positions are counted: their losses are left out of the sum but the mean divides "
-        "by every position; divide by the number of positions whose target is not ignore_index":
+        Mistake("padding_counted", "the padding positions are counted: their losses are left out of the sum but "
+                "the mean divides by every position; divide by the number of positions whose target is not "
+                "ignore_index"):
             per_position.sum() / keep.numel(),
-        "the ignore index is not honoured: the padding positions' losses (with target 0 in place of "
-        "ignore_index) are in the mean": ((lse - picked)).mean(),
-        "a mean of each sequence's mean: a sequence with padding then weighs more per token; the loss "
-        "is the mean over all the batch's real positions at once":
+        Mistake("ignore_index_unused", "the ignore index is not honoured: the padding positions' losses (with "
+                "target 0 in place of ignore_index) are in the mean"): ((lse - picked)).mean(),
+        Mistake("mean_of_means", "a mean of each sequence's mean: a sequence with padding then weighs more per "
+                "token; the loss is the mean over all the batch's real positions at once"):
             (per_position.sum(-1) / keep.sum(-1)).mean(),
-        "the mean is over the batch only (the positions' losses are summed): take the mean over every "
-        "real position": per_position.sum() / x.shape[0],
-        "the mean over the vocabulary axis: every token's log-probability is averaged, not only the "
-        "target's; pick the target's with gather": mean(-((x - lse[..., None]).mean(-1)) * keep),
+        Mistake("batch_mean_only", "the mean is over the batch only (the positions' losses are summed): take the "
+                "mean over every real position"): per_position.sum() / x.shape[0],
+        Mistake("vocab_mean", "the mean over the vocabulary axis: every token's log-probability is averaged, not "
+                "only the target's; pick the target's with gather"): mean(-((x - lse[..., None]).mean(-1)) * keep),
     }
 
 
@@ -231,7 +235,7 @@ def judge(case: Case, outputs: dict) -> None:
     mistakes = {label: loss_mistakes(logits, targets, ignore_index) for label, logits, targets in inputs}
     for description in mistakes[first]:
         if all(_same(outputs[label], mistakes[label][description]) for label, _, _ in inputs):
-            raise CheckFailed(f"{head} Likely mistake: {description}.{where}")
+            raise CheckFailed(f"{head} Likely mistake: {description}.{where}", mistake=mistake_key(description))
     if all(label.endswith("bfloat16") for label in wrong):
         lower = [label for label in wrong if not bool(outputs[f"{label}_is_float32"])]
         how = ("it returned a bfloat16 loss" if lower else
@@ -239,13 +243,14 @@ def judge(case: Case, outputs: dict) -> None:
         raise CheckFailed(
             f"{head} Likely mistake: the loss is computed in bfloat16 ({how}): bfloat16 keeps 8 "
             "significant bits, so a sum of exps and a log lose precision. Convert the logits to float32 "
-            f"first (logits.float()) and return a float32 loss, as autocast runs F.cross_entropy.{where}")
+            f"first (logits.float()) and return a float32 loss, as autocast runs F.cross_entropy.{where}",
+            mistake="bfloat16_loss")
     if not math.isfinite(got):
         raise CheckFailed(f"{head} Likely mistake: something overflows or underflows: look for an exp "
-                          f"of a large number, or a log of a number that rounds to 0.{where}")
+                          f"of a large number, or a log of a number that rounds to 0.{where}", mistake="overflow")
     relation = _constant_relation(outputs, expected, [label for label, _, _ in inputs])
     if relation:
-        raise CheckFailed(f"{head} Likely mistake: {relation}.{where}")
+        raise CheckFailed(f"{head} Likely mistake: {relation}.{where}", mistake=mistake_key(relation))
     raise CheckFailed(f"{head}{where}{_first_position(outputs, case)}\n  Hint: the loss of a position is "
                       "logsumexp(logits) - "
                       "logits[target], with logsumexp(x) = m + log(sum(exp(x - m))) and m the row's "
@@ -284,16 +289,18 @@ def _constant_relation(outputs: dict, expected: dict, labels: list[str]) -> str 
         factor = factors[0]
         for base, name in ((2, "log2"), (10, "log10")):
             if abs(factor - 1 / math.log(base)) <= 1e-3:
-                return (f"the loss is {factor:.4g} times F.cross_entropy's on every input, 1 / ln {base}: a "
-                        f"logarithm in base {base} ({name}); the loss uses the natural log (torch.log)")
-        return (f"the loss is {factor:.4g} times F.cross_entropy's on every input: the per-position losses "
-                "are right, and their sum is divided by the wrong count (the number of positions whose "
-                "target is not ignore_index), or scaled")
+                return Mistake("log_base", f"the loss is {factor:.4g} times F.cross_entropy's on every input, "
+                               f"1 / ln {base}: a logarithm in base {base} ({name}); the loss uses the natural log "
+                               "(torch.log)")
+        return Mistake("scaled", f"the loss is {factor:.4g} times F.cross_entropy's on every input: the "
+                       "per-position losses are right, and their sum is divided by the wrong count (the number of "
+                       "positions whose target is not ignore_index), or scaled")
     offsets = [got - want for got, want in pairs]
     rounding = 1e-5 * max(abs(want) for _, want in pairs)      # float32's, on losses up to about 2e4
     if max(offsets) - min(offsets) <= 1e-4 * max(1.0, abs(offsets[0])) + rounding:
-        return (f"the loss is F.cross_entropy's plus {offsets[0]:.4g} on every input: a constant term, one that "
-                "does not depend on the logits (a log of the vocabulary size, a +1 inside a log?)")
+        return Mistake("constant_offset", f"the loss is F.cross_entropy's plus {offsets[0]:.4g} on every input: a "
+                       "constant term, one that does not depend on the logits (a log of the vocabulary size, a +1 "
+                       "inside a log?)")
     return None
 
 

@@ -23,7 +23,7 @@ from graders.integrity.library_kernels import SOFTMAX_RUNS
 from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import described_keys, items_of, shown, whole_number
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
@@ -152,7 +152,8 @@ def saved_records(model: torch.nn.Module, args: tuple, mixed: bool, keep: bool =
     return records
 
 
-PACK_RETURNS_NONE = (
+PACK_RETURNS_NONE = Mistake(
+    "pack_returns_none",
     "the pack hook returns None, so autograd keeps nothing and each saved tensor is freed at once: its "
     "storage's address is then reused by the next, and fewer distinct storages are counted (the backward "
     "pass would fail, too). Return the tensor from pack, and from unpack what pack returned")
@@ -164,27 +165,28 @@ def counts_mistakes(records: list[dict]) -> dict[str, int]:
     with_parameters = {r["storage"]: r for r in records}
     return {
         "": sum(r["storage_bytes"] for r in distinct.values()),
-        "a storage saved twice is counted twice (a tensor and its view, or one tensor saved by two "
-        "operations): count each storage once, by untyped_storage().data_ptr()":
+        Mistake("storage_counted_twice", "a storage saved twice is counted twice (a tensor and its view, or one "
+                "tensor saved by two operations): count each storage once, by untyped_storage().data_ptr()"):
             sum(r["storage_bytes"] for r in records if not r["parameter"]),
-        "numbers are counted, not bytes: a float32 number takes 4 bytes, a bfloat16 one 2":
+        Mistake("numbers_not_bytes", "numbers are counted, not bytes: a float32 number takes 4 bytes, a bfloat16 "
+                "one 2"):
             sum(r["storage_bytes"] // r["element"] for r in distinct.values()),
-        "the model's parameters are counted (a matrix product saves its weight): they are in memory "
-        "anyway, counted as parameters; leave out the storages of model.parameters()":
+        Mistake("parameters_counted", "the model's parameters are counted (a matrix product saves its weight): "
+                "they are in memory anyway, counted as parameters; leave out the storages of model.parameters()"):
             sum(r["storage_bytes"] for r in with_parameters.values()),
-        "every saved tensor is counted at its own size, parameters and repeats included: count the "
-        "distinct storages that are not parameters": sum(r["bytes"] for r in records),
-        "every number is counted as 4 bytes: under autocast the matrix products save bfloat16 copies, "
-        "2 bytes a number; count storage.nbytes(), which knows the dtype":
+        Mistake("every_tensor_counted", "every saved tensor is counted at its own size, parameters and repeats "
+                "included: count the distinct storages that are not parameters"): sum(r["bytes"] for r in records),
+        Mistake("four_bytes_each", "every number is counted as 4 bytes: under autocast the matrix products save "
+                "bfloat16 copies, 2 bytes a number; count storage.nbytes(), which knows the dtype"):
             sum(r["storage_bytes"] // r["element"] * 4 for r in distinct.values()),
-        "each saved tensor is counted by its own address and size (data_ptr(), numel() * element_size()), "
-        "not by its storage: a view that shows part of its storage (here sin's input, three quarters of "
-        "the product) keeps the whole storage alive; count untyped_storage().nbytes(), once per "
-        "untyped_storage().data_ptr()":
+        Mistake("tensor_not_storage", "each saved tensor is counted by its own address and size (data_ptr(), "
+                "numel() * element_size()), not by its storage: a view that shows part of its storage (here sin's "
+                "input, three quarters of the product) keeps the whole storage alive; count "
+                "untyped_storage().nbytes(), once per untyped_storage().data_ptr()"):
             sum(r["bytes"] for r in {r["address"]: r for r in records if not r["parameter"]}.values()),
-        "parameters are told apart by identity (t is p, or t in a set of parameters): a saved weight "
-        "is often another tensor object, a view or a transpose, on the parameter's storage; compare "
-        "storages, t.untyped_storage().data_ptr() against the parameters'":
+        Mistake("parameters_by_identity", "parameters are told apart by identity (t is p, or t in a set of "
+                "parameters): a saved weight is often another tensor object, a view or a transpose, on the "
+                "parameter's storage; compare storages, t.untyped_storage().data_ptr() against the parameters'"):
             sum(r["storage_bytes"] for r in {r["storage"]: r for r in records if not r["parameter_object"]}.values()),
     }
 
@@ -201,13 +203,14 @@ def judge(case: Case, outputs: dict) -> None:
                 f"backward pass, parameters left out, hold {counts['']:,} bytes.")
         named = next((description for description, count in counts.items() if description and count == got), None)
         if named:
-            raise CheckFailed(f"{head} Likely mistake: {named}.")
+            raise CheckFailed(f"{head} Likely mistake: {named}.", mistake=mistake_key(named))
         if bool(outputs.get("pack_returns_none", False)):
-            raise CheckFailed(f"{head} Likely mistake: {PACK_RETURNS_NONE}.")
+            raise CheckFailed(f"{head} Likely mistake: {PACK_RETURNS_NONE}.", mistake=mistake_key(PACK_RETURNS_NONE))
         if got == 0:
             raise CheckFailed(f"{head} Likely mistake: nothing was recorded: run model(*inputs) inside "
                               "`with torch.autograd.graph.saved_tensors_hooks(pack, unpack):`, where pack "
-                              "records each tensor and returns it, and unpack returns what pack returned.")
+                              "records each tensor and returns it, and unpack returns what pack returned.",
+                              mistake="nothing_recorded")
         ratio = got / counts[""]
         raise CheckFailed(f"{head} (Yours is {ratio:.3g} times that.) Count each saved storage once, at "
                           "untyped_storage().nbytes(), and leave out the storages of model.parameters().")
@@ -263,19 +266,22 @@ def state_mistakes(case: Case, right: dict[str, int]) -> dict[str, tuple[str, in
     model, _ = measured_run(case, "model")
     frozen = sum(p.nbytes for p in model.parameters() if not p.requires_grad)
     return {
-        "the frozen parameters get gradients here: a parameter with requires_grad=False (the course's "
-        "unembedding bias b_U) has no gradient; count p.grad only for parameters that require grad":
+        Mistake("frozen_gradients", "the frozen parameters get gradients here: a parameter with "
+                "requires_grad=False (the course's unembedding bias b_U) has no gradient; count p.grad only for "
+                "parameters that require grad"):
             ("gradients", right["gradients"] + frozen),
-        "the frozen parameters get moments here: AdamW keeps moments only for the parameters it updates "
-        "(those that require grad)": ("adam_moments", right["adam_moments"] + 2 * frozen),
-        "one moment is counted: AdamW keeps two per parameter, exp_avg and exp_avg_sq":
+        Mistake("frozen_moments", "the frozen parameters get moments here: AdamW keeps moments only for the "
+                "parameters it updates (those that require grad)"):
+            ("adam_moments", right["adam_moments"] + 2 * frozen),
+        Mistake("one_moment", "one moment is counted: AdamW keeps two per parameter, exp_avg and exp_avg_sq"):
             ("adam_moments", right["adam_moments"] // 2),
-        "the master weights are counted in bfloat16 under mixed precision: autocast casts copies for the "
-        "matrix products; the parameters themselves stay float32": ("parameters", right["parameters"] // 2),
-        "the gradients are counted in bfloat16 under mixed precision: a float32 parameter's gradient is "
-        "float32": ("gradients", right["gradients"] // 2),
-        "the moments are counted in bfloat16 under mixed precision: AdamW keeps them in the parameters' "
-        "dtype, float32": ("adam_moments", right["adam_moments"] // 2),
+        Mistake("bfloat16_parameters", "the master weights are counted in bfloat16 under mixed precision: "
+                "autocast casts copies for the matrix products; the parameters themselves stay float32"):
+            ("parameters", right["parameters"] // 2),
+        Mistake("bfloat16_gradients", "the gradients are counted in bfloat16 under mixed precision: a float32 "
+                "parameter's gradient is float32"): ("gradients", right["gradients"] // 2),
+        Mistake("bfloat16_moments", "the moments are counted in bfloat16 under mixed precision: AdamW keeps them "
+                "in the parameters' dtype, float32"): ("adam_moments", right["adam_moments"] // 2),
     }
 
 
@@ -293,7 +299,7 @@ def judge_state(case: Case, outputs: dict) -> None:
             raise CheckFailed(f"{head} Likely mistake: {named}." if named else
                               f"{head} Count p.nbytes (numel times the bytes of its dtype) of the tensors that "
                               "exist: every parameter; a gradient and two moments for each parameter that "
-                              "requires grad.")
+                              "requires grad.", mistake=mistake_key(named))
 
 
 state_exercise = Exercise(NOTEBOOK, "training_state_bytes", produce_state, judge_state,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from graders.exercises.nb12.readers import items_of, real_number, real_tensor
+from graders.judging.compare import Mistake
 from graders.judging.learner import recorded_text
 
 STATE = ("exp_avg", "exp_avg_sq")
@@ -49,8 +50,8 @@ def keys_mistake(outputs: dict) -> str:
     """What is wrong with the keys of the learner's optimizer.state ("" when they are the parameters)."""
     keys = recorded_text(outputs["keys"]) if "keys" in outputs else KEYED_BY_PARAMETERS
     if keys == "ids":
-        return ("the state is kept by id(p), not by the parameter: key self.state by the parameter tensor "
-                "itself, self.state[p], as torch.optim.Optimizer does, so that state_dict() and "
-                "load_state_dict() find it (a checkpoint saves nothing of a state keyed by ids)")
-    return ("" if keys == KEYED_BY_PARAMETERS else f"{keys}: optimizer.state must be the dict "
-            "torch.optim.Optimizer makes, keyed by each parameter tensor (self.state[p])")
+        return Mistake("state_by_id", "the state is kept by id(p), not by the parameter: key self.state by the "
+                       "parameter tensor itself, self.state[p], as torch.optim.Optimizer does, so that state_dict() "
+                       "and load_state_dict() find it (a checkpoint saves nothing of a state keyed by ids)")
+    return ("" if keys == KEYED_BY_PARAMETERS else Mistake("state_not_by_parameter", f"{keys}: optimizer.state must "
+            "be the dict torch.optim.Optimizer makes, keyed by each parameter tensor (self.state[p])"))

@@ -82,14 +82,14 @@ def judge_logprob(case: Case, outputs: dict) -> None:
             f"{float(want[b]):.6g}.")
     for slip, description in LOGPROB_SLIPS.items():
         if close(got, ref.sequence_logprob(logits.double(), tokens, mask, slip)):
-            raise CheckFailed(f"{head} Likely mistake: {description}.")
+            raise CheckFailed(f"{head} Likely mistake: {description}.", mistake=slip)
     ratio = got / want
     counts = mask[:, 1:].sum(-1).double()
     if close(ratio, 1 / counts):
-        raise CheckFailed(f"{head} Likely mistake: {LOGPROB_SLIPS['mean']}.")
+        raise CheckFailed(f"{head} Likely mistake: {LOGPROB_SLIPS['mean']}.", mistake="mean")
     if torch.isfinite(ratio).all() and float(ratio.max() - ratio.min()) < 1e-6:
         raise CheckFailed(f"{head} Likely mistake: every sequence's is {float(ratio[0]):.4g} times the equation's: the "
-                          "tokens are right, the sum is scaled (a log in another base, a factor?).")
+                          "tokens are right, the sum is scaled (a log in another base, a factor?).", mistake="scaled")
     raise CheckFailed(f"{head}\n  Hint: log_softmax of the logits, each next token's picked with gather "
                       "(logits[:, :-1] against tokens[:, 1:]), kept where response_mask[:, 1:] is True, summed.")
 
@@ -149,16 +149,17 @@ def judge_loss(case: Case, outputs: dict) -> None:
         head = f"{where} returned {float(got):.6g}; the paper's equation gives {float(want):.6g}."
         for slip, description in LOSS_SLIPS.items():
             if close(got, ref.dpo_loss(*values, beta, slip=slip)):
-                raise CheckFailed(f"{head} Likely mistake: {description}.")
+                raise CheckFailed(f"{head} Likely mistake: {description}.", mistake=slip)
         if math.isfinite(float(got)) and close(got, expected_loss(*values, 1.0)):
-            raise CheckFailed(f"{head} Likely mistake: beta is not used (the loss is the one of beta = 1).")
+            raise CheckFailed(f"{head} Likely mistake: beta is not used (the loss is the one of beta = 1).",
+                              mistake="beta_unused")
         ratio = float(got) / float(want)
         if abs(ratio - case.batch) < 1e-4 * case.batch:
             raise CheckFailed(f"{head} Likely mistake: a sum over the {case.batch} pairs, not their mean (the loss is "
-                              f"{case.batch} times the equation's).")
+                              f"{case.batch} times the equation's).", mistake="sum_over_pairs")
         if math.isfinite(ratio) and abs(ratio - 1) > 1e-3 and close(got, ratio * want.detach()):
             raise CheckFailed(f"{head} Likely mistake: your loss is {ratio:.4g} times the equation's (a log in another "
-                              "base, a factor?).")
+                              "base, a factor?).", mistake="scaled")
         raise CheckFailed(f"{head}\n  Hint: the margin is (log pi(y_w) - log pi_ref(y_w)) - "
                           "(log pi(y_l) - log pi_ref(y_l)); "
                           "the loss is the mean of -log sigmoid(beta margin) (F.logsigmoid is stable).")
@@ -170,7 +171,8 @@ def judge_loss(case: Case, outputs: dict) -> None:
         if outputs[f"grad_{name}"].abs().max() > 0:
             raise CheckFailed(f"{where}: the loss is right, but a gradient reaches {name}. Likely mistake: the "
                               "reference is not frozen: its log-probs are constants of the loss; detach them (or "
-                              "compute them under torch.no_grad()), so that no step ever trains the reference.")
+                              "compute them under torch.no_grad()), so that no step ever trains the reference.",
+                              mistake="reference_not_frozen")
 
 
 logprob_exercise = Exercise(NOTEBOOK, "sequence_logprob", produce_logprob, judge_logprob, forbidden=(FORBIDDEN,),

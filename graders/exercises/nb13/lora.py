@@ -259,13 +259,14 @@ def judge(case: Case, outputs: dict) -> None:
             raise CheckFailed(f"{head}. Likely mistake: A and B are frozen too: the model was frozen after they were "
                               "created (requires_grad_(False) reaches every parameter below the module it is called "
                               "on, the new factors included). Freeze the model first, then wrap its layers: "
-                              "parameters created afterwards stay trainable.")
+                              "parameters created afterwards stay trainable.", mistake="factors_frozen")
         if outside:
             base_numbers = sum(p.numel() for p in jittered_gpt(CONFIG, case.seed).parameters())
             which = ("every weight of the base model requires" if outside == base_numbers else
                      f"{outside} of the base model's {base_numbers} numbers require")
             raise CheckFailed(f"{head}. Likely mistake: the base weight is still trainable ({which} grad, besides A "
-                              "and B): LoRA trains A and B only; freeze the whole model before adding them.")
+                              "and B): LoRA trains A and B only; freeze the whole model before adding them.",
+                              mistake="base_trainable")
         raise CheckFailed(f"{head} (A and B of every wrapped layer: r x (d_in + d_out) each).\n  Hint: freeze the "
                           "whole model, then wrap each block's attn.c_attn and attn.c_proj; only A and B require "
                           "grad.")
@@ -278,11 +279,12 @@ def judge(case: Case, outputs: dict) -> None:
                   "B is zero, so the LoRA term is 0: what changes the output is elsewhere (the base layer called "
                   "differently, a scale applied to the whole output?)")
         raise CheckFailed(f"Your LoRA model {where}, before any training, does not give the base model's logits "
-                          f"(largest difference {float((outputs['logits_init'] - base).abs().max()):.3g}). {likely}.")
+                          f"(largest difference {float((outputs['logits_init'] - base).abs().max()):.3g}). {likely}.",
+                          mistake="b_random" if moved else None)
     if all(outputs[f"{name}.A"].abs().max() == 0 for name, _ in _layers(jittered_gpt(CONFIG, case.seed), "x")):
         raise CheckFailed(f"add_lora {where}: A and B both start at zero, so neither gets a gradient (each one's is "
                           "a product with the other) and nothing ever learns. Draw A at random (uniform in "
-                          "+-1/sqrt(d_in), as a Linear layer's weight), B zero.")
+                          "+-1/sqrt(d_in), as a Linear layer's weight), B zero.", mistake="both_factors_zero")
     _judge_steps(case, outputs, expected, where)
     first, again = outputs["logits_dropout"], outputs["logits_dropout_again"]
     trained = outputs[f"logits_{STEPS}"]
@@ -290,7 +292,7 @@ def judge(case: Case, outputs: dict) -> None:
         random = " (and two calls give two different outputs: it is random)" if not torch.equal(first, again) else ""
         raise CheckFailed(f"LoRALinear with dropout={DROPOUT}, in eval mode, does not give the trained logits"
                           f"{random}. Likely mistake: dropout left on at eval: use an nn.Dropout module (it follows "
-                          "model.eval()), or pass training=self.training to F.dropout.")
+                          "model.eval()), or pass training=self.training to F.dropout.", mistake="dropout_at_eval")
     _judge_merge(case, outputs, expected, where)
 
 
@@ -311,7 +313,7 @@ def _judge_initial_a(outputs: dict, r: int, where: str) -> None:
     if abs(std / (1 / math.sqrt(3 * r)) - 1) < 0.25:
         raise CheckFailed(f"{head} Likely mistake: the bound uses r, not d_in: 1/sqrt(r) = {1 / math.sqrt(r):.3g}. "
                           "nn.init's kaiming_uniform_ reads a weight's fan-in from its second dimension, which is r "
-                          "for A [d_in, r] (peft stores A transposed, [r, d_in]).")
+                          "for A [d_in, r] (peft stores A transposed, [r, d_in]).", mistake="bound_uses_r")
     raise CheckFailed(f"{head} Draw A as a Linear layer's weight of fan-in d_in is drawn.")
 
 
@@ -325,10 +327,11 @@ def _judge_steps(case: Case, outputs: dict, expected: dict, where: str) -> None:
         r, alpha = settings(case)
         if close(outputs[f"logits_{step}"], course_run(case, outputs, "alpha")[f"logits_{step}"]):
             raise CheckFailed(f"{head} Likely mistake: the scale is alpha ({alpha:g}), not alpha / r "
-                              f"({alpha / r:g}): LoRA's term is (alpha / r) x A B.")
+                              f"({alpha / r:g}): LoRA's term is (alpha / r) x A B.", mistake="scale_is_alpha")
         if close(outputs[f"logits_{step}"], course_run(case, outputs, "floor_scale")[f"logits_{step}"]):
             raise CheckFailed(f"{head} Likely mistake: the scale is rounded down, alpha // r = {alpha // r:g}, where "
-                              f"alpha / r = {alpha / r:g}: `//` is floor division, also on floats.")
+                              f"alpha / r = {alpha / r:g}: `//` is floor division, also on floats.",
+                              mistake="floor_scale")
         raise CheckFailed(f"{head} The logits at initialisation agree, so the LoRA term's value or its gradient "
                           "differs.\n  Hint: y = x W + b + (alpha / r) x A B; A and B are the only parameters trained.")
 
@@ -348,11 +351,12 @@ def _judge_merge(case: Case, outputs: dict, expected: dict, where: str) -> None:
         delta, want_delta = (got - layer.weight.detach()).double(), (want - layer.weight.detach()).double()
         factor = float((delta * want_delta).sum() / want_delta.pow(2).sum())  # the least-squares factor
         if close(delta, factor * want_delta):
+            unscaled = abs(factor * alpha / r - 1) < 1e-3
             why = (f"the merged update is {factor:.4g} times peft's, 1 / (alpha / r): Likely mistake: merge without "
-                   "the scale: W + A B, where it is W + (alpha / r) A B" if abs(factor * alpha / r - 1) < 1e-3
+                   "the scale: W + A B, where it is W + (alpha / r) A B" if unscaled
                    else f"the merged update W' - W is {factor:.4g} times peft's: the right direction, another scale")
             raise CheckFailed(f"merge_lora {where}: {name}'s merged weight differs from peft's "
-                              f"merge_and_unload; {why}.")
+                              f"merge_and_unload; {why}.", mistake="merge_unscaled" if unscaled else None)
         raise CheckFailed(f"merge_lora {where}: {name} is the first merged weight that differs from peft's "
                           f"merge_and_unload (largest difference {float((got - want).abs().max()):.3g}).\n  Hint: the "
                           "merged weight is W + (alpha / r) A B, [d_in, d_out].")

@@ -116,16 +116,17 @@ def judge(case: Case, outputs: dict) -> None:
             f"gives {float(expected[k]):.6g}.")
     for slip, description in SLIPS.items():
         if all(close(g, ref.sft_loss(logits.double(), labels, slip)) for g, (logits, labels) in zip(got, inputs)):
-            raise CheckFailed(f"{head} Likely mistake: {description}.")
+            raise CheckFailed(f"{head} Likely mistake: {description}.", mistake=slip)
     factors = [float(g) / float(e) for g, e in zip(got, expected)]
     if all(math.isfinite(f) for f in factors) and max(abs(f + 1) for f in factors) < 1e-4:
         raise CheckFailed(f"{head} Likely mistake: the sign: your loss is minus the reference on every batch, the "
                           "mean log-probability of the labels. The loss is the negative log-likelihood, -log p of each "
-                          "label: minimising the mean of log p would make the answers less likely.")
+                          "label: minimising the mean of log p would make the answers less likely.",
+                          mistake="sign")
     if all(math.isfinite(f) for f in factors) and max(factors) - min(factors) < 1e-4 * abs(factors[0]):
         raise CheckFailed(f"{head} Likely mistake: your loss is {factors[0]:.4g} times the reference on every batch: "
                           "each token's loss is right and the mean is scaled (a sum divided by another count, or a "
-                          "factor).")
+                          "factor).", mistake="scaled")
     raise CheckFailed(f"{head}{_which_logits(outputs, case)}\n  Hint: log-probabilities from log_softmax of the "
                       "logits, the label's picked with gather (at a masked position any index will do, the mask "
                       "then zeroes it), summed over the labelled positions and divided by their count.")

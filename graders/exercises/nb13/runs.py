@@ -122,7 +122,7 @@ def judge_finetune(case: Case, outputs: dict) -> None:
     if after[1] < PROMPT_LEARNED:
         raise CheckFailed(f"finetune: the loss on the held-out prompts' tokens fell to {after[1]:.2f}. Likely mistake: "
                           "the prompt is trained too: the loss is computed against the tokens, not the labels "
-                          f"(sft_loss(logits, labels)).\n  {summary}")
+                          f"(sft_loss(logits, labels)).\n  {summary}", mistake="prompt_trained")
     if not after[0] < before[0] - 0.5:
         raise CheckFailed(f"finetune: the loss on the held-out responses did not fall (is the optimizer stepping, on "
                           f"the LoRA factors, with the loss of the batch's labels?).\n  {summary}")
@@ -239,12 +239,13 @@ def judge_dpo(case: Case, outputs: dict) -> None:
         raise CheckFailed("train_dpo: the reference model changed during the run. Likely mistake: the reference is "
                           "not frozen (its parameters are in the optimizer, or gradients reach it): DPO measures the "
                           "policy against a fixed reference; compute its log-probs under torch.no_grad() and train "
-                          "only the policy.")
+                          "only the policy.", mistake="reference_not_frozen")
     if outputs["history"].numel() and outputs["history"].abs().max() == 0:
         raise CheckFailed("train_dpo: every implicit reward in your history is exactly 0. Likely mistake: the "
                           "reference's log-probabilities are the policy's (computed with the policy model): the margin "
                           "is then always 0, every pair weighs the same however well it is already ranked, and nothing "
-                          "holds the policy near the reference. Compute them with `reference`, under no_grad.")
+                          "holds the policy near the reference. Compute them with `reference`, under no_grad.",
+                          mistake="reference_is_policy")
     margins, accuracy = dpo_figures(held, expected_reference, outputs)
     pairs = len(held["held_chosen_tokens"])
     summary = (f"On {pairs} held-out pairs: {round(accuracy * pairs)} preferred the right way after {DPO_STEPS} steps "
@@ -252,7 +253,7 @@ def judge_dpo(case: Case, outputs: dict) -> None:
                + ", ".join(f"{s} steps {m:.3f}" for s, m in zip(PROBES, margins)) + ".")
     if margins[-1] < 0:
         raise CheckFailed(f"train_dpo: the policy now prefers the rejected answers. Likely mistake: chosen and "
-                          f"rejected are swapped somewhere in the loop.\n  {summary}")
+                          f"rejected are swapped somewhere in the loop.\n  {summary}", mistake="swapped")
     if margins[-1] < DPO_MARGIN:
         raise CheckFailed(f"train_dpo: the implicit reward margin hardly rises from 0 (the floor is {DPO_MARGIN}): is "
                           f"the optimizer stepping the policy with the DPO loss of each batch?\n  {summary}")

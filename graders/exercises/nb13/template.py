@@ -132,15 +132,15 @@ def _named(outputs: dict, case: Case) -> str | None:
 
 
 def _labels_moved(got: torch.Tensor, want: torch.Tensor) -> str | None:
-    for shift, words in ((1, "one position early (labels[i] = tokens[i + 1])"),
-                         (-1, "one position late (labels[i] = tokens[i - 1])")):
+    for shift, key, words in ((1, "shifted", "one position early (labels[i] = tokens[i + 1])"),
+                              (-1, "shifted_late", "one position late (labels[i] = tokens[i - 1])")):
         moved = torch.full_like(want, -100)
         if shift == 1:
             moved[:-1] = want[1:]
         else:
             moved[1:] = want[:-1]
         if torch.equal(got, moved):
-            return f"your labels are the expected ones moved {words}"
+            return Mistake(key, f"your labels are the expected ones moved {words}")
     return None
 
 
@@ -159,7 +159,7 @@ def judge(case: Case, outputs: dict) -> None:
         markers = [int(((t == IM_START_ID) | (t == IM_END_ID)).sum()) for t in (got_tokens, ids)]
         if markers[0] > markers[1]:
             raise CheckFailed(f"{head}: your tokens hold {markers[0]} markers, the template's {markers[1]}. "
-                              f"Likely mistake: {FORGED}.")
+                              f"Likely mistake: {FORGED}.", mistake="forged_markers")
         parts = _parts(messages)
         if not torch.equal(got_tokens, ids):
             n = min(len(got_tokens), len(ids))
@@ -187,7 +187,7 @@ def judge(case: Case, outputs: dict) -> None:
             + (f" (label {_token(int(labels[first]))})" if should else "") + f"; {len(wrong)} labels differ."
             + (f"\n  Likely mistake: {named}." if named else "")
             + "\n  Hint: a label is the token itself where the model learns to write it (an assistant's content "
-            "and its <|im_end|>), -100 everywhere else.")
+            "and its <|im_end|>), -100 everywhere else.", mistake=mistake_key(named))
 
 
 exercise = Exercise(NOTEBOOK, "chat_tokens", produce, judge, forbidden=(FORBIDDEN,), defaults={"text": None},

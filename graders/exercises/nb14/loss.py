@@ -117,11 +117,12 @@ def judge(case: Case, outputs: dict) -> None:
                 raise CheckFailed(f"{head} Likely mistake: {SLIPS['all_tokens']}.", mistake="all_tokens")
             if token_level and math.isclose(float(got), float(_expected(case, False)[0]), rel_tol=1e-6):
                 raise CheckFailed(f"{head} Likely mistake: token_level=True asks for one mean over every "
-                                  "completion token of the batch; the loss is the per-completion mean.")
+                                  "completion token of the batch; the loss is the per-completion mean.",
+                                  mistake="per_completion_mean")
             grad = outputs[f"{key}_grad_logprobs"]
             if bool((grad[~mask] != 0).any()):
                 raise CheckFailed(f"{head} The gradient reaches positions where the mask is False. Likely mistake: "
-                                  f"{SLIPS['padding']}.")
+                                  f"{SLIPS['padding']}.", mistake="padding")
             raise CheckFailed(f"{head}\n  Hint: per token, rho = exp(logprobs - old_logprobs); the surrogate "
                               "-min(rho A, clamp(rho, 1 - eps, 1 + eps) A); plus beta times k3 of "
                               "d = ref_logprobs - logprobs (exp(d) - d - 1); masked, averaged per completion "

@@ -132,13 +132,13 @@ def judge_advantages(case: Case, outputs: dict) -> None:
         if nan_rows.any():
             g = int(nan_rows.nonzero()[0])
             raise CheckFailed(f"{where}: group {g} (rewards {rewards[g].tolist()}) gets NaN advantages. Likely "
-                              f"mistake: {ADVANTAGE_SLIPS['no_eps']}.")
+                              f"mistake: {ADVANTAGE_SLIPS['no_eps']}.", mistake="no_eps")
         group_means = got.mean(-1)
         if float(group_means.abs().max()) > 1e-6:
             g = int(group_means.abs().argmax())
             raise CheckFailed(f"{where}: group {g}'s advantages average {float(group_means[g]):.4g}, not 0: each "
                               "group's own mean is the baseline subtracted from its rewards (mean over dim -1, "
-                              "keepdim=True).")
+                              "keepdim=True).", mistake="baseline_not_group_mean")
         g, i = (int(x) for x in (~torch.isclose(got, want, atol=1e-9)).nonzero()[0])
         raise CheckFailed(f"{where}: group {g}, completion {i} gets {float(got[g, i]):.6g}, the equation "
                           f"{float(want[g, i]):.6g}.\n  Hint: the mean and the std are taken over each group (the last "

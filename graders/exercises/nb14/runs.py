@@ -109,7 +109,8 @@ def judge(case: Case, outputs: dict) -> None:
     if not torch.allclose(outputs["reference_logits"], reference_logits, atol=1e-4):
         raise CheckFailed("train_grpo: the reference model changed during the run. Likely mistake: the reference is "
                           "not frozen (its parameters are in the optimizer, or gradients reach it): the KL penalty "
-                          "measures the policy against a fixed model; compute its log-probs under torch.no_grad().")
+                          "measures the policy against a fixed model; compute its log-probs under torch.no_grad().",
+                          mistake="reference_not_frozen")
     history = outputs["history"]
     if history.shape != (steps, 2):
         raise CheckFailed(f"train_grpo returned a history of shape {list(history.shape)}; return one (mean reward, "

@@ -83,7 +83,8 @@ def judge(case: Case, outputs: dict) -> None:
     if shape == (group_size, prompt_length + MAX_NEW):
         raise CheckFailed(f"{where} returned completions of shape {list(shape)}; the prompt has {prompt_length} "
                           f"tokens. Likely mistake: the prompt's tokens are counted: return the completion alone, "
-                          f"[group_size, max_new] = [{group_size}, {MAX_NEW}] (the prompt is given, not sampled).")
+                          f"[group_size, max_new] = [{group_size}, {MAX_NEW}] (the prompt is given, not sampled).",
+                          mistake="prompt_included")
     if any(tuple(outputs[k].shape) != (group_size, MAX_NEW) for k in outputs):
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
         raise CheckFailed(f"{where} returned {shapes}; each should be [group_size, max_new] = [{group_size}, "
@@ -117,7 +118,8 @@ def judge(case: Case, outputs: dict) -> None:
     head = (f"{where}: the tokens and the mask are right; completion {g}'s log-probability at position {i} is "
             f"{float(got[g, i]):.5g}, the sampling policy's {float(logprobs[g, i]):.5g}.")
     if bool((got[~live] != 0).any()):
-        raise CheckFailed(f"{head} The padding's log-probabilities should be 0 (nothing was sampled there).")
+        raise CheckFailed(f"{head} The padding's log-probabilities should be 0 (nothing was sampled there).",
+                          mistake="padding_logprobs")
     if ratio.isfinite().all() and float(ratio.max() - ratio.min()) < 1e-4:
         raise CheckFailed(f"{head} Every log-probability is {float(ratio[0]):.4g} times the course's: a scale on the "
                           "log-probabilities? The log-probability of the token drawn is log_softmax(logits / T) "
