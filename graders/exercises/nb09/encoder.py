@@ -30,7 +30,7 @@ from graders.exercises.nb09 import norms
 from graders.exercises.nb09.tasks import CLS, mlm_config, seeded_residual
 from graders.exercises.common.submodules import CallRecorder
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, with_fix
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, course_functions, run_learner
@@ -132,16 +132,19 @@ def embedding_mistakes(w: dict, tokens, types) -> dict:
         return centred / scale * w["embed.ln.w"] + w["embed.ln.b"]
 
     return {
-        "the LayerNorm is missing: BERT normalises the sum of its embeddings (GPT-2 does not)": E + P + T,
-        "the token-type (segment) embeddings are not added: each token also gets the row of W_type its "
-        "type names": ln(E + P),
-        "the positional embeddings are not added: each token also gets the row of W_pos of its position":
+        Mistake("no_layernorm", "the LayerNorm is missing: BERT normalises the sum of its embeddings (GPT-2 "
+                "does not)"): E + P + T,
+        Mistake("no_token_type_embeddings", "the token-type (segment) embeddings are not added: each token also "
+                "gets the row of W_type its type names"): ln(E + P),
+        Mistake("no_positional_embeddings", "the positional embeddings are not added: each token also gets the "
+                "row of W_pos of its position"):
             ln(E + T),
-        "the positions start at 1: position p uses row p of W_pos, from 0":
+        Mistake("positions_from_one", "the positions start at 1: position p uses row p of W_pos, from 0"):
             ln(E + w["embed.W_pos"][1:seq + 1] + T),
-        "LayerNorm's eps is 1e-5 (GPT-2's): BERT's is 1e-12 (cfg.layer_norm_eps), and these embeddings "
-        "are small enough (variance ~1e-3) for it to matter": ln(E + P + T, 1e-5),
-        "only the token embeddings are normalised: the LayerNorm normalises the sum of the three":
+        Mistake("gpt2_layernorm_eps", "LayerNorm's eps is 1e-5 (GPT-2's): BERT's is 1e-12 (cfg.layer_norm_eps), "
+                "and these embeddings are small enough (variance ~1e-3) for it to matter"): ln(E + P + T, 1e-5),
+        Mistake("only_token_embeddings_normalised", "only the token embeddings are normalised: the LayerNorm "
+                "normalises the sum of the three"):
             ln(E) + P + T,
     }
 
@@ -187,9 +190,10 @@ class Swap:
 
 
 ENCODER_MISTAKES = {
-    "the causal mask is still applied: in an encoder every position attends to every position "
-    "(override apply_causal_mask so that it masks nothing)": Swap(attn=components.Attention),
-    "the MLP uses GPT-2's tanh GELU (gelu_new): BERT uses the exact GELU, with the erf (gelu_erf)":
+    Mistake("causal_mask_applied", "the causal mask is still applied: in an encoder every position attends to "
+            "every position (override apply_causal_mask so that it masks nothing)"): Swap(attn=components.Attention),
+    Mistake("tanh_gelu", "the MLP uses GPT-2's tanh GELU (gelu_new): BERT uses the exact GELU, with the erf "
+            "(gelu_erf)"):
         Swap(mlp=components.MLP),
     **norms.POST_NORM_MISTAKES,
 }
@@ -314,14 +318,16 @@ def head_mistakes(w: dict, h: torch.Tensor) -> dict:
     dense = h @ w["mlm_head.W_dense"] + w["mlm_head.b_dense"]
     W_U, b_U = w["embed.W_E"].T, w["mlm_head.unembed.b_U"]
     return {
-        "the MLM head uses GPT-2's tanh GELU: BERT's head uses the exact erf GELU":
+        Mistake("head_tanh_gelu", "the MLM head uses GPT-2's tanh GELU: BERT's head uses the exact erf GELU"):
             ln(components.gelu_new(dense)) @ W_U + b_U,
-        "the MLM head has no GELU: dense, GELU, LayerNorm, then the tied unembedding": ln(dense) @ W_U + b_U,
-        "the MLM head skips its LayerNorm: dense, GELU, LayerNorm, then the tied unembedding":
+        Mistake("head_no_gelu", "the MLM head has no GELU: dense, GELU, LayerNorm, then the tied "
+                "unembedding"): ln(dense) @ W_U + b_U,
+        Mistake("head_no_layernorm", "the MLM head skips its LayerNorm: dense, GELU, LayerNorm, then the tied "
+                "unembedding"):
             bert.gelu_erf(dense) @ W_U + b_U,
-        "the MLM head skips its dense layer: it transforms the last residual stream (dense, GELU, "
-        "LayerNorm) before the tied unembedding": ln(bert.gelu_erf(h)) @ W_U + b_U,
-        "the prediction bias b_U is not added": ln(bert.gelu_erf(dense)) @ W_U,
+        Mistake("head_no_dense", "the MLM head skips its dense layer: it transforms the last residual stream "
+                "(dense, GELU, LayerNorm) before the tied unembedding"): ln(bert.gelu_erf(h)) @ W_U + b_U,
+        Mistake("no_prediction_bias", "the prediction bias b_U is not added"): ln(bert.gelu_erf(dense)) @ W_U,
     }
 
 
@@ -355,7 +361,8 @@ def judge_model(case: Case, outputs: dict) -> None:
             f"BertForMLM has {count:,} parameters, BertForMaskedLM {expected_count:,}."
             + (f"\n  Likely mistake: the MLM head's unembedding is not tied: it holds its own "
                f"[{cfg.d_vocab}, {cfg.d_model}] matrix. Build it from the model's own embedding (TiedUnembed)."
-               if untied else ""), "self.unembed = TiedUnembed(embed)" if untied else ""))
+               if untied else ""), "self.unembed = TiedUnembed(embed)" if untied else ""),
+            mistake="head_unembedding_not_tied" if untied else None)
 
 
 model_exercise = Exercise("09_transformer_family", "BertForMLM", produce_model,

@@ -18,13 +18,14 @@ from graders.exercises.nb09.tasks import (IGNORE, MASK, N_ORDINARY, P_CHOOSE, P_
                                           reference_mlm_loss, reversal_pairs)
 from graders.exercises.nb08.samplers import chi_square_p_value
 from graders.judging.cases import Case, rand_float
-from graders.judging.compare import CheckFailed, check_shape, compare, judge_generator_use
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, judge_generator_use, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import P_VALUE_FLOOR
 
 N_PAIRS, N_SCATTERED, SCATTERED_LEN = 2000, 600, 24
-LOSS_ON_EVERY_POSITION = (
+LOSS_ON_EVERY_POSITION = Mistake(
+    "targets_at_every_position",
     "loss on every position: the targets hold the original token everywhere, so the model would "
     "be scored on copying the tokens it can see. Only the chosen positions get a target; every "
     "other one must be -100 (IGNORE), which the loss skips")
@@ -77,16 +78,17 @@ def _p_normal(count: int, n: int, p: float) -> float:
 
 
 SPLITS = {  # (MASK, unchanged, another ordinary token) among chosen positions
-    "every chosen token is replaced by [MASK]: only 80% are; 10% get a random token and 10% stay":
+    Mistake("all_chosen_masked", "every chosen token is replaced by [MASK]: only 80% are; 10% get a random "
+            "token and 10% stay"):
         (1.0, 0.0, 0.0),
-    "the random branch is missing (80% [MASK], 20% unchanged): 10% of the chosen tokens get a "
-    "random ordinary token": (0.8, 0.2, 0.0),
-    "the unchanged branch is missing (80% [MASK], 20% random): 10% of the chosen tokens stay as "
-    "they are": (0.8, 0.002, 0.198),
-    "the random branch takes 10% of the remaining 20% (2% overall): of the chosen positions that "
-    "are not [MASK]ed, half get a random token": (0.8, 0.18 + 0.0002, 0.0198),
-    "the proportions are reversed (10% [MASK], 80% unchanged): 80% of the chosen tokens become "
-    "[MASK]": (0.1, 0.8 + 0.001, 0.099),
+    Mistake("no_random_branch", "the random branch is missing (80% [MASK], 20% unchanged): 10% of the chosen "
+            "tokens get a random ordinary token"): (0.8, 0.2, 0.0),
+    Mistake("no_unchanged_branch", "the unchanged branch is missing (80% [MASK], 20% random): 10% of the "
+            "chosen tokens stay as they are"): (0.8, 0.002, 0.198),
+    Mistake("random_branch_too_small", "the random branch takes 10% of the remaining 20% (2% overall): of the "
+            "chosen positions that are not [MASK]ed, half get a random token"): (0.8, 0.18 + 0.0002, 0.0198),
+    Mistake("split_reversed", "the proportions are reversed (10% [MASK], 80% unchanged): 80% of the chosen "
+            "tokens become [MASK]"): (0.1, 0.8 + 0.001, 0.099),
 }
 EXPECTED_SPLIT = (P_MASK, 1 - P_MASK - P_RANDOM + P_RANDOM / N_ORDINARY, P_RANDOM * (1 - 1 / N_ORDINARY))
 
@@ -114,22 +116,24 @@ def judge_mask(case: Case, outputs: dict) -> None:
                           + ("\n  Likely mistake: the targets are the corrupted inputs; the model must "
                              "predict what was there before masking (the original token)." if masked else
                              "\n  A target is the original token at a chosen position, -100 (IGNORE) "
-                             "elsewhere."))
+                             "elsewhere."),
+                          mistake="targets_are_corrupted_inputs" if masked else None)
     if bool(chosen.all()) or bool((chosen.double().mean() > 0.9)):
         raise CheckFailed(f"{what}: {100 * chosen.double().mean():.0f}% of the positions have a target.\n"
-                          f"  Likely mistake: {LOSS_ON_EVERY_POSITION}.")
+                          f"  Likely mistake: {LOSS_ON_EVERY_POSITION}.", mistake=LOSS_ON_EVERY_POSITION.key)
     altered = (inputs != tokens) & ~chosen & ~special
     if bool(altered.any()):
         share = altered.sum() / (~chosen & ~special).sum()
         raise CheckFailed(f"{what}: {100 * share:.1f}% of the positions that have no target were changed "
                           "anyway.\n  Likely mistake: 80/10/10 is applied to all tokens: only the chosen "
                           "15% are replaced ([MASK] 80%, random 10%, unchanged 10%); every other position "
-                          "keeps its token (its target is -100).")
+                          "keeps its token (its target is -100).", mistake="unchosen_tokens_altered")
     if bool((chosen & special).any()) or bool(((inputs != tokens) & special).any()):
         raise CheckFailed(f"{what}: special tokens ([CLS] = 100, [SEP] = 101, [MASK] = 102) were chosen or "
                           f"replaced at {int(((inputs != tokens) | chosen)[special].sum())} of "
                           f"{int(special.sum())} special positions.\n  Likely mistake: masking special "
-                          "tokens: only ordinary tokens (ids < 100) may be chosen; specials always stay.")
+                          "tokens: only ordinary tokens (ids < 100) may be chosen; specials always stay.",
+                          mistake="special_tokens_masked")
     _judge_split(what, tokens[chosen], inputs[chosen])
     _judge_rate(what, pairs, outputs["a.targets"], scattered, outputs["s.targets"])
 
@@ -139,7 +143,7 @@ def _judge_split(what: str, original: torch.Tensor, replaced: torch.Tensor) -> N
         raise CheckFailed(f"{what}: chosen positions were replaced by special tokens other than [MASK].\n  "
                           "Likely mistake: the random token is drawn from the whole vocabulary; draw it "
                           f"from the ordinary tokens, torch.randint(0, {N_ORDINARY}, ..., "
-                          "generator=generator).")
+                          "generator=generator).", mistake="random_token_from_whole_vocabulary")
     counts = torch.tensor([int((replaced == MASK).sum()), int((replaced == original).sum()),
                            int(((replaced != MASK) & (replaced != original)).sum())])
     p_value = chi_square_p_value(counts, torch.tensor(EXPECTED_SPLIT, dtype=torch.float64))
@@ -153,7 +157,7 @@ def _judge_split(what: str, original: torch.Tensor, replaced: torch.Tensor) -> N
         raise CheckFailed(f"{what}: of {int(counts.sum())} chosen positions: {shares}; expected 80%, "
                           f"10.1% (10% kept, plus random draws that hit the same token) and 9.9% "
                           f"(chi-square p-value {p_value:.2g} < {P_VALUE_FLOOR:g})."
-                          + (f"\n  Likely mistake: {likely}" if likely else ""))
+                          + (f"\n  Likely mistake: {likely}" if likely else ""), mistake=mistake_key(likely))
     others = replaced[(replaced != MASK) & (replaced != original)]
     groups = torch.bincount(others // 10, minlength=N_ORDINARY // 10).double()
     p_value = chi_square_p_value(groups, torch.full((N_ORDINARY // 10,), 0.1, dtype=torch.float64))
@@ -171,10 +175,12 @@ def _judge_rate(what: str, pairs, pair_targets, scattered, scattered_targets) ->
         n, count = int(ordinary.sum()), int((targets != IGNORE).sum())
         if _p_normal(count, n, P_CHOOSE) < P_VALUE_FLOOR:
             rate = count / n
-            likely = ("the comparison is reversed: a position is chosen when rand < 0.15"
+            likely = (Mistake("choice_comparison_reversed", "the comparison is reversed: a position is chosen "
+                              "when rand < 0.15")
                       if abs(rate - 0.85) < 0.02 else "")
             raise CheckFailed(f"{what}: on {name}, {100 * rate:.2f}% of the {n} ordinary positions were "
-                              f"chosen; expected 15%." + (f"\n  Likely mistake: {likely}" if likely else ""))
+                              f"chosen; expected 15%." + (f"\n  Likely mistake: {likely}" if likely else ""),
+                              mistake=mistake_key(likely))
         per_position = (targets != IGNORE).double().sum(0) / ordinary.double().sum(0).clamp(min=1)
         for position in range(tokens.shape[1]):
             m = int(ordinary[:, position].sum())
@@ -210,17 +216,19 @@ def loss_mistakes(logits: torch.Tensor, targets: torch.Tensor) -> dict:
     picked = lp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]
     per_seq = (picked * chosen).sum(1) / chosen.sum(1)
     return {
-        "the loss is averaged over every position (the ignored ones count as 0): divide by the number "
-        "of chosen positions only": -(picked * chosen).sum() / chosen.numel(),
-        "loss on every position: positions whose target is -100 are scored too (here against token 0): "
-        "the loss only counts the chosen positions": -picked.mean(),
-        "each sequence's mean is averaged: every chosen position counts once, whichever sequence it is in":
+        Mistake("mean_over_every_position", "the loss is averaged over every position (the ignored ones count "
+                "as 0): divide by the number of chosen positions only"): -(picked * chosen).sum() / chosen.numel(),
+        Mistake("ignored_positions_scored", "loss on every position: positions whose target is -100 are scored "
+                "too (here against token 0): the loss only counts the chosen positions"): -picked.mean(),
+        Mistake("mean_of_sequence_means", "each sequence's mean is averaged: every chosen position counts once, "
+                "whichever sequence it is in"):
             -per_seq.mean(),
-        "a sum instead of a mean over the chosen positions": -(picked * chosen).sum(),
-        "raw logits used as log-probabilities: apply log_softmax first":
+        Mistake("sum_not_mean", "a sum instead of a mean over the chosen positions"): -(picked * chosen).sum(),
+        Mistake("no_log_softmax", "raw logits used as log-probabilities: apply log_softmax first"):
             -(logits.double().gather(-1, targets.clamp(min=0)[..., None])[..., 0] * chosen).sum()
             / chosen.sum(),
-        "the sign: the loss is the NEGATIVE mean log-probability": (picked * chosen).sum() / chosen.sum(),
+        Mistake("sign_flipped", "the sign: the loss is the NEGATIVE mean log-probability"):
+            (picked * chosen).sum() / chosen.sum(),
     }
 
 

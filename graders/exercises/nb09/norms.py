@@ -21,7 +21,7 @@ from graders.exercises.nb09.tasks import block_config, seeded_residual, spread_w
 from graders.exercises.common.divergence import first_divergence
 from graders.exercises.common.submodules import watch
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, build_loaded, run_learner
 from graders.judging.tolerance import close
@@ -71,27 +71,30 @@ def block_trace(block: nn.Module, x: torch.Tensor, forward: Callable | None = No
 
 # Each mistake as a forward of a block with the right submodules.
 POST_NORM_MISTAKES: dict[str, Callable] = {
-    "pre-norm (GPT-2's block): the LayerNorm comes before each sublayer; post-norm normalises "
-    "after each residual addition":
+    Mistake("pre_norm", "pre-norm (GPT-2's block): the LayerNorm comes before each sublayer; post-norm normalises "
+            "after each residual addition"):
         lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(x + b.attn(b.ln1(x))),
-    "each sublayer's output is normalised before it is added (resid_pre + ln1(attn_out)): "
-    "post-norm normalises the sum":
+    Mistake("sublayer_output_normalised", "each sublayer's output is normalised before it is added "
+            "(resid_pre + ln1(attn_out)): post-norm normalises the sum"):
         lambda b, x: (lambda m: m + b.ln2(b.mlp(m)))(x + b.ln1(b.attn(x))),
-    "no residual connection around attention: ln1 normalises the block's input plus attention's output":
+    Mistake("no_attention_residual", "no residual connection around attention: ln1 normalises the block's "
+            "input plus attention's output"):
         lambda b, x: (lambda m: b.ln2(m + b.mlp(m)))(b.ln1(b.attn(x))),
-    "no residual connection around the MLP: ln2 normalises resid_mid plus the MLP's output":
+    Mistake("no_mlp_residual", "no residual connection around the MLP: ln2 normalises resid_mid plus the "
+            "MLP's output"):
         lambda b, x: b.ln2(b.mlp(b.ln1(x + b.attn(x)))),
-    "ln1 and ln2 are swapped: ln1 follows attention, ln2 follows the MLP":
+    Mistake("ln1_ln2_swapped", "ln1 and ln2 are swapped: ln1 follows attention, ln2 follows the MLP"):
         lambda b, x: (lambda m: b.ln1(m + b.mlp(m)))(b.ln2(x + b.attn(x))),
-    "the MLP reads resid_pre instead of resid_mid (ln1's output)":
+    Mistake("mlp_reads_resid_pre", "the MLP reads resid_pre instead of resid_mid (ln1's output)"):
         lambda b, x: (lambda m: b.ln2(m + b.mlp(x)))(b.ln1(x + b.attn(x))),
-    "the second residual adds resid_pre instead of resid_mid, ln1's output":
+    Mistake("second_residual_adds_resid_pre", "the second residual adds resid_pre instead of resid_mid, "
+            "ln1's output"):
         lambda b, x: (lambda m: b.ln2(x + b.mlp(m)))(b.ln1(x + b.attn(x))),
-    "ln2 is missing: the block ends with a LayerNorm of the second residual sum":
+    Mistake("no_ln2", "ln2 is missing: the block ends with a LayerNorm of the second residual sum"):
         lambda b, x: (lambda m: m + b.mlp(m))(b.ln1(x + b.attn(x))),
 }
-SHARED_LN = ("ln1 and ln2 are one LayerNorm object (e.g. `self.ln2 = self.ln1`): create two "
-             "separate LayerNorms, each gets its own weights")
+SHARED_LN = Mistake("shared_layernorm", "ln1 and ln2 are one LayerNorm object (e.g. `self.ln2 = self.ln1`): "
+                    "create two separate LayerNorms, each gets its own weights")
 SEPARATE_LN = "self.ln2 = LayerNorm(cfg)"
 
 
@@ -138,7 +141,7 @@ def judge_block(what: str, outputs: dict, inputs: list[torch.Tensor], reference:
     if not (out.is_floating_point() and torch.isfinite(out).all() and close(out, expected_out[0])):
         if bool(outputs.get("shared_ln", False)):
             raise CheckFailed(with_fix(f"{what} output does not match the reference.\n  Likely mistake: {SHARED_LN}.",
-                                       SEPARATE_LN))
+                                       SEPARATE_LN), mistake=SHARED_LN.key)
         counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
         first_divergence(what, outputs, expected, [(k, k) for k in ORDER],
                          mistake_traces(reference, inputs[0], mistakes), DIMS, hints, counts, "resid_post",

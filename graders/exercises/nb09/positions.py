@@ -46,12 +46,15 @@ def sinusoidal(n_ctx: int, d_model: int, first: int = 0, exponent: str = "2i", s
 
 SWAPPED = Mistake("sin_cos_swapped", "sin and cos are swapped: even columns (2i) hold the sine, odd columns "
                   "(2i + 1) the cosine")
-EXPONENT_I = ("the exponent uses i instead of 2i: the frequency of pair i is 1 / 10000^(2i / d_model), "
-              "so the wavelengths go from 2*pi up to 10000 * 2*pi across the columns")
-EXPONENT_COLUMN = ("the exponent uses the column index: both columns of pair i (2i and 2i + 1) share the "
-                   "frequency 1 / 10000^(2i / d_model)")
-FROM_ONE = "positions start at 1: the first position is 0 (its encoding is sin 0 = 0, cos 0 = 1)"
-HALVES = "sines and cosines are in two halves: they interleave, sin in column 2i and cos in column 2i + 1"
+EXPONENT_I = Mistake("exponent_i_not_2i", "the exponent uses i instead of 2i: the frequency of pair i is "
+                     "1 / 10000^(2i / d_model), so the wavelengths go from 2*pi up to 10000 * 2*pi across the "
+                     "columns")
+EXPONENT_COLUMN = Mistake("exponent_column_index", "the exponent uses the column index: both columns of pair i "
+                          "(2i and 2i + 1) share the frequency 1 / 10000^(2i / d_model)")
+FROM_ONE = Mistake("positions_from_one", "positions start at 1: the first position is 0 (its encoding is "
+                   "sin 0 = 0, cos 0 = 1)")
+HALVES = Mistake("sin_cos_in_halves", "sines and cosines are in two halves: they interleave, sin in column 2i "
+                 "and cos in column 2i + 1")
 MISTAKES = {SWAPPED: dict(swap=True), EXPONENT_I: dict(exponent="i"), EXPONENT_COLUMN: dict(exponent="column"),
             FROM_ONE: dict(first=1), HALVES: dict(layout="halves")}
 # The solution's lines (the notebook's names), and which a named mistake gets.
@@ -85,7 +88,7 @@ def produce(fn, case: Case, inputs: dict) -> dict:
                     "no cosine. Slice the frequencies for the cosines to d_model // 2."
                     if d_model % 2 and " raised " in str(failure) else "")
             raise CheckFailed(f"{failure}\n  (called as sinusoidal_encoding({n_ctx}, {d_model}))"
-                              + hint) from None
+                              + hint, mistake=failure.mistake) from None
     return outputs
 
 

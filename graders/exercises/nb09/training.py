@@ -116,7 +116,7 @@ def judge_train(case: Case, outputs: dict) -> None:
         raise CheckFailed(f"{summary}\nYet the training losses train_mlm reported end at "
                           f"{reported[-20:].mean().item():.3f}. Likely mistake: the model is trained on "
                           "unmasked tokens (it sees every answer): mask each batch with mask_tokens and "
-                          "feed the masked inputs to the model.")
+                          "feed the masked inputs to the model.", mistake="trained_on_unmasked_tokens")
     if loss > UNTRAINED - 0.3:
         raise CheckFailed(f"{summary}\nThe model has not learned to read the context. Likely mistakes: "
                           "optimizer.zero_grad() is missing, so gradients pile up across steps and the "

@@ -17,7 +17,7 @@ from torch import nn
 from graders.exercises.nb09.tasks import block_config, spread_weights
 from graders.exercises.nb07.runs import with_grad
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, compare, with_fix
+from graders.judging.compare import CheckFailed, Mistake, compare, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import build_module, run_learner
 from graders.reference import components
@@ -127,7 +127,8 @@ def judge(case: Case, outputs: dict) -> None:
             "unembed. that does not share memory with embed.W_E.\n  Likely mistake: W_U is a copy of "
             "W_E (e.g. `nn.Parameter(embed.W_E.T.clone())`, `.contiguous()`, or a new parameter "
             "initialised from it): training would move the copy and the embedding apart. Keep the "
-            "embedding's parameter object itself, and transpose it where the logits are computed.", SHARE))
+            "embedding's parameter object itself, and transpose it where the logits are computed.", SHARE),
+            mistake="unembedding_copies_w_e")
     expected_count = _untied_count(cfg) - d_vocab * d_model
     count = int(outputs["n_params"])
     if count != expected_count:
@@ -140,23 +141,23 @@ def judge(case: Case, outputs: dict) -> None:
                "`nn.Parameter(embed.W_E.T)`): the optimizer sees two parameters, so the count does not "
                "drop, each gets only part of the gradient, and Adam would keep two sets of statistics "
                "for one matrix. Reuse the embedding's parameter object itself." if second_view else ""),
-            SHARE if second_view else ""))
+            SHARE if second_view else ""), mistake="second_parameter_views_w_e" if second_view else None)
     reference = tied_model(cfg, TiedUnembed, case.seed, _weights(case.seed))
     detached = tied_model(cfg, _Detached, case.seed, _weights(case.seed))
     with torch.no_grad():
         logits = reference(tokens)
         x = reference.ln_final(_resid(reference, tokens))
     compare("TiedUnembed: the model's logits", outputs["logits"], logits, LOGIT_DIMS,
-            mistakes={"the bias b_U is not added": x @ reference.embed.W_E.T},
+            mistakes={Mistake("no_bias", "the bias b_U is not added"): x @ reference.embed.W_E.T},
             hint="the logits score x against each token's row of the embedding's own W_E, plus the bias b_U.",
             fix=LOGITS)
     grad = with_grad(_step, reference, tokens, targets)
     grad_detached = with_grad(_step, detached, tokens, targets)
     compare("TiedUnembed: the gradient of the loss with respect to embed.W_E", outputs["grad_W_E"], grad,
             ("token", "d_model"),
-            mistakes={"no gradient flows from the unembedding into W_E (e.g. `embed.W_E.detach()`, "
-                      "`.data`, or a tensor made from it): W_E's gradient must add up both of its "
-                      "uses, looking tokens up and scoring them": grad_detached},
+            mistakes={Mistake("unembedding_detached", "no gradient flows from the unembedding into W_E (e.g. "
+                              "`embed.W_E.detach()`, `.data`, or a tensor made from it): W_E's gradient must "
+                              "add up both of its uses, looking tokens up and scoring them"): grad_detached},
             hint="the unembedding must hold the embedding's parameter object itself (not a detached tensor "
                  "or a copy), so that W_E's gradient adds up both of its uses.",
             fix=SHARE)

@@ -34,8 +34,9 @@ FORBIDDEN = Forbidden("grouped-query attention",
 # The course's RoPE under the notebook's names in the checks of the parts that call it: RoPE has a
 # check of its own, so a mistake in it costs that check only.
 ROPE_PARTS = {"rope_cos_sin": ref.rope_cos_sin, "apply_rope": ref.apply_rope}
-AS_MANY_KV_HEADS = ("the keys and values are used as if there were n_heads of them: W_K and W_V have "
-                    "cfg.n_kv_heads heads, and each group of n_heads // n_kv_heads query heads shares one")
+AS_MANY_KV_HEADS = Mistake("as_many_kv_heads_as_query_heads", "the keys and values are used as if there were "
+                           "n_heads of them: W_K and W_V have cfg.n_kv_heads heads, and each group of "
+                           "n_heads // n_kv_heads query heads shares one")
 
 
 def load_attention(cls, cfg: ref.ModernConfig, part: dict, what: str = "GQAttention",
@@ -46,10 +47,10 @@ def load_attention(cls, cfg: ref.ModernConfig, part: dict, what: str = "GQAttent
     try:
         return load_strict(module, part, what)
     except WeightLoadError as err:
-        message = str(err)
+        message, key = str(err), None
         if f"is [{cfg.n_heads}, {cfg.d_model}, {cfg.d_head}], expected [{cfg.n_kv_heads}," in message:
-            message = message.replace("\n", f". Likely mistake: {AS_MANY_KV_HEADS}.\n", 1)
-        raise CheckFailed(message) from None
+            message, key = message.replace("\n", f". Likely mistake: {AS_MANY_KV_HEADS}.\n", 1), AS_MANY_KV_HEADS.key
+        raise CheckFailed(message, mistake=key) from None
 
 
 def splits(seq: int) -> list[tuple[int, int]]:
@@ -87,7 +88,7 @@ def _check_cache_heads(what: str, past, cfg: ref.ModernConfig) -> None:
         raise CheckFailed(f"{what}: the cache it returned holds {cfg.n_heads} heads of keys; it holds the "
                           f"{cfg.n_kv_heads} KV heads. Likely mistake: the keys and values are cached after they "
                           "were repeated to every query head: cache them before repeat_interleave, and repeat "
-                          "the whole (cached + new) keys for the scores.")
+                          "the whole (cached + new) keys for the scores.", mistake="cached_after_repeat")
 
 
 def produce(GQAttention, case: Case, inputs: dict) -> dict:
@@ -124,28 +125,35 @@ def attention_mistakes(x, w, cos, sin, cfg, seq: int | None = None) -> dict[str,
         Mistake("repeat_not_interleave", "`repeat` where `repeat_interleave` is needed: query head h belongs to "
                 "KV head h // (n_heads // n_kv_heads) (heads 0-3 share KV head 0), not h % n_kv_heads"):
             run(groups="repeat"),
-        "the scores are scaled by sqrt(d_model): divide by sqrt(d_head)": run(scale=math.sqrt(cfg.d_model)),
-        "RoPE is applied to the values too: it rotates queries and keys only": run(rope_values=True),
-        "RoPE is applied to the queries only: rotate the keys too (q·k then depends on m - n)":
+        Mistake("scaled_by_sqrt_d_model", "the scores are scaled by sqrt(d_model): divide by sqrt(d_head)"):
+            run(scale=math.sqrt(cfg.d_model)),
+        Mistake("rope_on_values", "RoPE is applied to the values too: it rotates queries and keys only"):
+            run(rope_values=True),
+        Mistake("rope_on_queries_only", "RoPE is applied to the queries only: rotate the keys too (q·k then "
+                "depends on m - n)"):
             run(rope_keys=False),
     }
-    found["the scores are divided by d_head: divide by sqrt(d_head)"] = run(scale=float(cfg.d_head))
-    found["the masked scores are set to 0, not -inf: a 0 still gets weight after the softmax"] = \
+    found[Mistake("divided_by_d_head", "the scores are divided by d_head: divide by sqrt(d_head)")] = \
+        run(scale=float(cfg.d_head))
+    found[Mistake("masked_scores_zero", "the masked scores are set to 0, not -inf: a 0 still gets weight after "
+                  "the softmax")] = \
         run(masked_value=0.0)
-    found["the causal mask is missing: query i may see keys 0 .. i only (scores above the diagonal "
-          "set to -inf before the softmax)"] = run(mask=False)
-    found["the softmax is over the queries (dim -2): each query's scores are normalised over the keys, "
-          "the last axis"] = run(softmax_dim=-2)
-    found["z is flattened d_head first where W_O is read heads first: flatten z as [n_heads, d_head], "
-          "z.transpose(1, 2).reshape(batch, posn, n_heads * d_head), to match W_O.reshape(n_heads * d_head, "
-          "d_model)"] = run(z_d_head_first=True)
+    found[Mistake("no_causal_mask", "the causal mask is missing: query i may see keys 0 .. i only (scores above "
+                  "the diagonal set to -inf before the softmax)")] = run(mask=False)
+    found[Mistake("softmax_over_queries", "the softmax is over the queries (dim -2): each query's scores are "
+                  "normalised over the keys, the last axis")] = run(softmax_dim=-2)
+    found[Mistake("z_flattened_d_head_first", "z is flattened d_head first where W_O is read heads first: "
+                  "flatten z as [n_heads, d_head], z.transpose(1, 2).reshape(batch, posn, n_heads * d_head), to "
+                  "match W_O.reshape(n_heads * d_head, d_model)")] = run(z_d_head_first=True)
     if seq is not None:
-        found["the cache returned holds this call's keys and values only: it is the cached ones followed "
-              "by the new ones (the concatenation the scores used)"] = run(cache_new_only=True)
-        found["the keys are cached before RoPE: the cache holds them rotated, as the scores used them "
-              "(a cached key is never rotated again)"] = run(cache_unrotated=True)
-        found["the causal mask ignores the cache: new query i sits at position past_len + i and may see "
-              "every key up to it (torch.ones(n_q, n_k).triu(1 + n_k - n_q))"] = run(offset_mask=False)
+        found[Mistake("cache_holds_new_only", "the cache returned holds this call's keys and values only: it is "
+                      "the cached ones followed by the new ones (the concatenation the scores used)")] = \
+            run(cache_new_only=True)
+        found[Mistake("cached_before_rope", "the keys are cached before RoPE: the cache holds them rotated, as the "
+                      "scores used them (a cached key is never rotated again)")] = run(cache_unrotated=True)
+        found[Mistake("mask_ignores_cache", "the causal mask ignores the cache: new query i sits at position "
+                      "past_len + i and may see every key up to it (torch.ones(n_q, n_k).triu(1 + n_k - n_q))")] = \
+            run(offset_mask=False)
     return found
 
 
@@ -185,7 +193,7 @@ def _judge_first_query_alone(what: str, out) -> None:
         raise CheckFailed(f"{what}: NaN or infinite values at position 0 only. Likely mistake: the mask hides the "
                           "diagonal too, so the first query has no key left and a softmax over scores that are "
                           "all -inf gives NaN. A query may see itself: mask the keys after it, "
-                          "torch.ones(n_q, n_k).triu(1) (shifted by the cache's length).")
+                          "torch.ones(n_q, n_k).triu(1) (shifted by the cache's length).", mistake="diagonal_masked")
 
 
 exercise = Exercise(NOTEBOOK, "GQAttention", produce, judge,

@@ -12,7 +12,7 @@ from graders.exercises.nb10 import reference as ref
 from graders.exercises.nb10.norm_mlp import NOTEBOOK
 from graders.exercises.nb08.cache_size import DTYPES, cache_bytes
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
@@ -59,24 +59,29 @@ def size_mistakes(cfg: ref.ModernConfig, batch: int, seq: int, element: int) -> 
     per_head = 2 * cfg.n_layers * batch * seq * cfg.d_head * element
     return {
         "": per_head * cfg.n_kv_heads,
-        "n_heads is used: the cache holds the keys and values of the n_kv_heads KV heads only "
-        "(that is what grouped-query attention saves)": per_head * cfg.n_heads,
-        "only the keys are counted: the cache holds keys and values, two tensors per layer":
+        Mistake("n_heads_not_n_kv_heads", "n_heads is used: the cache holds the keys and values of the n_kv_heads "
+                "KV heads only (that is what grouped-query attention saves)"): per_head * cfg.n_heads,
+        Mistake("keys_only", "only the keys are counted: the cache holds keys and values, two tensors per layer"):
             per_head * cfg.n_kv_heads // 2,
-        "one layer is counted: every layer has its own keys and values": per_head * cfg.n_kv_heads // cfg.n_layers,
-        "the batch is left out: every sequence of the batch has its own cache": per_head * cfg.n_kv_heads // batch,
-        "d_model is used for the keys' width: a layer caches n_kv_heads * d_head numbers per position "
-        "for the keys (and as many for the values)": per_head // cfg.d_head * cfg.d_model,
+        Mistake("one_layer", "one layer is counted: every layer has its own keys and values"):
+            per_head * cfg.n_kv_heads // cfg.n_layers,
+        Mistake("no_batch", "the batch is left out: every sequence of the batch has its own cache"):
+            per_head * cfg.n_kv_heads // batch,
+        Mistake("d_model_for_width", "d_model is used for the keys' width: a layer caches n_kv_heads * d_head "
+                "numbers per position for the keys (and as many for the values)"): per_head // cfg.d_head * cfg.d_model,
     }
 
 
 def element_mistakes() -> dict[str, callable]:
     """How an answer may size one number of each dtype, by the mistake it is ("" is right)."""
     found = {"": _element,
-             "bits, not bytes: an element of this dtype takes dtype's bits / 8 bytes": lambda d: 8 * _element(d)}
+             Mistake("bits_not_bytes", "bits, not bytes: an element of this dtype takes dtype's bits / 8 bytes"):
+                 lambda d: 8 * _element(d)}
     for size in (1, 2, 4, 8):
-        found[f"the dtype is ignored: every number is counted as {size} byte{'s' if size > 1 else ''}, "
-              "whatever the dtype (float32 takes 4, bfloat16 2, float64 8)"] = lambda d, size=size: size
+        found[Mistake("dtype_ignored", f"the dtype is ignored: every number is counted as {size} "
+                      f"byte{'s' if size > 1 else ''}, whatever the dtype (float32 takes 4, bfloat16 2, "
+                      "float64 8)")] = \
+            lambda d, size=size: size
     return found
 
 
@@ -103,7 +108,8 @@ def judge(case: Case, outputs: dict) -> None:
     named = explained(cfg, case.batch, case.seq, answers)
     if named:
         message += f" Likely mistake: {'. And: '.join(named)}."
-    raise CheckFailed(message)
+    # Two mistakes at once: their keys joined by "_and_".
+    raise CheckFailed(message, mistake="_and_".join(mistake_key(m) for m in named) if named else None)
 
 
 exercise = Exercise(NOTEBOOK, "kv_cache_bytes", produce, judge, forbidden=(FORBIDDEN,),

@@ -12,6 +12,7 @@ from torch import nn
 
 from graders.exercises.common.properties import as_combination, combination_words
 from graders.exercises.common.submodules import module_or_none, watch
+from graders.judging.compare import Mistake
 from graders.judging.tolerance import close
 
 PARTS = ("ln1", "attn", "ln2", "mlp")
@@ -76,20 +77,25 @@ def wiring_mistakes(cos, sin) -> dict[str, Callable]:
         return m + b.mlp((norm or b.ln2)(m))
 
     return {
-        "post-norm: the RMSNorms go before each sublayer (x + attn(ln1(x))), not after the addition":
+        Mistake("post_norm", "post-norm: the RMSNorms go before each sublayer (x + attn(ln1(x))), not after the "
+                "addition"):
             lambda b, x: (lambda m: b.ln2(m + b.mlp(m)))(b.ln1(x + attn(b, x))),
-        "attention and the MLP both read the layer's input (a parallel block): the MLP reads the stream "
-        "after attention's output is added": lambda b, x: x + attn(b, b.ln1(x)) + b.mlp(b.ln2(x)),
-        "the residual is not added around attention: x = x + attn(ln1(x))":
+        Mistake("parallel_block", "attention and the MLP both read the layer's input (a parallel block): the MLP "
+                "reads the stream after attention's output is added"):
+            lambda b, x: x + attn(b, b.ln1(x)) + b.mlp(b.ln2(x)),
+        Mistake("no_attention_residual", "the residual is not added around attention: x = x + attn(ln1(x))"):
             lambda b, x: then_mlp(b, attn(b, b.ln1(x))),
-        "the residual is not added around the MLP: the output is x + mlp(ln2(x))":
+        Mistake("no_mlp_residual", "the residual is not added around the MLP: the output is x + mlp(ln2(x))"):
             lambda b, x: (lambda m: b.mlp(b.ln2(m)))(x + attn(b, b.ln1(x))),
-        "ln1 and ln2 are swapped: ln1 before attention, ln2 before the MLP":
+        Mistake("ln1_ln2_swapped", "ln1 and ln2 are swapped: ln1 before attention, ln2 before the MLP"):
             lambda b, x: then_mlp(b, x + attn(b, b.ln2(x)), b.ln1),
-        "ln1 is used before the MLP too, where ln2 belongs": lambda b, x: then_mlp(b, x + attn(b, b.ln1(x)), b.ln1),
-        "ln2 is used before attention too, where ln1 belongs": lambda b, x: then_mlp(b, x + attn(b, b.ln2(x))),
-        "attention reads the raw stream x: ln1 is skipped": lambda b, x: then_mlp(b, x + attn(b, x)),
-        "the MLP reads the raw stream: ln2 is skipped": lambda b, x: then_mlp(b, x + attn(b, b.ln1(x)), nn.Identity()),
+        Mistake("ln1_before_mlp", "ln1 is used before the MLP too, where ln2 belongs"):
+            lambda b, x: then_mlp(b, x + attn(b, b.ln1(x)), b.ln1),
+        Mistake("ln2_before_attention", "ln2 is used before attention too, where ln1 belongs"):
+            lambda b, x: then_mlp(b, x + attn(b, b.ln2(x))),
+        Mistake("no_ln1", "attention reads the raw stream x: ln1 is skipped"): lambda b, x: then_mlp(b, x + attn(b, x)),
+        Mistake("no_ln2", "the MLP reads the raw stream: ln2 is skipped"):
+            lambda b, x: then_mlp(b, x + attn(b, b.ln1(x)), nn.Identity()),
     }
 
 
@@ -122,14 +128,17 @@ def combination_traces(outputs: dict, expected: dict, x: torch.Tensor) -> dict[s
         if fit is None or all(abs(c - (name in terms)) < 1e-3 for name, c in fit.items()):
             continue
         repeated = [name for name, c in fit.items() if name in further and abs(c) > 1e-3]
-        line = f"{what} is {combination_words(fit)}, not {right}"
+        line = Mistake(RESIDUAL_KEYS[key], f"{what} is {combination_words(fit)}, not {right}")
         if repeated:
-            line = f"{_repeated_words(repeated[0], outputs, expected)}: {line}"
+            line = Mistake("attention_applied_again" if repeated[0].startswith("attn'") else "mlp_applied_again",
+                           f"{_repeated_words(repeated[0], outputs, expected)}: {line}")
         found[line] = {key: sum(c * {**terms, **further}[name].double() for name, c in fit.items())}
     return found
 
 
 ORDINALS = {1: "second", 2: "third", 3: "fourth"}
+# The key of a residual sum nobody listed, by the place it is read at.
+RESIDUAL_KEYS = {"resid_mid": "attention_residual_miscombined", "out": "mlp_residual_miscombined"}
 
 
 def _repeated_words(term: str, outputs: dict, expected: dict) -> str:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from graders.exercises.common.diagnosis import judge_generated
-from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, mistake_key, with_fix
 from graders.integrity.library_kernels import LINEAR_KERNELS
 from graders.exercises.common.divergence import first_divergence
 from graders.exercises.nb10 import layer_flow, model_flow
@@ -108,7 +108,7 @@ def judge_layer(case: Case, outputs: dict) -> None:
     if "keys" not in outputs or "values" not in outputs:
         raise CheckFailed("DecoderLayer: its x is right, but it does not return (keys, values) tensors as its "
                           "cache. Likely mistake: the `past` passed in is returned instead of the cache your "
-                          "attention returned.")
+                          "attention returned.", mistake="past_returned_as_cache")
     _, (keys, values) = ref.attention(ref.rms_norm(x, w["ln1.w"], cfg.rms_norm_eps), component(w, "attn"), cos, sin)
     for name, cached in (("keys", keys), ("values", values)):
         compare(f"DecoderLayer (blocks.{i})'s cached {name}", outputs.get(name), cached, CACHE_DIMS,
@@ -124,7 +124,8 @@ def judge_layer(case: Case, outputs: dict) -> None:
 
     compare(f"DecoderLayer (blocks.{i}) in two chunks (positions 0-{split - 1}, then the rest with the cache it "
             "returned; the same positions at once are right)", outputs.get("cached"), expected["out"], DIMS,
-            mistakes=lambda: {"`past` is not passed on to the attention: self.attn(ln1(x), cos, sin, past)":
+            mistakes=lambda: {Mistake("past_not_passed_to_attention", "`past` is not passed on to the attention: "
+                                      "self.attn(ln1(x), cos, sin, past)"):
                               without_past()},
             hint="pass `past` to the attention, and return the cache it returns.")
 
@@ -187,26 +188,29 @@ def model_mistakes(case: Case, cached: bool) -> dict[str, torch.Tensor]:
     found = {}
     with torch.no_grad():
         if cfg.rope_theta != ref.ModernConfig().rope_theta:
-            found[f"rope_theta is not read from the config: cos and sin use {ref.ModernConfig().rope_theta:g} "
-                  f"where this config has {cfg.rope_theta:g} (pass self.cfg.rope_theta to rope_cos_sin)"] = \
+            found[Mistake("rope_theta_not_from_config", f"rope_theta is not read from the config: cos and sin use "
+                          f"{ref.ModernConfig().rope_theta:g} where this config has {cfg.rope_theta:g} (pass "
+                          "self.cfg.rope_theta to rope_cos_sin)")] = \
                 _run_course(_course_model(ref.ModernConfig(), case.seed), tokens, cached)
         if cached:
             first, past = model(tokens[:, :split])
             second, _ = model(tokens[:, split:])              # positions 0.. again, and no past
-            found["the cache is not used: the second chunk must see the first through `past`"] = \
+            found[Mistake("cache_not_used", "the cache is not used: the second chunk must see the first through "
+                          "`past`")] = \
                 torch.cat([first, second], 1)
             cos, sin = ref.rope_cos_sin(torch.arange(case.seq - split), cfg.d_head, cfg.rope_theta)
             x = model.W_E[tokens[:, split:]]
             for block, layer_past in zip(model.blocks, past):
                 x, _ = block(x, cos, sin, layer_past)
-            found["positions restart at 0 in the cached chunk: its positions are past_len, past_len + 1, ... "
-                  "(past_len = the cached keys' length)"] = torch.cat([first, model.ln_final(x) @ model.W_U], 1)
+            found[Mistake("positions_restart_in_cache", "positions restart at 0 in the cached chunk: its positions "
+                          "are past_len, past_len + 1, ... (past_len = the cached keys' length)")] = \
+                torch.cat([first, model.ln_final(x) @ model.W_U], 1)
         else:
             x = model.W_E[tokens]
             cos, sin = ref.rope_cos_sin(torch.arange(case.seq), cfg.d_head, cfg.rope_theta)
             for block in model.blocks:
                 x, _ = block(x, cos, sin)
-            found["the final RMSNorm is missing: logits = ln_final(x) @ W_U"] = x @ model.W_U
+            found[Mistake("no_final_norm", "the final RMSNorm is missing: logits = ln_final(x) @ W_U")] = x @ model.W_U
     return found
 
 
@@ -275,9 +279,11 @@ def _cached_positions(past) -> int:
 # How a greedy loop can pick its next token from the last logits, by the mistake it would be.
 PICKS = {
     None: lambda logits: logits[:, -1].argmax(-1, keepdim=True),
-    "the next token is read from the first position's logits, not the last's (logits[:, -1])":
+    Mistake("first_position_logits", "the next token is read from the first position's logits, not the last's "
+            "(logits[:, -1])"):
         lambda logits: logits[:, 0].argmax(-1, keepdim=True),
-    "the least likely token is taken (argmin for argmax)": lambda logits: logits[:, -1].argmin(-1, keepdim=True),
+    Mistake("argmin", "the least likely token is taken (argmin for argmax)"):
+        lambda logits: logits[:, -1].argmin(-1, keepdim=True),
 }
 
 
@@ -309,14 +315,14 @@ def judge_generate(case: Case, outputs: dict) -> None:
         if named is None:
             named = _whole_sequence_with_cache(fed, outputs["cached"].tolist())
         if named is None and cached:
-            named = ("the cache is fed wrongly (each new token must go in with the cache the last call "
-                     "returned), or the next token is not the argmax (sampled?)")
+            named = Mistake("cache_fed_wrongly", "the cache is fed wrongly (each new token must go in with the cache "
+                            "the last call returned), or the next token is not the argmax (sampled?)")
         raise CheckFailed(f"generate_greedy: token {wrong[1]} of sequence {wrong[0]} is "
                           f"{int(out[tuple(wrong)])}, LlamaForCausalLM's greedy choice is "
                           f"{int(expected[tuple(wrong)])}. "
                           + (f"Likely mistake: {named}." if named else
                              "Pass the cache the model returned back in with the next token, and take "
-                             "the argmax of the last position's logits."))
+                             "the argmax of the last position's logits."), mistake=mistake_key(named))
     if not cached or len(fed) not in (N_NEW, N_NEW + 1):
         whole = _whole_sequence_with_cache(fed, outputs["cached"].tolist())
         raise CheckFailed(with_fix(f"generate_greedy fed the model {fed} tokens per call; with a KV cache, the "
@@ -327,16 +333,19 @@ def judge_generate(case: Case, outputs: dict) -> None:
                              if len(fed) > 1 and fed[1] > 1 else
                              f"the model is called {len(fed)} times for {N_NEW} new tokens "
                              f"({N_NEW} calls, or {N_NEW + 1} with one after the last token, are right)."),
-                          "model(next_token, past)"))
+                          "model(next_token, past)"),
+                          mistake=mistake_key(whole) if whole else "cache_not_used" if len(fed) > 1 and fed[1] > 1
+                          else "wrong_number_of_calls")
 
 
-def _whole_sequence_with_cache(fed: list[int], cached: list[int]) -> str | None:
+def _whole_sequence_with_cache(fed: list[int], cached: list[int]) -> Mistake | None:
     """The call that passed a cache with positions it already holds, as a mistake's description."""
     for call, (n_tokens, n_cached) in enumerate(zip(fed, cached)):
         if 0 < n_cached < n_tokens:   # the whole sequence again, with the cache of its start
-            return (f"call {call + 1} fed {n_tokens} tokens with a cache of {n_cached} positions: the cache "
-                    "already holds the earlier tokens, so they are counted twice and the new ones get "
-                    "positions past the end. After the first call, feed only the new token, with that cache")
+            return Mistake("whole_sequence_with_cache", f"call {call + 1} fed {n_tokens} tokens with a cache of "
+                           f"{n_cached} positions: the cache already holds the earlier tokens, so they are counted "
+                           "twice and the new ones get positions past the end. After the first call, feed only the "
+                           "new token, with that cache")
     return None
 
 

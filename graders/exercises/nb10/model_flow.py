@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from graders.exercises.nb10 import reference as ref
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.tolerance import close
 
 _LAYER_ARGS = inspect.signature(ref.DecoderLayer.forward)
@@ -112,19 +112,20 @@ def diverged(what: str, outputs: dict, steps: dict, tag: str, cfg: ref.ModernCon
     def at(key):
         return steps[key][..., start:stop, :] if not key.endswith((".cos", ".sin")) else steps[key][start:stop]
 
-    def fail(place: str, kind: str) -> None:
+    def fail(place: str, kind: Mistake) -> None:
         where = f" from position {start} on (the chunk that runs on the cache)" if start else ""
         raise CheckFailed(f"{what}: the first place in forward order that differs from LlamaForCausalLM's"
-                          f"{where} is {place}. Likely mistake: {kind}.")
+                          f"{where} is {place}. Likely mistake: {kind}.", mistake=mistake_key(kind))
 
     x0, embedding = outputs.get(f"{tag}.blocks.0.x"), at("blocks.0.x")
     if x0 is not None and not _same(x0, embedding):
         scale = _scale_of(x0, embedding)
         tied = w["W_U"].T[tokens[:, start:stop]]
         fail("the embedding (what blocks[0] reads)",
-             f"the embedding is multiplied by {scale:.4g}: Llama's is W_E[tokens], unscaled" if scale is not None
-             else "the embedding is read from W_U: it is W_E[tokens]" if _same(x0, tied)
-             else "the embedding is not W_E[tokens]")
+             Mistake("embedding_scaled", f"the embedding is multiplied by {scale:.4g}: Llama's is W_E[tokens], "
+                     "unscaled") if scale is not None
+             else Mistake("embedding_from_w_u", "the embedding is read from W_U: it is W_E[tokens]") if _same(x0, tied)
+             else Mistake("embedding_wrong", "the embedding is not W_E[tokens]"))
     n_layers = cfg.n_layers
     for i in range(n_layers):
         cos, sin = outputs.get(f"{tag}.blocks.{i}.cos"), outputs.get(f"{tag}.blocks.{i}.sin")
@@ -143,40 +144,47 @@ def diverged(what: str, outputs: dict, steps: dict, tag: str, cfg: ref.ModernCon
         fail("the final norm's input", _fed_from(last, outputs, tag, n_layers, n_layers))
     if isinstance(logits, torch.Tensor) and not _same(logits, at("logits")):
         normed = ref.rms_norm(at("ln_final.x"), w["ln_final.w"], cfg.rms_norm_eps)
-        fail("the logits", "the final RMSNorm is missing: logits = ln_final(x) @ W_U" if last is None
-             and _same(logits, at("ln_final.x") @ w["W_U"]) else
-             "the unembedding is tied to W_E: logits = ln_final(x) @ W_U, a matrix of its own"
-             if _same(logits, normed @ w["W_E"].T) else "the logits are not ln_final(x) @ W_U")
+        fail("the logits", Mistake("no_final_norm", "the final RMSNorm is missing: logits = ln_final(x) @ W_U")
+             if last is None and _same(logits, at("ln_final.x") @ w["W_U"]) else
+             Mistake("unembedding_tied", "the unembedding is tied to W_E: logits = ln_final(x) @ W_U, a matrix of "
+                     "its own")
+             if _same(logits, normed @ w["W_E"].T) else Mistake("logits_wrong", "the logits are not "
+                                                                "ln_final(x) @ W_U"))
 
 
-def _rope_kind(cos, sin, want_cos, want_sin, start: int, cfg: ref.ModernConfig) -> str:
+def _rope_kind(cos, sin, want_cos, want_sin, start: int, cfg: ref.ModernConfig) -> Mistake:
     if _same(cos, want_sin) and _same(sin, want_cos):
-        return "cos and sin are swapped"
+        return Mistake("cos_sin_swapped", "cos and sin are swapped")
     n, default = cos.shape[0], ref.ModernConfig().rope_theta
     if start and all(map(_same, (cos, sin), ref.rope_cos_sin(torch.arange(n), cfg.d_head, cfg.rope_theta))):
-        return ("positions restart at 0 in the cached chunk: its positions are past_len, past_len + 1, ... "
-                "(past_len = the cached keys' length)")
+        return Mistake("positions_restart_in_cache", "positions restart at 0 in the cached chunk: its positions "
+                       "are past_len, past_len + 1, ... (past_len = the cached keys' length)")
     if cfg.rope_theta != default and all(map(_same, (cos, sin), ref.rope_cos_sin(
             torch.arange(start, start + n), cfg.d_head, default))):
-        return (f"rope_theta is not read from the config: cos and sin use {default:g} where this config has "
-                f"{cfg.rope_theta:g} (pass self.cfg.rope_theta to rope_cos_sin)")
-    return ("they are not rope_cos_sin(positions, d_head, cfg.rope_theta) for this chunk's positions "
-            f"{start} to {start + n - 1}")
+        return Mistake("rope_theta_not_from_config", f"rope_theta is not read from the config: cos and sin use "
+                       f"{default:g} where this config has {cfg.rope_theta:g} (pass self.cfg.rope_theta to "
+                       "rope_cos_sin)")
+    return Mistake("cos_sin_wrong", "they are not rope_cos_sin(positions, d_head, cfg.rope_theta) for this chunk's "
+                   f"positions {start} to {start + n - 1}")
 
 
-def _fed_from(x, outputs: dict, tag: str, i: int, n_layers: int) -> str:
+def _fed_from(x, outputs: dict, tag: str, i: int, n_layers: int) -> Mistake:
     """What the input of layer i (or the final norm, i = n_layers) is, among the earlier values."""
+    final = i == n_layers
     rule = ("the final norm reads the last layer's output" if i == n_layers
             else "each layer reads the previous layer's output")
     for j in range(i - 2, -1, -1):
         if _same(x, outputs.get(f"{tag}.blocks.{j}.out", torch.empty(0))):
-            return f"it is blocks[{j}]'s output: {rule}"
+            return Mistake("final_norm_skips_layers" if final else "layer_skipped",
+                           f"it is blocks[{j}]'s output: {rule}")
     if _same(x, outputs.get(f"{tag}.blocks.0.x", torch.empty(0))):
-        return f"it is the embedding: {rule}"
-    return f"it is not blocks[{i - 1}]'s output: {rule}"
+        return Mistake("final_norm_reads_embedding" if final else "layer_reads_embedding",
+                       f"it is the embedding: {rule}")
+    return Mistake("final_norm_input_wrong" if final else "layer_input_wrong",
+                   f"it is not blocks[{i - 1}]'s output: {rule}")
 
 
-def _cache_kind(outputs: dict, tag: str, i: int, n_layers: int) -> str | None:
+def _cache_kind(outputs: dict, tag: str, i: int, n_layers: int) -> Mistake | None:
     """How the cache given to layer i in the cached chunk differs from the one layer i returned
     in the first chunk (None when it is that one)."""
     given = [outputs.get(f"{tag}.blocks.{i}.past.{k}") for k in (0, 1)]
@@ -184,12 +192,13 @@ def _cache_kind(outputs: dict, tag: str, i: int, n_layers: int) -> str | None:
     if any(t is None for t in own):
         return None
     if any(t is None for t in given):
-        return "the layers get no cache: pass past[i] to blocks[i]"
+        return Mistake("no_cache_to_layers", "the layers get no cache: pass past[i] to blocks[i]")
     if all(_same(g, o) for g, o in zip(given, own)):
         return None
     for j in range(n_layers):
         other = [outputs.get(f"first.blocks.{j}.cache.{k}") for k in (0, 1)]
         if j != i and all(o is not None and _same(g, o) for g, o in zip(given, other)):
-            return (f"blocks[{i}] is given layer {j}'s cache" + (": every layer gets layer 0's" if j == 0 else "")
-                    + "; pass past[i] to blocks[i]")
-    return "it is not the (keys, values) blocks[i] returned for the first chunk"
+            return Mistake("layer_0_cache_everywhere" if j == 0 else "another_layer_cache",
+                           f"blocks[{i}] is given layer {j}'s cache"
+                           + (": every layer gets layer 0's" if j == 0 else "") + "; pass past[i] to blocks[i]")
+    return Mistake("cache_wrong", "it is not the (keys, values) blocks[i] returned for the first chunk")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graders.exercises.common.diagnosis import crash, is_crash
-from graders.judging.compare import LIKELY, CheckFailed, check_shape, compare
+from graders.judging.compare import LIKELY, CheckFailed, Mistake, check_shape, compare, mistake_key
 from graders.exercises.nb10 import reference as ref
 from graders.exercises.common.properties import (is_constant, named_factor, power_mean_divisor, read_output,
                                                  row_lengths, scaling_degree, transposed_declaration,
@@ -102,28 +102,34 @@ def rms_norm_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict:
     ms = x.pow(2).mean(-1, keepdim=True)
     centred = x - x.mean(-1, keepdim=True)
     found = {
-        "the mean is subtracted (that is LayerNorm): RMSNorm divides x itself by its root mean "
-        "square, with no centring and no bias": centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w,
-        "x is divided by its standard deviation (the centred variance): RMSNorm divides by the root of "
-        "mean(x**2), x not centred": x / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt() * w,
-        "eps is added outside the square root: it belongs inside, sqrt(mean(x**2) + eps)":
+        Mistake("mean_subtracted", "the mean is subtracted (that is LayerNorm): RMSNorm divides x itself by its "
+                "root mean square, with no centring and no bias"):
+            centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w,
+        Mistake("divides_by_std", "x is divided by its standard deviation (the centred variance): RMSNorm divides "
+                "by the root of mean(x**2), x not centred"):
+            x / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt() * w,
+        Mistake("eps_outside_root", "eps is added outside the square root: it belongs inside, "
+                "sqrt(mean(x**2) + eps)"):
             x / (ms.sqrt() + eps) * w,
-        "eps is missing: sqrt(mean(x**2) + eps)": x / ms.sqrt() * w,
-        "the square root is missing: x / sqrt(mean(x**2) + eps)": x / (ms + eps) * w,
-        "the learned weight w is not applied": x / (ms + eps).sqrt(),
-        "the weight is applied as (1 + w), Gemma's convention: Llama multiplies by w": x / (ms + eps).sqrt() * (1 + w),
-        "dividing by the norm sqrt(sum(x**2)) instead of the root mean square sqrt(mean(x**2))":
+        Mistake("no_eps", "eps is missing: sqrt(mean(x**2) + eps)"): x / ms.sqrt() * w,
+        Mistake("no_sqrt", "the square root is missing: x / sqrt(mean(x**2) + eps)"): x / (ms + eps) * w,
+        Mistake("no_weight", "the learned weight w is not applied"): x / (ms + eps).sqrt(),
+        Mistake("one_plus_weight", "the weight is applied as (1 + w), Gemma's convention: Llama multiplies by w"):
+            x / (ms + eps).sqrt() * (1 + w),
+        Mistake("divides_by_norm", "dividing by the norm sqrt(sum(x**2)) instead of the root mean square "
+                "sqrt(mean(x**2))"):
             x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt() * w,
     }
-    for dim, axis in ((1, "positions"), (0, "the batch")):
-        found[f"the mean square is taken over {axis} (dim {dim}): it is over d_model, the last axis"] = \
+    for dim, axis, key in ((1, "positions", "mean_square_over_positions"), (0, "the batch", "mean_square_over_batch")):
+        found[Mistake(key, f"the mean square is taken over {axis} (dim {dim}): it is over d_model, the last axis")] = \
             x / (x.pow(2).mean(dim, keepdim=True) + eps).sqrt() * w
-    found["the mean square is taken over the whole tensor: it is over d_model, per position"] = \
+    found[Mistake("mean_square_over_everything", "the mean square is taken over the whole tensor: it is over "
+                  "d_model, per position")] = \
         x / (x.pow(2).mean() + eps).sqrt() * w
     default = ref.ModernConfig().rms_norm_eps
     if eps != default:
-        found[f"eps is not read from the config: {default:g} is used where this config's rms_norm_eps is "
-              f"{eps:g} (use self.cfg.rms_norm_eps)"] = x / (ms + default).sqrt() * w
+        found[Mistake("eps_not_from_config", f"eps is not read from the config: {default:g} is used where this "
+                      f"config's rms_norm_eps is {eps:g} (use self.cfg.rms_norm_eps)")] = x / (ms + default).sqrt() * w
     return found
 
 
@@ -135,26 +141,28 @@ def read_rms_norm(actual: torch.Tensor, outputs: dict, x: torch.Tensor, expected
     doubled = outputs.get("out_w_doubled")
     degree = scaling_degree(actual, doubled, 2.0) if isinstance(doubled, torch.Tensor) else None
     if degree is not None and abs(degree) < 1e-3:
-        return ("your output does not change when the weight w is doubled: w is applied before normalising, "
-                "and the normalisation undoes it. Normalise x first, then multiply by w")
+        return Mistake("weight_before_normalising", "your output does not change when the weight w is doubled: w "
+                       "is applied before normalising, and the normalisation undoes it. Normalise x first, then "
+                       "multiply by w")
     if degree is not None and abs(degree - 1) > 1e-3:
-        return (f"doubling the weight w multiplies your output by {2 ** degree:.3g}, where it doubles "
-                f"x / rms(x) * w" + (": w is applied twice" if abs(degree - 2) < 1e-3 else
-                                      ": w multiplies the normalised x once"))
+        return Mistake("weight_applied_twice" if abs(degree - 2) < 1e-3 else "weight_not_applied_once",
+                       f"doubling the weight w multiplies your output by {2 ** degree:.3g}, where it doubles "
+                       f"x / rms(x) * w" + (": w is applied twice" if abs(degree - 2) < 1e-3 else
+                                             ": w multiplies the normalised x once"))
     lengths = row_lengths(actual, expected)
     if lengths is not None:
         if is_constant(lengths):
-            return (f"every row points the right way but is {named_factor(lengths.mean().item(), SIZES)} times "
-                    "as long, the same factor everywhere: RMSNorm's output is x / sqrt(mean(x**2) + eps) * w, "
-                    "with no other factor")
+            return Mistake("scaled_by_a_constant", f"every row points the right way but is "
+                           f"{named_factor(lengths.mean().item(), SIZES)} times as long, the same factor everywhere: "
+                           "RMSNorm's output is x / sqrt(mean(x**2) + eps) * w, with no other factor")
         divisor = (x.double().pow(2).mean(-1) + eps).sqrt().flatten() / lengths
         what = power_mean_divisor(divisor, x, SIZES)
         if what:
-            return (f"each row's direction is right but its length is not: x is divided by {what}; RMSNorm "
-                    "divides by the root mean square, sqrt(mean(x**2) + eps)")
-        return (f"each row's direction is right but its length is not (off by a factor from "
-                f"{lengths.min().item():.3g} to {lengths.max().item():.3g}, changing from row to row): what x is "
-                "divided by is not sqrt(mean(x**2) + eps)")
+            return Mistake("divides_by_another_mean", f"each row's direction is right but its length is not: x is "
+                           f"divided by {what}; RMSNorm divides by the root mean square, sqrt(mean(x**2) + eps)")
+        return Mistake("wrong_divisor", f"each row's direction is right but its length is not (off by a factor from "
+                       f"{lengths.min().item():.3g} to {lengths.max().item():.3g}, changing from row to row): what x "
+                       "is divided by is not sqrt(mean(x**2) + eps)")
     return None
 
 
@@ -185,7 +193,8 @@ def _judge_half(actual, hf_norm: nn.Module, x: torch.Tensor) -> None:
     check_shape(what, actual, tuple(expected.shape), DIMS)
     if actual.dtype != torch.float16:
         raise CheckFailed(f"{what}: your output is {actual.dtype}, LlamaRMSNorm's is float16. Likely mistake: "
-                          "the normalised x is not cast back to x's dtype (.to(x.dtype)) before the weight.")
+                          "the normalised x is not cast back to x's dtype (.to(x.dtype)) before the weight.",
+                          mistake="not_cast_back")
     if close_in_half(actual, expected):
         return
     overflowed = not torch.isfinite(actual).all() or bool((actual == 0).any())
@@ -194,7 +203,7 @@ def _judge_half(actual, hf_norm: nn.Module, x: torch.Tensor) -> None:
                       + ("Likely mistake: the mean square is computed in float16, where x**2 overflows (its "
                          "largest number is 65,504): compute it in float32 (x.float()), then cast back."
                          if overflowed else "Normalise in float32 (x.float()), cast back to x's dtype, then "
-                         "apply the weight."))
+                         "apply the weight."), mistake="mean_square_in_float16" if overflowed else None)
 
 
 rms_norm_exercise = Exercise(NOTEBOOK, "RMSNorm", produce_rms_norm, judge_rms_norm,
@@ -219,7 +228,7 @@ def produce_swiglu(SwiGLU, case: Case, inputs: dict) -> dict:
         if declared is None:
             raise
         raise CheckFailed(f"{str(failure).splitlines()[0]} {LIKELY} {declared}.\n"
-                          + "\n".join(str(failure).splitlines()[1:])) from None
+                          + "\n".join(str(failure).splitlines()[1:]), mistake=mistake_key(declared)) from None
     try:
         return {"out": run_learner("SwiGLU", mlp, _mlp_input(case), forbidden=MLP_FORBIDDEN)}
     except CheckFailed as failure:
@@ -235,20 +244,31 @@ ACTIVATIONS = {
     "ReLU": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "softplus": F.softplus, "ELU": F.elu,
     "Mish": F.mish, "leaky ReLU": F.leaky_relu, "no activation": lambda z: z,
 }
+# Their parts of the keys of the mistakes that use them.
+ACTIVATION_KEYS = {
+    "SiLU": "silu", "GELU": "gelu", "GELU (tanh approximation)": "gelu_tanh", "ReLU": "relu", "sigmoid": "sigmoid",
+    "tanh": "tanh", "softplus": "softplus", "ELU": "elu", "Mish": "mish", "leaky ReLU": "leaky_relu",
+    "no activation": "no_activation",
+}
 # How the two branches might be combined, with what each says (SiLU's own wording).
 STRUCTURES = {
     "gate": (lambda a, g, u: a(g) * u, ""),
-    "swapped": (lambda a, g, u: a(u) * g, "gate and up are swapped: SiLU goes on the gate branch, "
-                                          "silu(x @ W_gate) * (x @ W_up)"),
-    "both": (lambda a, g, u: a(g) * a(u), "the activation is applied to both branches: only the gate goes "
-                                          "through SiLU"),
-    "self": (lambda a, g, u: a(g) * g, "silu(gate) * gate (the SiLU formula z * sigmoid(z) mixed up with the "
-                                       "gating): the gate's SiLU multiplies the *up* branch, x @ W_up"),
-    "after": (lambda a, g, u: a(g * u), "the activation is applied after the product: silu(x @ W_gate) * "
-                                        "(x @ W_up), not silu((x @ W_gate) * (x @ W_up))"),
-    "no up": (lambda a, g, u: a(g), "the up projection is missing from the product: silu(x @ W_gate) * (x @ W_up)"),
-    "no gate": (lambda a, g, u: a(u), "the gate projection is missing: silu(x @ W_gate) multiplies x @ W_up"),
-    "sum": (lambda a, g, u: a(g) + u, "the branches are added: SwiGLU multiplies them, silu(gate) * up"),
+    "swapped": (lambda a, g, u: a(u) * g, Mistake("gate_up_swapped", "gate and up are swapped: SiLU goes on the "
+                                                                     "gate branch, silu(x @ W_gate) * (x @ W_up)")),
+    "both": (lambda a, g, u: a(g) * a(u), Mistake("activation_on_both", "the activation is applied to both "
+                                                                        "branches: only the gate goes through SiLU")),
+    "self": (lambda a, g, u: a(g) * g, Mistake("gate_times_gate", "silu(gate) * gate (the SiLU formula z * "
+                                                                  "sigmoid(z) mixed up with the gating): the gate's "
+                                                                  "SiLU multiplies the *up* branch, x @ W_up")),
+    "after": (lambda a, g, u: a(g * u), Mistake("activation_after_product", "the activation is applied after the "
+                                                                            "product: silu(x @ W_gate) * (x @ W_up), "
+                                                                            "not silu((x @ W_gate) * (x @ W_up))")),
+    "no up": (lambda a, g, u: a(g), Mistake("no_up", "the up projection is missing from the product: "
+                                                     "silu(x @ W_gate) * (x @ W_up)")),
+    "no gate": (lambda a, g, u: a(u), Mistake("no_gate", "the gate projection is missing: silu(x @ W_gate) "
+                                                         "multiplies x @ W_up")),
+    "sum": (lambda a, g, u: a(g) + u, Mistake("branches_added", "the branches are added: SwiGLU multiplies them, "
+                                                                "silu(gate) * up")),
 }
 
 
@@ -261,9 +281,11 @@ def swiglu_mistakes(x: torch.Tensor, w: dict) -> dict:
             if structure == "gate" and name == "SiLU":
                 continue
             if structure == "gate":
-                description = f"{name} instead of SiLU on the gate: SwiGLU's gate is silu(z) = z * sigmoid(z)"
+                description = Mistake(f"{ACTIVATION_KEYS[name]}_instead_of_silu",
+                                      f"{name} instead of SiLU on the gate: SwiGLU's gate is silu(z) = z * sigmoid(z)")
             else:
-                description = says + ("" if name == "SiLU" else f" (and {name} where SiLU belongs)")
+                description = Mistake(says.key + ("" if name == "SiLU" else f"_and_{ACTIVATION_KEYS[name]}"),
+                                      says + ("" if name == "SiLU" else f" (and {name} where SiLU belongs)"))
             found[description] = combine(activation, gate, up) @ w["W_down"]
     return found
 

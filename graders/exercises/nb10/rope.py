@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from graders.exercises.common.diagnosis import is_crash
-from graders.judging.compare import FIX, LIKELY, CheckFailed, compare, diagnosed, with_fix
+from graders.judging.compare import FIX, LIKELY, CheckFailed, Mistake, compare, diagnosed, mistake_key, with_fix
 from graders.exercises.nb10 import reference as ref
 from graders.exercises.nb10.norm_mlp import DEFAULTS, NOTEBOOK
 from graders.exercises.common.properties import axis_reordered, signed_map
@@ -85,29 +85,31 @@ def _pair(result) -> tuple[torch.Tensor, torch.Tensor]:
 # what a wrong value is called. Every combination is tried, fewest wrong settings first, so a
 # table with two mistakes at once is named as such.
 TABLE_SETTINGS = {
-    "exponent": {-2: "", -1: with_fix("the frequency exponent is off by a factor of 2: theta ** (-2i / d_head) "
-                                      "for i = 0 .. d_head/2 - 1", "theta ** (-torch.arange(0, d_head, 2) / d_head)"),
-                 2: "the exponent's sign is flipped: theta ** (+2i / d_head) makes the frequencies grow; they "
-                    "fall, 1 / theta ** (2i / d_head)",
-                 1: "the exponent is +i / d_head: its sign is flipped and it is half the right one, "
-                    "1 / theta ** (2i / d_head)",
-                 -4: "the frequency exponent is twice the right one: theta ** (-2i / d_head) for i = 0 .. "
-                     "d_head/2 - 1"},
-    "layout": {"halves": "", "interleaved": with_fix("the frequencies are interleaved (f0, f0, f1, f1, ...) as in "
-                                                     "the paper's pairs: transformers' Llama rotates halves, so the "
-                                                     "table holds them twice in a row",
-                                                     "torch.cat([freqs, freqs], dim=-1)")},
-    "order": {"cos, sin": "", "sin, cos": "cos and sin are swapped: return (cos, sin), in that order"},
-    "unit": {1.0: "", 180 / math.pi: "the angles are in degrees: torch.cos and torch.sin take radians, "
-                                     "m * theta ** (-2i / d_head)"},
-    "first": {0: "", 1: "the positions start at 1: the first position is 0, with angle 0"},
+    "exponent": {-2: "", -1: Mistake("exponent_halved", with_fix(
+                     "the frequency exponent is off by a factor of 2: theta ** (-2i / d_head) for i = 0 .. "
+                     "d_head/2 - 1", "theta ** (-torch.arange(0, d_head, 2) / d_head)")),
+                 2: Mistake("exponent_sign_flipped", "the exponent's sign is flipped: theta ** (+2i / d_head) makes "
+                            "the frequencies grow; they fall, 1 / theta ** (2i / d_head)"),
+                 1: Mistake("exponent_sign_flipped_and_halved", "the exponent is +i / d_head: its sign is flipped "
+                            "and it is half the right one, 1 / theta ** (2i / d_head)"),
+                 -4: Mistake("exponent_doubled", "the frequency exponent is twice the right one: theta ** "
+                             "(-2i / d_head) for i = 0 .. d_head/2 - 1")},
+    "layout": {"halves": "", "interleaved": Mistake("frequencies_interleaved", with_fix(
+        "the frequencies are interleaved (f0, f0, f1, f1, ...) as in the paper's pairs: transformers' Llama "
+        "rotates halves, so the table holds them twice in a row", "torch.cat([freqs, freqs], dim=-1)"))},
+    "order": {"cos, sin": "", "sin, cos": Mistake("cos_sin_swapped", "cos and sin are swapped: return (cos, sin), "
+                                                  "in that order")},
+    "unit": {1.0: "", 180 / math.pi: Mistake("angles_in_degrees", "the angles are in degrees: torch.cos and "
+                                             "torch.sin take radians, m * theta ** (-2i / d_head)")},
+    "first": {0: "", 1: Mistake("positions_from_one", "the positions start at 1: the first position is 0, with "
+                                "angle 0")},
 }
 
 
 def _settings(theta: float) -> dict:
     """TABLE_SETTINGS with the base: theta, and 10,000 as a mistake where theta is another."""
-    wrong_base = {} if theta == 10000.0 else {10000.0: "a wrong base: the frequencies use 10000, not the theta "
-                                                       "you are given"}
+    wrong_base = {} if theta == 10000.0 else {10000.0: Mistake("wrong_base", "a wrong base: the frequencies use "
+                                                               "10000, not the theta you are given")}
     return {**TABLE_SETTINGS, "base": {theta: "", **wrong_base}}
 
 
@@ -123,14 +125,16 @@ def table_mistakes(positions: torch.Tensor, theta: float) -> dict[str, tuple[tor
     return found
 
 
-def joined(whys: list[str]) -> str:
-    """Several mistakes in one description: their words joined by "; and ", their fixes after."""
+def joined(whys: list[str]) -> Mistake:
+    """Several mistakes in one description: their words joined by "; and ", their fixes after;
+    its key, their keys joined by "_and_"."""
     words, fixes = [], []
     for why in whys:
         said, *fix = why.split(f"\n  {FIX} ")
         words.append(said)
         fixes += fix
-    return "".join(["; and ".join(words)] + [f"\n  {FIX} {fix}" for fix in fixes])
+    return Mistake("_and_".join(mistake_key(why) for why in whys),
+                   "".join(["; and ".join(words)] + [f"\n  {FIX} {fix}" for fix in fixes]))
 
 
 def _table(positions, exponent, layout, order, unit, first, base) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +149,8 @@ def table_localised(cos, sin, positions: torch.Tensor, theta: float, named: bool
     """Where the learner's table departs from the right one, read as angles: whether cos and sin
     are of one angle, position 0's angle, and each column's angle per position; unless the
     mistake is `named` already, which exponent and base those angles per position fit (they
-    are compared modulo 2π, which a fast frequency's float32 rounding does not upset)."""
+    are compared modulo 2π, which a fast frequency's float32 rounding does not upset). The line
+    that names that mistake is a `Mistake`, with its key."""
     if not all(isinstance(t, torch.Tensor) and t.shape == (len(positions), D_HEAD) for t in (cos, sin)):
         return []
     cos, sin = cos.detach().double(), sin.detach().double()
@@ -172,7 +177,7 @@ def table_localised(cos, sin, positions: torch.Tensor, theta: float, named: bool
         for exponent, base in itertools.product(settings["exponent"], settings["base"]):
             whys = [why for why in (settings["exponent"][exponent], settings["base"][base]) if why]
             if whys and (_wrapped(_frequencies(exponent, base) - step).abs() < 1e-2).all():
-                lines.append(f"  {LIKELY} {joined(whys)}")
+                lines.append(Mistake(mistake_key(joined(whys)), f"  {LIKELY} {joined(whys)}"))
                 break
     return lines
 
@@ -223,11 +228,13 @@ def read_rotation(basis_out) -> str | None:
               " That is not a rotation: it changes the vectors' lengths." if lengths else "")
     right = ref.rotate_half(torch.eye(D_HEAD, dtype=torch.float64)).T          # rotate_half as a matrix
     if kept != "cat([x1, x2])":
-        return (f"your apply_rope computes {kept} * cos + {turned} * sin (x1, x2: the halves of x), where it is "
-                f"x * cos + rotate_half(x) * sin with rotate_half(x) = cat([-x2, x1]).{effect}")
+        return Mistake("cos_term_rearranged", f"your apply_rope computes {kept} * cos + {turned} * sin (x1, x2: the "
+                       f"halves of x), where it is x * cos + rotate_half(x) * sin with rotate_half(x) = "
+                       f"cat([-x2, x1]).{effect}")
     order = (" (its two halves in the wrong order)" if torch.equal(b.round().roll(D_HEAD // 2, 0), right) else "")
-    return (f"your rotate_half(x) is {turned}{order}, where it is cat([-x2, x1]) (x1, x2: the halves of "
-            f"x).{effect}")
+    return Mistake("rotate_half_halves_in_wrong_order" if order else "wrong_rotate_half",
+                   f"your rotate_half(x) is {turned}{order}, where it is cat([-x2, x1]) (x1, x2: the halves of "
+                   f"x).{effect}")
 
 
 NEIGHBOURS = ("apply_rope pairs neighbours (0, 1), (2, 3), ...: the paper's convention, a rotation with a "
@@ -245,33 +252,39 @@ def rotation_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     half = D_HEAD // 2
     every_other = (t[..., 0::2].repeat_interleave(2, dim=-1) for t in (cos, sin))
     return {
-        with_fix(f"{NEIGHBOURS}; your code reads each neighbour pair's angle from the first half of the "
-                 "table", HALVES_FIX): ref.apply_rope_interleaved(x, cos, sin),
-        with_fix(f"{NEIGHBOURS}; your code reads each neighbour pair's angle from every other column of "
-                 "the table", HALVES_FIX): x * next(every_other) + _neighbours_turned(x) * next(every_other),
-        with_fix(f"{NEIGHBOURS}; read with that table, the two dimensions of a neighbour pair turn by two "
-                 "different angles, so the vectors' lengths change", HALVES_FIX):
+        Mistake("neighbour_pairs_first_half", with_fix(
+            f"{NEIGHBOURS}; your code reads each neighbour pair's angle from the first half of the table",
+            HALVES_FIX)): ref.apply_rope_interleaved(x, cos, sin),
+        Mistake("neighbour_pairs_every_other", with_fix(
+            f"{NEIGHBOURS}; your code reads each neighbour pair's angle from every other column of the table",
+            HALVES_FIX)): x * next(every_other) + _neighbours_turned(x) * next(every_other),
+        Mistake("neighbour_pairs", with_fix(
+            f"{NEIGHBOURS}; read with that table, the two dimensions of a neighbour pair turn by two different "
+            "angles, so the vectors' lengths change", HALVES_FIX)):
             x * cos + _neighbours_turned(x) * sin,
-        "the rotation turns the wrong way: rotate_half(x) is cat([-x2, x1]), not cat([x2, -x1])":
+        Mistake("rotation_reversed", "the rotation turns the wrong way: rotate_half(x) is cat([-x2, x1]), not "
+                "cat([x2, -x1])"):
             x * cos - ref.rotate_half(x) * sin,
-        "the halves are not swapped: x * cos + rotate_half(x) * sin needs rotate_half(x) = "
-        "cat([-x2, x1])": x * cos + torch.cat([-x[..., :half], x[..., half:]], -1) * sin,
-        "the sin term is missing: x * cos + rotate_half(x) * sin": x * cos,
-        "cos and sin are swapped in the rotation: x * cos + rotate_half(x) * sin": x * sin + ref.rotate_half(x) * cos,
+        Mistake("halves_not_swapped", "the halves are not swapped: x * cos + rotate_half(x) * sin needs "
+                "rotate_half(x) = cat([-x2, x1])"): x * cos + torch.cat([-x[..., :half], x[..., half:]], -1) * sin,
+        Mistake("no_sin_term", "the sin term is missing: x * cos + rotate_half(x) * sin"): x * cos,
+        Mistake("cos_sin_swapped_in_rotation", "cos and sin are swapped in the rotation: x * cos + rotate_half(x) "
+                "* sin"): x * sin + ref.rotate_half(x) * cos,
     }
 
 
 def judge(case: Case, outputs: dict) -> None:
     """Each function on its own, rope_cos_sin's table and apply_rope's rotation, every one that
     differs reported in one run; then the two together."""
-    failures = []
+    failures, keys = [], []
     for part in (_judge_table, _judge_rotation):
         try:
             part(case, outputs)
         except CheckFailed as failed:
             failures.append(diagnosed(str(failed)))
-    if failures:
-        raise CheckFailed("\n".join(failures))
+            keys.append(failed.mistake)
+    if failures:   # the key of the first mistake named, the one the first line names
+        raise CheckFailed("\n".join(failures), mistake=next((key for key in keys if key), None))
     compare(f"q·k after RoPE, every position shifted by {offset(case)} (rope_cos_sin and apply_rope "
             "together)", outputs.get("scores_shifted"), outputs["scores"].double(), ("batch", "head", "query", "key"),
             hint="RoPE rotates q at position m by m·θ_i and k at n by n·θ_i, so q·k depends on m - n "
@@ -294,12 +307,16 @@ def _judge_table(case: Case, outputs: dict) -> None:
                     actual, expected[i], TABLE_DIMS)
                 localised = table_localised(outputs.get(f"cos_{theta:g}"), outputs.get(f"sin_{theta:g}"),
                                             positions, theta, named=named or reordered is not None)
+                key = failed.mistake if named else next((mistake_key(line) for line in localised
+                                                         if mistake_key(line)), None)
                 if reordered:
+                    key = ("frequencies_reversed" if "d_head axis" in reordered and "reversed" in reordered
+                           else "table_axis_reordered")
                     localised.insert(0, f"  {LIKELY} your {name} table is the right one, {reordered}"
                                         + (": the frequencies run from the slowest to the fastest"
                                            if "d_head axis" in reordered and "reversed" in reordered
                                            else ""))
-                raise CheckFailed("\n".join([str(failed), *localised])) from None
+                raise CheckFailed("\n".join([str(failed), *localised]), mistake=key) from None
 
 
 def _judge_rotation(case: Case, outputs: dict) -> None:
