@@ -110,7 +110,8 @@ def test_attention_correct_variants_pass(cls):
     (_attention(rope_values=True), "Likely mistake: RoPE is applied to the values too"),
     (_attention(rope_keys=False), "Likely mistake: RoPE is applied to the queries only"),
     (_attention(offset_mask=False), "Likely mistake: the causal mask ignores the cache"),
-    (AsManyKVHeads, "Likely mistake: the keys and values are used as if there were n_heads of them"),
+    (AsManyKVHeads, "cannot take the reference weights. Likely mistake: the keys and values are used as if there "
+                    "were n_heads of them"),
     (_attention(mask=False), "Likely mistake: the causal mask is missing"),
     (_attention(scale=32.0), "Likely mistake: the scores are divided by d_head"),
     (_attention(masked_value=0.0), "Likely mistake: the masked scores are set to 0, not -inf"),

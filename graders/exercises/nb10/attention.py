@@ -49,7 +49,8 @@ def load_attention(cls, cfg: ref.ModernConfig, part: dict, what: str = "GQAttent
     except WeightLoadError as err:
         message, key = str(err), None
         if f"is [{cfg.n_heads}, {cfg.d_model}, {cfg.d_head}], expected [{cfg.n_kv_heads}," in message:
-            message, key = message.replace("\n", f". Likely mistake: {AS_MANY_KV_HEADS}.\n", 1), AS_MANY_KV_HEADS.key
+            first, rest = message.split("\n", 1)
+            message, key = f"{first.rstrip(':')}. Likely mistake: {AS_MANY_KV_HEADS}.\n{rest}", AS_MANY_KV_HEADS.key
         raise CheckFailed(message, mistake=key) from None
 
 
