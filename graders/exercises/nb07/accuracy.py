@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare
 from graders.exercises.nb07.tasks import D_VOCAB, SEQ_LEN, per_position, reference_reversal
 from graders.judging.cases import Case
 from graders.judging.exercise import Exercise
@@ -59,15 +59,17 @@ def judge(case: Case, outputs: dict) -> None:
                 (SEQ_LEN - 1,), ("prediction position",))
     compare(f"per_position_accuracy on {case.batch} reversal sequences of a test model",
             outputs["accuracy"], right, ("prediction position",),
-            mistakes={"no shift: position p's prediction is compared with token p itself; it "
-                      "predicts token p + 1, the next one":
+            mistakes={Mistake("no_shift", "no shift: position p's prediction is compared with token p itself; "
+                              "it predicts token p + 1, the next one"):
                           (predictions[:, :-1] == tokens[:, :-1]).double().mean(0),
-                      "no shift (positions 1..15 compared with their own tokens): position p "
-                      "predicts token p + 1, the next one":
+                      Mistake("no_shift", "no shift (positions 1..15 compared with their own tokens): position p "
+                              "predicts token p + 1, the next one"):
                           (predictions[:, 1:] == tokens[:, 1:]).double().mean(0),
-                      "shifted the wrong way: position p + 1's prediction is compared with token p":
+                      Mistake("shifted_the_wrong_way", "shifted the wrong way: position p + 1's prediction is "
+                              "compared with token p"):
                           (predictions[:, 1:] == tokens[:, :-1]).double().mean(0),
-                      "a count, not a fraction: divide by the number of sequences (take the mean)":
+                      Mistake("count_not_fraction", "a count, not a fraction: divide by the number of sequences "
+                              "(take the mean)"):
                           right * case.batch},
             hint="entry p is the fraction of sequences whose most likely token at position p is the token "
                  "that comes next, at p + 1; the last position predicts nothing.",

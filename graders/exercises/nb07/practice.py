@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare
 from graders.exercises.common.small_models import seeded_model
 from graders.exercises.nb07.tasks import reference_lr
 from graders.judging.cases import Case
@@ -98,10 +98,12 @@ def judge_groups(case: Case, outputs: dict) -> None:
     twice = [n for n, c in zip(names, count) if c > 1]
     if missing:
         raise CheckFailed(f"{where}: {len(missing)} parameters are in no group (e.g. {missing[:3]}); "
-                          "AdamW would never update them. Every parameter goes in exactly one group.")
+                          "AdamW would never update them. Every parameter goes in exactly one group.",
+                          mistake="parameters_left_out")
     if twice:
         raise CheckFailed(f"{where}: parameters in more than one group (e.g. {twice[:3]}). Every "
-                          "parameter goes in exactly one group (AdamW refuses duplicates in one call).")
+                          "parameter goes in exactly one group (AdamW refuses duplicates in one call).",
+                          mistake="parameters_in_two_groups")
     wrong = [(n, got) for n, got in zip(names, decay)
              if not math.isclose(got, weight_decay if role(n) == "matrix" else 0.0, abs_tol=1e-12)]
     if not wrong:
@@ -113,18 +115,24 @@ def judge_groups(case: Case, outputs: dict) -> None:
 
     message = f"{where}: {len(wrong)} parameters have the wrong weight decay, e.g. " + \
         ", ".join(f"{n} gets {got:g}" for n, got in wrong[:3]) + "."
+    key = None
     if exactly("matrix", "embedding", "layernorm", "bias"):
         message += " Likely mistake: decay is applied to every parameter."
+        key = "decay_on_everything"
     elif exactly("matrix", "embedding"):
         message += " Likely mistake: the embeddings W_E and W_pos are decayed."
+        key = "embeddings_decayed"
     elif exactly("matrix", "layernorm"):
         message += " Likely mistake: LayerNorm's w and b are decayed."
+        key = "layernorm_decayed"
     elif exactly("matrix", "bias"):
         message += " Likely mistake: the biases b_* are decayed."
+        key = "biases_decayed"
     elif exactly("matrix"):
         message += f" Likely mistake: the decayed group's weight_decay is not the {weight_decay} asked for."
+        key = "wrong_weight_decay"
     raise CheckFailed(message + "\n  Decay the weight matrices W_Q, W_K, W_V, W_O, W_in, W_out and "
-                      "W_U; give the biases, LayerNorm's w and b, W_E and W_pos weight_decay 0.0.")
+                      "W_U; give the biases, LayerNorm's w and b, W_E and W_pos weight_decay 0.0.", mistake=key)
 
 
 groups_exercise = Exercise("07_training", "optimizer_groups", produce_groups, judge_groups,
@@ -171,19 +179,21 @@ def schedule_mistakes(case: Case) -> dict[str, torch.Tensor]:
         return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
 
     return {
-        "there is no warmup: the rate starts at max_lr; ramp it up linearly over the first "
-        "warmup_steps steps": table(lambda s: max_lr if s < warmup else reference_lr(s, max_lr, warmup, total, min_lr)),
-        "the warmup starts at 0 (step / warmup_steps): step 0 would not train at all; use "
-        "(step + 1) / warmup_steps so that step warmup_steps - 1 reaches max_lr":
+        Mistake("no_warmup", "there is no warmup: the rate starts at max_lr; ramp it up linearly over the first "
+                "warmup_steps steps"):
+            table(lambda s: max_lr if s < warmup else reference_lr(s, max_lr, warmup, total, min_lr)),
+        Mistake("warmup_from_zero", "the warmup starts at 0 (step / warmup_steps): step 0 would not train at all; "
+                "use (step + 1) / warmup_steps so that step warmup_steps - 1 reaches max_lr"):
             table(lambda s: max_lr * s / warmup if s < warmup else reference_lr(s, max_lr, warmup, total, min_lr)),
-        "the decay ends at 0 instead of min_lr":
+        Mistake("decays_to_zero", "the decay ends at 0 instead of min_lr"):
             table(lambda s: reference_lr(s, max_lr, warmup, total, 0.0)),
-        "the decay is linear; it should follow half a cosine, from max_lr down to min_lr":
+        Mistake("linear_decay", "the decay is linear; it should follow half a cosine, from max_lr down to min_lr"):
             table(lambda s: reference_lr(s, max_lr, warmup, total, min_lr) if s < warmup else
                   max_lr - (max_lr - min_lr) * min(1.0, (s - warmup) / (total - warmup))),
-        "the cosine counts from step 0 instead of from the end of the warmup":
+        Mistake("cosine_from_step_zero", "the cosine counts from step 0 instead of from the end of the warmup"):
             table(lambda s: reference_lr(s, max_lr, warmup, total, min_lr) if s < warmup else cosine(s, 0, total)),
-        "after total_steps the cosine goes on and the rate climbs again; hold it at min_lr":
+        Mistake("no_hold_after_total", "after total_steps the cosine goes on and the rate climbs again; hold it "
+                "at min_lr"):
             table(lambda s: min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * (s - warmup) / (total - warmup)))
                   if s >= warmup else reference_lr(s, max_lr, warmup, total, min_lr)),
     }

@@ -11,7 +11,7 @@ from graders.exercises.common.small_models import seeded_model
 from graders.exercises.nb07.tasks import (D_VOCAB, HALF, SEQ_LEN, reference_reversal, reversal_config)
 from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import judge_randomness
-from graders.judging.compare import CheckFailed, check_shape, compare, require_tensor
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, mistake_key, require_tensor
 from graders.exercises.common.next_token import loss_mistakes, reference_loss
 from graders.judging.tolerance import close
 from graders.judging.exercise import Exercise
@@ -38,30 +38,33 @@ def produce_generator(fn, case: Case, inputs: dict) -> dict:
     return outputs
 
 
+MIRROR_OFF_BY_ONE = Mistake("mirror_off_by_one", "the mirror is off by one position: token 8 + i must equal "
+                            "token 7 - i (token 8 = token 7, ..., token 15 = token 0).")
+
+
 def _off_by_one(seqs: torch.Tensor) -> str | None:
     """Name a mirror that is shifted by one position, if that is what `seqs` holds."""
     first, second = seqs[:, :HALF], seqs[:, HALF:]
     mirror = first.flip(-1)
     if torch.equal(second, first):
-        return "the second half is a copy of the first, not its mirror: reverse it (flip)."
+        return Mistake("copied_not_mirrored", "the second half is a copy of the first, not its mirror: reverse it "
+                       "(flip).")
     for shift in (1, -1):
         if torch.equal(second.roll(shift, dims=-1)[:, 1:-1], mirror[:, 1:-1]):
-            return ("the mirror is off by one position: token 8 + i must equal token 7 - i "
-                    "(token 8 = token 7, ..., token 15 = token 0).")
+            return MIRROR_OFF_BY_ONE
     if torch.equal(seqs[:, HALF - 1:].flip(-1)[:, :HALF], seqs[:, :HALF]) or \
             torch.equal(seqs[:, HALF + 1:], first[:, 1:].flip(-1)):
-        return ("the mirror is off by one position: token 8 + i must equal token 7 - i "
-                "(token 8 = token 7, ..., token 15 = token 0).")
+        return MIRROR_OFF_BY_ONE
     if len(seqs) > 1 and torch.equal(second, first.flip(0)):
-        return ("the halves are flipped along the wrong dimension: flip(0) reverses the order of "
-                "the sequences in the batch; reverse each sequence along its positions, "
-                "half.flip(-1) (or flip(1)).")
+        return Mistake("flipped_along_batch", "the halves are flipped along the wrong dimension: flip(0) reverses "
+                       "the order of the sequences in the batch; reverse each sequence along its positions, "
+                       "half.flip(-1) (or flip(1)).")
     if len(seqs) > 1 and torch.equal(second, first.flip(0).flip(-1)):
-        return ("the halves are flipped along both dimensions (flip((0, 1)), or .flip() of every "
-                "dimension): reverse each sequence along its positions only, half.flip(-1).")
+        return Mistake("flipped_along_both", "the halves are flipped along both dimensions (flip((0, 1)), or "
+                       ".flip() of every dimension): reverse each sequence along its positions only, half.flip(-1).")
     if torch.equal(second, first.sort(-1).values) or torch.equal(second, first.sort(-1, descending=True).values):
-        return ("the second half is the first one sorted, not reversed: reverse the order of the "
-                "positions, half.flip(-1), whatever the token values.")
+        return Mistake("sorted_not_reversed", "the second half is the first one sorted, not reversed: reverse the "
+                       "order of the positions, half.flip(-1), whatever the token values.")
     return None
 
 
@@ -69,12 +72,13 @@ def _shape_diagnosis(seqs: torch.Tensor, rows: int) -> str | None:
     """Name a wrong shape that a known mistake produces."""
     shape = tuple(seqs.shape)
     if shape == (2 * rows, HALF):
-        return ("the halves are joined along the batch dimension (torch.cat(..., dim=0)): join "
-                "them along the positions, torch.cat([half, half.flip(-1)], dim=-1).")
+        return Mistake("joined_along_batch", "the halves are joined along the batch dimension (torch.cat(..., "
+                       "dim=0)): join them along the positions, torch.cat([half, half.flip(-1)], dim=-1).")
     if shape == (rows, HALF):
-        return "only the first half is returned: append its mirror, torch.cat([half, half.flip(-1)], dim=-1)."
+        return Mistake("first_half_only", "only the first half is returned: append its mirror, "
+                       "torch.cat([half, half.flip(-1)], dim=-1).")
     if shape == (HALF, 2 * rows) or shape == (SEQ_LEN, rows):
-        return "the result is transposed: return [batch_size, 16], one sequence per row."
+        return Mistake("transposed", "the result is transposed: return [batch_size, 16], one sequence per row.")
     return None
 
 
@@ -86,7 +90,8 @@ def judge_generator(case: Case, outputs: dict) -> None:
         where = f"make_reversal_batch({rows}, generator)"
         if tuple(seqs.shape) != (rows, SEQ_LEN) and _shape_diagnosis(seqs, rows):
             raise CheckFailed(f"{where}: shape {list(seqs.shape)}, expected [{rows}, {SEQ_LEN}]. "
-                              f"Likely mistake: {_shape_diagnosis(seqs, rows)}")
+                              f"Likely mistake: {_shape_diagnosis(seqs, rows)}",
+                              mistake=mistake_key(_shape_diagnosis(seqs, rows)))
         check_shape(where, seqs, (rows, SEQ_LEN), dims)
         if seqs.dtype != torch.long:
             raise CheckFailed(f"{where}: dtype {seqs.dtype}; token ids must be torch.long (int64) "
@@ -101,7 +106,7 @@ def judge_generator(case: Case, outputs: dict) -> None:
     if n > 1 and torch.equal(seqs, seqs[:1].expand(n, -1)):
         raise CheckFailed(f"{where}: every sequence is the same. Likely mistake: one random half is "
                           "drawn and repeated over the batch; draw [batch_size, 8] random tokens, "
-                          "one half per sequence.")
+                          "one half per sequence.", mistake="one_half_repeated")
     seen = torch.bincount(seqs[:, :HALF].flatten(), minlength=D_VOCAB)
     if (seen == 0).any():
         missing = (seen == 0).nonzero().flatten().tolist()
@@ -115,10 +120,11 @@ def judge_generator(case: Case, outputs: dict) -> None:
         raise CheckFailed(f"{where}: the second half is not the mirror of the first (wrong at "
                           f"positions {wrong.tolist()}). "
                           + (f"Likely mistake: {diagnosis}" if diagnosis else
-                             "Token 8 + i must equal token 7 - i: torch.cat([half, half.flip(-1)], -1)."))
+                             "Token 8 + i must equal token 7 - i: torch.cat([half, half.flip(-1)], -1)."),
+                          mistake=mistake_key(diagnosis))
     if len(torch.unique(seqs[:, :HALF], dim=0)) < 0.95 * n:
         raise CheckFailed(f"{where}: the first halves repeat across sequences; each sequence needs "
-                          "its own random tokens.")
+                          "its own random tokens.", mistake="halves_repeat")
     judge_randomness("make_reversal_batch", outputs, "sequences",
                      "torch.randint(..., generator=generator)")
 
@@ -219,7 +225,7 @@ def judge_evaluate(case: Case, outputs: dict) -> None:
                           f"{outputs['loss_0'].item():.6g}, for two different sets of held-out "
                           "sequences: it ignores its `tokens` argument. Likely mistake: it "
                           "evaluates other data (a training batch?) instead of exactly the tokens "
-                          "it is given.")
+                          "it is given.", mistake=OTHER_DATA)
     with torch.no_grad():
         for i, tokens in enumerate(_eval_sets(case)):
             if bool(outputs[f"modified_{i}"]):
@@ -248,33 +254,35 @@ def _judge_modes(outputs: dict, expected: torch.Tensor) -> None:
             f"evaluate measured a model with dropout while the dropout was on: two calls gave "
             f"{losses[0].item():.4f} and {losses[1].item():.4f}, where the model itself (dropout "
             f"off) scores {expected.item():.4f}. Likely mistake: the model stays in training mode; "
-            "call model.eval() before measuring (dropout then passes every activation through).")
+            "call model.eval() before measuring (dropout then passes every activation through).",
+            mistake="no_eval_mode")
     if not bool(outputs["training_after"]):
         raise CheckFailed(
             "evaluate left the model in eval mode: the training steps after the first evaluation "
             "would run without dropout. Give the mode back before returning: was_training = "
-            "model.training at the start, model.train(was_training) at the end.")
+            "model.training at the start, model.train(was_training) at the end.", mistake="mode_not_restored")
 
 
 CHUNK_SIZES = (256, 128, 64, 32, 100, 200, 50, 16)   # batch sizes learners evaluate in
+OTHER_DATA = "other_data_evaluated"     # its key, whichever check names it
 
 
 def evaluate_mistakes(model, tokens: torch.Tensor, logits: torch.Tensor, other: torch.Tensor) -> dict:
     """What the usual wrong `evaluate`s return on `tokens`, by description."""
-    mistakes = {"the loss is computed on other sequences than the `tokens` passed in (a training "
-                "batch?): evaluate exactly the tokens it is given":
+    mistakes = {Mistake(OTHER_DATA, "the loss is computed on other sequences than the `tokens` passed in (a "
+                        "training batch?): evaluate exactly the tokens it is given"):
                 reference_loss(model(other), other),
-                "only the first batch of the held-out tokens is evaluated":
+                Mistake("first_batch_only", "only the first batch of the held-out tokens is evaluated"):
                 reference_loss(model(tokens[:256]), tokens[:256])}
     for size in CHUNK_SIZES:
         chunks = tokens.split(size)
         if len(chunks) > 1 and len(chunks[-1]) != size:
-            mistakes[f"the chunk means are averaged without weighting by chunk size (the last "
-                     f"chunk of {len(chunks[-1])} sequences counts as much as a full one of {size}): "
-                     "sum each chunk's loss times its length, then divide by the number of "
-                     "sequences"] = torch.stack([reference_loss(model(c), c) for c in chunks]).mean()
+            mistakes[Mistake("unweighted_chunk_means", f"the chunk means are averaged without weighting by "
+                             f"chunk size (the last chunk of {len(chunks[-1])} sequences counts as much as a full "
+                             f"one of {size}): sum each chunk's loss times its length, then divide by the number "
+                             "of sequences")] = torch.stack([reference_loss(model(c), c) for c in chunks]).mean()
     for description, value in loss_mistakes(logits, tokens).items():
-        mistakes[f"evaluate's loss: {description}"] = value
+        mistakes[Mistake(mistake_key(description), f"evaluate's loss: {description}")] = value
     return mistakes
 
 

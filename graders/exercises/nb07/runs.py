@@ -20,7 +20,7 @@ from graders.exercises.nb07.habits import judge_habits
 from graders.exercises.nb07.practice import reference_groups
 from graders.exercises.nb07.reversal import reference_evaluate
 from graders.exercises.nb07.tasks import Recipe, reference_lr
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake
 from graders.judging.learner import course_functions, run_learner
 from graders.judging.tolerance import GRADIENT_CLEARED_COSINE
 from graders.reference.config import Config
@@ -130,14 +130,15 @@ def judge_loop(outputs: dict, recipe: Recipe, cfg: Config) -> None:
         raise CheckFailed(
             "train's optimizer never steps the trained model's parameters. Likely mistake: the "
             "optimizer was built on other parameters than the trained model's (build it from "
-            "model.parameters() of the model train is given, after that model exists).")
+            "model.parameters() of the model train is given, after that model exists).",
+            mistake="optimizer_on_other_parameters")
     if len(steps) > 1 and max(steps) < n_steps:
         raise CheckFailed(
             f"train built {len(steps)} optimizers for n_steps={n_steps} (the longest-lived one made "
             f"{max(steps)} steps). Likely mistake: the optimizer is re-created "
             + ("every step" if len(steps) >= n_steps else "during training")
             + " (inside the loop), so AdamW's running averages of each gradient start over each "
-            "time. Create it once, before the loop, from model.parameters().")
+            "time. Create it once, before the loop, from model.parameters().", mistake="optimizer_recreated")
     checked, piled = int(outputs["steps_checked"]), int(outputs["steps_accumulated"])
     if checked >= 2 and piled > checked // 2:
         raise CheckFailed(
@@ -150,18 +151,20 @@ def judge_loop(outputs: dict, recipe: Recipe, cfg: Config) -> None:
 
 
 def stuck_diagnosis(outputs: dict) -> str:
-    """Why a loop that hardly learns does not, from what the probe saw."""
+    """Why a loop that hardly learns does not, from what the probe saw (a Mistake, carrying its
+    key, when it names one)."""
     steps = outputs["optimizer_steps"].tolist()
     if sum(steps) == 0:
-        return ("Likely mistake: optimizer.step() is never called, so the weights never change "
-                "(no optimizer stepped during train).")
+        return Mistake("no_optimizer_step", "Likely mistake: optimizer.step() is never called, so the weights "
+                       "never change (no optimizer stepped during train).")
     if int(outputs["steps_without_grad"]) == sum(steps):
-        return ("Likely mistake: loss.backward() is missing (or zero_grad() runs between backward() "
-                "and step()): the optimizer stepped with no gradients, every parameter's .grad was "
-                "None.")
+        return Mistake("no_backward", "Likely mistake: loss.backward() is missing (or zero_grad() runs between "
+                       "backward() and step()): the optimizer stepped with no gradients, every parameter's "
+                       ".grad was None.")
     if not bool(outputs["optimizer_on_model"]):
-        return ("Likely mistake: the optimizer was built on other parameters than the trained "
-                "model's (build it from optimizer_groups(model, ...), after the model it trains).")
+        return Mistake("optimizer_on_other_parameters", "Likely mistake: the optimizer was built on other "
+                       "parameters than the trained model's (build it from optimizer_groups(model, ...), after "
+                       "the model it trains).")
     return STUCK_HINT
 
 

@@ -14,7 +14,7 @@ from graders.exercises.nb07.tasks import (BELOW_UNIGRAM, MIN_CONTEXT_GAIN, N_SMO
                                           SMOKE_BELOW_UNIFORM, Recipe, compact_shakespeare_tokens, random_windows,
                                           shakespeare_config, unigram_entropy)
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, check_shape, mistake_key
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -70,7 +70,8 @@ def _judge_run(outputs: dict, recipe: Recipe, n_val_windows: int, required: floa
         raise CheckFailed(f"train drew {drawn} batches for n_steps={n_steps}; it should draw "
                           "exactly one per step (evaluation uses eval_tokens, never make_batch)."
                           + (" Likely mistake: evaluation uses training batches (make_batch())."
-                             if drawn > n_steps else ""))
+                             if drawn > n_steps else ""),
+                          mistake="eval_on_training_batches" if drawn > n_steps else None)
     cfg = shakespeare_config()
     judge_loop(outputs, recipe, cfg)
     token_losses = outputs["val_token_losses"]
@@ -93,8 +94,9 @@ def _judge_run(outputs: dict, recipe: Recipe, n_val_windows: int, required: floa
                           "vocabulary. Likely mistake: optimizer.zero_grad() is missing, so "
                           f"gradients pile up across steps.\n  {message}", mistake="no_zero_grad")
     if val > uniform - 0.5:
+        diagnosis = stuck_diagnosis(outputs)
         raise CheckFailed(f"train (tiny Shakespeare): the model has hardly learned. "
-                          f"{stuck_diagnosis(outputs)}\n  {message}")
+                          f"{diagnosis}\n  {message}", mistake=mistake_key(diagnosis))
     if not uses_context:
         raise CheckFailed(
             f"train (tiny Shakespeare): the model learned token frequencies only; it does not use "
@@ -102,10 +104,12 @@ def _judge_run(outputs: dict, recipe: Recipe, n_val_windows: int, required: floa
             f"its loss is {shuffled:.3f}, {shuffled - val:+.3f} nats from the real windows (a "
             f"model that reads the previous tokens loses at least {MIN_CONTEXT_GAIN}); the train "
             f"split's frequencies alone score about the unigram entropy. Check what the model "
-            f"is given: the tokens of each batch, in order, through model(tokens).\n  {message}")
+            f"is given: the tokens of each batch, in order, through model(tokens).\n  {message}",
+            mistake="context_ignored")
+    diagnosis = stuck_diagnosis(outputs)
     raise CheckFailed(f"train (tiny Shakespeare): it learned, but too slowly. "
-                      f"{stuck_diagnosis(outputs)}\n  {message}\n  Other causes: "
-                      "the loss is not the mean next-token loss; too few updates.")
+                      f"{diagnosis}\n  {message}\n  Other causes: "
+                      "the loss is not the mean next-token loss; too few updates.", mistake=mistake_key(diagnosis))
 
 
 def judge_shakespeare(case: Case, outputs: dict) -> None:

@@ -13,7 +13,7 @@ from graders.exercises.nb07.tasks import (BAND_ABOVE, BAND_BELOW, D_VOCAB, FIRST
                                           REVERSAL_EVAL_EVERY, SECOND_HALF_MIN_ACCURACY, SEQ_LEN, STUCK_ABOVE,
                                           UNTRAINED_LOSS, per_position, reference_reversal, reversal_config)
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape
+from graders.judging.compare import CheckFailed, check_shape, mistake_key
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
@@ -58,7 +58,8 @@ def judge_train(case: Case, outputs: dict) -> None:
                 "Likely mistake: evaluation uses training batches (make_batch()) instead of the "
                 "held-out eval_tokens: a model evaluated on what it trains on looks better than it "
                 "is." if more else
-                "Call make_batch() once at every step (and run exactly n_steps steps)."))
+                "Call make_batch() once at every step (and run exactly n_steps steps)."),
+            mistake="eval_on_training_batches" if more else None)
     judge_loop(outputs, REVERSAL, reversal_config())
     logits = outputs["logits"]
     tokens = _test_sequences(case)
@@ -80,29 +81,31 @@ def judge_train(case: Case, outputs: dict) -> None:
             f"train (reversal task): the trained model does better than possible. Likely mistake: "
             f"information is leaking from the future (check your causal mask: position i must not "
             f"attend to positions > i).\n  {summary}\n  The first 7 targets are fresh random "
-            f"tokens no model can predict from the past.")
+            f"tokens no model can predict from the past.", mistake="future_leak")
     if len(reported) and reported[-20:].mean().item() < FLOOR - 0.5 and loss > FLOOR + BAND_ABOVE:
         raise CheckFailed(
             f"train (reversal task): the training losses train() reported end at "
             f"{reported[-20:].mean().item():.3f}, below what any model can reach, while the held-out "
             f"loss is {loss:.3f}. Likely mistake: the training loss is not shifted (each position "
             f"is trained to output its own token, not the next one); train with "
-            f"lm_cross_entropy_loss.\n  {summary}")
+            f"lm_cross_entropy_loss.\n  {summary}", mistake="loss_not_shifted")
     if loss > UNTRAINED_LOSS + 0.5:     # no learning stays near ln 100; no zero_grad: 5.36
         raise CheckFailed(
             f"train (reversal task): the trained model is worse than an untrained one (which "
             f"guesses uniformly): the updates overshoot. Likely mistake: optimizer.zero_grad() is "
             f"missing, so gradients pile up across steps and every update uses their growing "
-            f"sum.\n  {summary}")
+            f"sum.\n  {summary}", mistake="no_zero_grad")
     if loss > STUCK_ABOVE:
+        diagnosis = stuck_diagnosis(outputs)
         raise CheckFailed(f"train (reversal task): the model has not learned, the loss is still about "
-                          f"ln 100. {stuck_diagnosis(outputs)}\n  {summary}")
+                          f"ln 100. {diagnosis}\n  {summary}", mistake=mistake_key(diagnosis))
     if loss > FLOOR + BAND_ABOVE or second_acc < SECOND_HALF_MIN_ACCURACY:
+        diagnosis = stuck_diagnosis(outputs)
         raise CheckFailed(
             f"train (reversal task): it learned, but not enough (the grader expects the loss within "
             f"{BAND_ABOVE} of {FLOOR:.3f} and >= {100 * SECOND_HALF_MIN_ACCURACY:.0f}% on every "
-            f"mirrored target). {stuck_diagnosis(outputs)}\n  {summary}\n  Other "
-            f"causes: the loss is not the mean next-token loss; too few updates.")
+            f"mirrored target). {diagnosis}\n  {summary}\n  Other "
+            f"causes: the loss is not the mean next-token loss; too few updates.", mistake=mistake_key(diagnosis))
 
 
 train_exercise = Exercise("07_training", "train (reversal task)", produce_train, judge_train,

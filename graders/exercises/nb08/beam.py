@@ -10,7 +10,7 @@ import torch
 from graders.exercises.nb08.reference import beam_search
 from graders.exercises.common.small_models import MarkovModel, markov_model
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.compare import CheckFailed, Mistake, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import DECISION_MARGIN, close
@@ -89,14 +89,15 @@ def beam_variant(model: MarkovModel, prompt: torch.Tensor, num_beams: int, n_new
 
 
 BEAM_MISTAKES = {
-    "best_child": "each beam is extended only by its own best token (the best child of each beam): "
-                  "keep the num_beams best candidates overall (topk on the flattened "
-                  "[num_beams, d_vocab] scores); a beam may have several children or none",
-    "last_step": "the candidates are ranked by the new token's log-probability alone: rank them by "
-                 "the beam's score PLUS it, the total log-probability of the whole continuation",
-    "copies": "the search starts from num_beams copies of the prompt, so every first-step candidate "
-              "comes num_beams times and the same beams are kept several times: start from the "
-              "prompt alone, one beam with score 0",
+    "best_child": Mistake("best_child_only", "each beam is extended only by its own best token (the best child "
+                          "of each beam): keep the num_beams best candidates overall (topk on the flattened "
+                          "[num_beams, d_vocab] scores); a beam may have several children or none"),
+    "last_step": Mistake("ranked_by_last_token", "the candidates are ranked by the new token's log-probability "
+                         "alone: rank them by the beam's score PLUS it, the total log-probability of the whole "
+                         "continuation"),
+    "copies": Mistake("prompt_copies", "the search starts from num_beams copies of the prompt, so every first-step "
+                      "candidate comes num_beams times and the same beams are kept several times: start from the "
+                      "prompt alone, one beam with score 0"),
 }
 
 
@@ -126,17 +127,20 @@ def judge_beam(case: Case, outputs: dict) -> None:
         where = f"beam_search(model, prompt, num_beams={beams}, max_new_tokens={new})"
         tokens, scores = outputs[f"{key}_tokens"], outputs[f"{key}_log_probs"]
         if tokens.ndim == 2 and tokens.shape[1] == n_prompt + new and tokens.shape[0] < beams:
+            few = (Mistake("only_best_kept", "only the best continuation is kept") if tokens.shape[0] == 1 else
+                   Mistake("best_child_only", "each beam keeps only its best child")
+                   if tokens.shape[0] == min(beams, BEAM_VOCAB)
+                   else Mistake("few_children_kept", "each beam keeps only a few of its best children"))
             raise CheckFailed(
                 f"{where} tokens: {tokens.shape[0]} beams, expected {beams}. Likely mistake: "
-                + ("only the best continuation is kept" if tokens.shape[0] == 1 else
-                   "each beam keeps only its best child" if tokens.shape[0] == min(beams, BEAM_VOCAB)
-                   else "each beam keeps only a few of its best children")
+                + few
                 + ", so there are fewer beams than num_beams: extend every beam by every token and "
-                "keep the num_beams best candidates overall; a beam may have many children or none.")
+                "keep the num_beams best candidates overall; a beam may have many children or none.",
+                mistake=few.key)
         if tokens.ndim == 2 and tokens.shape == (beams, new):
             raise CheckFailed(f"{where} tokens: shape {list(tokens.shape)}, expected "
                               f"{[beams, n_prompt + new]}. Likely mistake: only the new tokens are "
-                              "returned; every beam starts with the prompt.")
+                              "returned; every beam starts with the prompt.", mistake="prompt_not_returned")
         check_shape(f"{where} tokens", tokens, (beams, n_prompt + new), ("beam", "position"))
         check_shape(f"{where} log_probs", scores, (beams,), ("beam",))
         if not torch.equal(tokens[:, :n_prompt], prompt.expand(beams, -1)):
@@ -145,22 +149,28 @@ def judge_beam(case: Case, outputs: dict) -> None:
         if not close(scores, true_scores.float()):
             row = int((scores.double() - true_scores).abs().argmax())
             last = model.table.double().log_softmax(-1)[tokens[:, -2], tokens[:, -1]]
+            named = None
             if close(scores, last.float()):
+                named = "scores_not_summed"
                 why = ("Likely mistake: the scores are not accumulated: a beam's score is the SUM "
                        "of the log-probabilities of all its new tokens, not the last one's.")
             elif close(scores, (true_scores + model.table.double().log_softmax(-1)[
                     prompt[0, :-1], prompt[0, 1:]].sum()).float()):
+                named = "prompt_scored"
                 why = ("Likely mistake: the prompt's own log-probability is added to the score: "
                        "score the new tokens only.")
             elif close(scores, model.table.double().softmax(-1)[
                     tokens[:, n_prompt - 1:-1], tokens[:, n_prompt:]].sum(-1).float()):
+                named = "probabilities_added"
                 why = ("Likely mistake: the scores add probabilities (softmax); add "
                        "log-probabilities (log_softmax): a sequence's log-probability is the sum of "
                        "its tokens' log-probabilities.")
             elif close(scores, true_scores.exp().float()):
+                named = "probabilities_reported"
                 why = ("Likely mistake: probabilities are reported instead of log-probabilities "
                        "(return the total log-probability, the sum of log_softmax values).")
             elif any(close(scores, (true_scores / n).float()) for n in (new, n_prompt + new)):
+                named = "length_normalised"
                 why = ("Likely mistake: the score is divided by the length. Return the plain total "
                        "log-probability of the new tokens, the same measure for every beam.")
             else:
@@ -169,21 +179,21 @@ def judge_beam(case: Case, outputs: dict) -> None:
                        "logits), over the new tokens only.")
             raise CheckFailed(f"{where}: beam {row} has log-probability {float(scores[row]):.5f}, "
                               f"but its tokens {tokens[row].tolist()} have total log-probability "
-                              f"{float(true_scores[row]):.5f}. {why}")
+                              f"{float(true_scores[row]):.5f}. {why}", mistake=named)
         expected_tokens, expected_scores = (exhaustive_search(model, prompt, new, beams)
                                             if key == "exact" else beam_search(model, prompt, beams, new))
         if torch.equal(tokens, expected_tokens):
             continue
         if _rows(tokens) == _rows(expected_tokens):
             raise CheckFailed(f"{where}: the right beams, but return them best first "
-                              "(log-probabilities in decreasing order).")
+                              "(log-probabilities in decreasing order).", mistake="beams_not_sorted")
         versus = "exhaustive search" if key == "exact" else "the reference beam search"
         repeated = len(set(_rows(tokens))) < beams
         for rule, description in BEAM_MISTAKES.items():
             if _rows(tokens) == _rows(beam_variant(model, prompt, beams, new, rule)):
                 raise CheckFailed(f"{where}: the beams differ from {versus}"
                                   + (" (some beams are the same sequence)" if repeated else "")
-                                  + f". Likely mistake: {description}.")
+                                  + f". Likely mistake: {description}.", mistake=description.key)
         row = int((tokens != expected_tokens).any(-1).nonzero()[0])
         raise CheckFailed(
             f"{where}: the beams differ from {versus}"

@@ -13,7 +13,7 @@ import torch
 from graders.exercises.nb08.reference import forward_with_cache
 from graders.exercises.common.small_models import cache_config, seeded_model
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, recorded_text, run_learner, text_record
 from graders.reference.config import Config
@@ -86,12 +86,16 @@ def size_mistakes(cfg: Config, batch: int, seq: int, element: int) -> dict[str, 
     heads = cfg.n_heads * cfg.d_head
     right = 2 * cfg.n_layers * batch * seq * heads * element
     return {
-        "only the keys are counted: the cache holds keys and values, two tensors per layer": right // 2,
-        "one layer is counted: every layer has its own keys and values": right // cfg.n_layers,
-        "bits, not bytes: an element of this dtype takes dtype's bits / 8 bytes": right * 8,
-        "the batch is left out: every sequence of the batch has its own cache": right // batch,
-        "d_model is used for the keys' width: a layer caches n_heads * d_head numbers per position "
-        "for the keys (and as many for the values)": 2 * cfg.n_layers * batch * seq * cfg.d_model * element,
+        Mistake("keys_only", "only the keys are counted: the cache holds keys and values, two tensors per "
+                "layer"): right // 2,
+        Mistake("one_layer", "one layer is counted: every layer has its own keys and values"): right // cfg.n_layers,
+        Mistake("bits_not_bytes", "bits, not bytes: an element of this dtype takes dtype's bits / 8 bytes"):
+            right * 8,
+        Mistake("batch_left_out", "the batch is left out: every sequence of the batch has its own cache"):
+            right // batch,
+        Mistake("d_model_width", "d_model is used for the keys' width: a layer caches n_heads * d_head numbers "
+                "per position for the keys (and as many for the values)"):
+            2 * cfg.n_layers * batch * seq * cfg.d_model * element,
     }
 
 
@@ -105,19 +109,22 @@ def judge(case: Case, outputs: dict) -> None:
         if got == right:
             continue
         message = f"{where.format(dtype)} = {got:,}: not the size of the cache for those tokens."
+        key = None
         if dtype != torch.float32 and got == floats * 4:
             message += f" Likely mistake: the dtype is ignored: {dtype} takes {element} bytes per number."
+            key = "dtype_ignored"
         else:
             named = [why for why, value in size_mistakes(cfg, case.batch, case.seq, element).items() if value == got]
             if named:   # several when the sizes coincide (e.g. 2 layers: keys only = one layer)
                 message += f" Likely mistake: {' Or: '.join(named)}."
+                key = mistake_key(named[0])      # the first named counts it
         if own is not None and got == own * element // 4 and own != floats * 4:
             message += (" It matches the cache your forward_with_cache builds, which holds another "
                         "amount than a KV cache needs: fix forward_with_cache first (its check above).")
         elif "own_cache_error" in outputs:
             message += (" (Your forward_with_cache could not be measured: "
                         f"{recorded_text(outputs['own_cache_error'])})")
-        raise CheckFailed(message)
+        raise CheckFailed(message, mistake=key)
 
 
 def _short(cfg: Config) -> str:

@@ -44,21 +44,22 @@ def top_k_mistakes(logits, k) -> dict:
     sorted_logits = logits.sort(dim=-1, descending=True).values
     unsorted_mask = sorted_logits < sorted_logits[:, k - 1:k]     # in sorted order
     return {
-        "the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
-        "first k vocabulary ids): put the mask back in vocabulary order (scatter it with the "
-        "sort's indices), or compare each logit with the k-th largest value":
+        Mistake("mask_in_sorted_order", "the mask was computed in sorted order and applied to the unsorted "
+                "logits (it keeps the first k vocabulary ids): put the mask back in vocabulary order (scatter "
+                "it with the sort's indices), or compare each logit with the k-th largest value"):
             logits.masked_fill(unsorted_mask, NEG_INF),
-        "the logits are returned in sorted order (the sort is never undone): keep each logit at "
-        "its token id":
+        Mistake("returned_sorted", "the logits are returned in sorted order (the sort is never undone): keep "
+                "each logit at its token id"):
             sorted_logits.masked_fill(unsorted_mask, NEG_INF),
-        "ties at the k-th largest value are broken (torch.topk + scatter keeps exactly k): keep "
-        "EVERY token whose logit is >= the k-th largest, so the result does not depend on the "
-        "order of tied tokens": keep_first(k),
-        "one token too few: the k-th largest must stay (remove only logits < the k-th value)":
+        Mistake("ties_broken", "ties at the k-th largest value are broken (torch.topk + scatter keeps exactly "
+                "k): keep EVERY token whose logit is >= the k-th largest, so the result does not depend on the "
+                "order of tied tokens"): keep_first(k),
+        Mistake("one_too_few", "one token too few: the k-th largest must stay (remove only logits < the k-th "
+                "value)"):
             logits.masked_fill(logits <= logits.topk(k, -1).values[..., -1:], NEG_INF)
             if k > 1 else keep_first(0),
-        "one token too many: keep the k largest, not k + 1": keep_first(k + 1),
-        "the k SMALLEST logits are kept: keep the largest":
+        Mistake("one_too_many", "one token too many: keep the k largest, not k + 1"): keep_first(k + 1),
+        Mistake("smallest_kept", "the k SMALLEST logits are kept: keep the largest"):
             logits.masked_fill(logits > (-logits).topk(k, -1).values[..., -1:].neg(), NEG_INF),
     }
 
@@ -66,17 +67,17 @@ def top_k_mistakes(logits, k) -> dict:
 def _top_k_crash(failure, logits, k) -> str:
     sizes = mismatched_sizes(failure)
     if sizes and set(sizes) == {logits.shape[0], logits.shape[1]}:
-        return ("the k-th largest value lost its last dimension ([batch] instead of [batch, 1]), so "
-                "it cannot be compared with logits [batch, d_vocab]: keep that dimension (index the "
-                "last value with a slice, or look up keepdim).")
+        return Mistake("kth_value_lost_dimension", "the k-th largest value lost its last dimension ([batch] "
+                       "instead of [batch, 1]), so it cannot be compared with logits [batch, d_vocab]: keep "
+                       "that dimension (index the last value with a slice, or look up keepdim).")
     if k > logits.shape[-1]:
-        return (f"k = {k} is larger than the vocabulary ({logits.shape[-1]}) here, which torch.topk "
-                "(and indexing the k-th value) refuses; with k >= d_vocab every token stays: "
-                "clamp k to the vocabulary size first.")
+        return Mistake("k_not_clamped", f"k = {k} is larger than the vocabulary ({logits.shape[-1]}) here, "
+                       "which torch.topk (and indexing the k-th value) refuses; with k >= d_vocab every "
+                       "token stays: clamp k to the vocabulary size first.")
     if k == logits.shape[-1]:   # the other cases ran: only k = d_vocab crashes
-        return (f"k equals the vocabulary size ({k}) here, and the code reaches one value past the "
-                "k-th largest (index k, or topk(k + 1)), which does not exist: the k-th largest "
-                "value is at index k - 1, and with k = d_vocab every token stays.")
+        return Mistake("index_past_kth", f"k equals the vocabulary size ({k}) here, and the code reaches one "
+                       "value past the k-th largest (index k, or topk(k + 1)), which does not exist: the k-th "
+                       "largest value is at index k - 1, and with k = d_vocab every token stays.")
     return ""
 
 
@@ -87,14 +88,14 @@ def _top_k_rule(logits, k):
         ranked = kept[logits[row].argsort(descending=True, stable=True)]
         n = int(kept.sum())
         if not bool(ranked[:n].all()):
-            return ("Likely mistake: the kept tokens are not the largest logits (a smaller one is kept "
-                    "while a larger one is removed): a mask computed on sorted logits must be put "
-                    "back in vocabulary order before it is applied.")
+            return Mistake("mask_in_sorted_order", "Likely mistake: the kept tokens are not the largest logits "
+                           "(a smaller one is kept while a larger one is removed): a mask computed on sorted "
+                           "logits must be put back in vocabulary order before it is applied.")
         kth = float(logits[row].topk(k).values[-1])
         if n == k and int((logits[row] >= kth).sum()) > k:
-            return ("Likely mistake: ties at the k-th largest value are broken (exactly k tokens "
-                    "kept): keep EVERY token whose logit is >= the k-th largest, so the result does "
-                    "not depend on the order of tied tokens.")
+            return Mistake("ties_broken", "Likely mistake: ties at the k-th largest value are broken (exactly "
+                           "k tokens kept): keep EVERY token whose logit is >= the k-th largest, so the result "
+                           "does not depend on the order of tied tokens.")
         return (f"Your rule keeps the {n} largest logits; top-k keeps every token whose logit is "
                 f">= the k-th largest ({kth:.4g}), here {int((logits[row] >= kth).sum())}.")
     return rule
@@ -121,29 +122,32 @@ MASS_BEFORE = "mass_before = probs.cumsum(dim=-1) - probs; remove_sorted = mass_
 KEEP_TOP = "remove_sorted[..., 0] = False"
 UNSORT = ('remove = remove_sorted.scatter(-1, order, remove_sorted); '
           'return logits.masked_fill(remove, float("-inf"))')
-FLOAT32_TOTAL = (
+FLOAT32_TOTAL = Mistake(
+    "float32_total",
     "top_p = 1.0 must keep every token, but the running total of the probabilities, summed in "
     "float32, reaches 1.0 while tokens remain (the top token alone rounds to probability 1), "
     "so the rest were removed: return the logits unchanged when top_p >= 1, and sum the "
     "probabilities in float64 (.double())")
-EACH_ABOVE_P = ("each token's own probability is compared with top_p (a threshold on each probability): "
-                "top-p keeps the most likely tokens until their CUMULATIVE probability reaches top_p")
-EACH_ABOVE_1_MINUS_P = ("each token's own probability is compared with 1 - top_p (a threshold on each "
-                        "probability): top-p keeps the most likely tokens until their CUMULATIVE probability "
-                        "reaches top_p")
-EACH_BELOW_P = ("each token's own probability is compared with top_p, keeping the UNLIKELY ones: top-p "
-                "keeps the most likely tokens until their cumulative probability reaches top_p")
-MASK_IN_SORTED_ORDER = ("the mask was computed in sorted order and applied to the unsorted logits (it keeps the "
-                        "first vocabulary ids): put the mask back in vocabulary order (scatter it with the sort's "
-                        "indices) before it is applied")
-RETURNED_SORTED = ("the logits are returned in sorted order (the sort is never undone): keep each logit at "
-                   "its token id")
-TOTAL_UNSORTED = ("the cumulative probabilities are summed over the batch or in vocabulary order, not "
-                  "in decreasing order of probability: sort descending first, then cumsum")
+EACH_ABOVE_P = Mistake("each_prob_above_p", "each token's own probability is compared with top_p (a threshold on "
+                       "each probability): top-p keeps the most likely tokens until their CUMULATIVE probability "
+                       "reaches top_p")
+EACH_ABOVE_1_MINUS_P = Mistake("each_prob_above_1_minus_p", "each token's own probability is compared with 1 - top_p "
+                               "(a threshold on each probability): top-p keeps the most likely tokens until their "
+                               "CUMULATIVE probability reaches top_p")
+EACH_BELOW_P = Mistake("each_prob_below_p", "each token's own probability is compared with top_p, keeping the "
+                       "UNLIKELY ones: top-p keeps the most likely tokens until their cumulative probability "
+                       "reaches top_p")
+MASK_IN_SORTED_ORDER = Mistake("mask_in_sorted_order", "the mask was computed in sorted order and applied to the "
+                               "unsorted logits (it keeps the first vocabulary ids): put the mask back in "
+                               "vocabulary order (scatter it with the sort's indices) before it is applied")
+RETURNED_SORTED = Mistake("returned_sorted", "the logits are returned in sorted order (the sort is never undone): "
+                          "keep each logit at its token id")
+TOTAL_UNSORTED = Mistake("total_unsorted", "the cumulative probabilities are summed over the batch or in vocabulary "
+                         "order, not in decreasing order of probability: sort descending first, then cumsum")
 ONE_TOO_FEW = Mistake("one_too_few", "one token too few: the token that takes the total past top_p must be "
                       "kept too (keep a token while the probability BEFORE it is < top_p)")
-ONE_TOO_MANY = "one token too many: stop at the first token that brings the total to top_p"
-ASCENDING = "the least likely tokens are kept (sorted in ascending order): sort descending"
+ONE_TOO_MANY = Mistake("one_too_many", "one token too many: stop at the first token that brings the total to top_p")
+ASCENDING = Mistake("ascending_sort", "the least likely tokens are kept (sorted in ascending order): sort descending")
 TOP_P_FIXES = {
     FLOAT32_TOTAL: KEEP_ALL, EACH_ABOVE_P: MASS_BEFORE, EACH_ABOVE_1_MINUS_P: MASS_BEFORE,
     EACH_BELOW_P: MASS_BEFORE, MASK_IN_SORTED_ORDER: UNSORT, RETURNED_SORTED: UNSORT, TOTAL_UNSORTED: SORT,
@@ -223,9 +227,10 @@ def _top_p_rule(logits, p):
         order = probs.argsort(descending=True, stable=True)
         n = int(kept.sum())
         if not bool(kept[order][:n].all()):
-            return ("Likely mistake: the kept tokens are not the most likely ones (a less likely "
-                    "token is kept while a more likely one is removed): a mask computed on sorted "
-                    "probabilities must be put back in vocabulary order before it is applied.")
+            return Mistake("mask_in_sorted_order", "Likely mistake: the kept tokens are not the most likely "
+                           "ones (a less likely token is kept while a more likely one is removed): a mask "
+                           "computed on sorted probabilities must be put back in vocabulary order before it is "
+                           "applied.")
         cumulative = probs[order].cumsum(-1)
         need = int((cumulative - probs[order] < p).sum().clamp(min=1))
         return (f"Your rule keeps the {n} most likely tokens, total probability "

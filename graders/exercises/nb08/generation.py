@@ -19,7 +19,7 @@ from graders.exercises.common.diagnosis import crash, is_crash, judge_generated
 from graders.exercises.nb08.reference import GENERATION_PARTS, NEG_INF, apply_top_k, generate
 from graders.exercises.common.small_models import fed_lengths, markov_model, sampling_config, seeded_model
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.compare import CheckFailed, Mistake, check_shape, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 
@@ -88,8 +88,9 @@ def produce_generate(fn, case: Case, inputs: dict) -> dict:
                         f"temperature=0.0 (rows that end at different steps)" if len(start) > 1 else
                         f"a prompt of shape {list(start.shape)} with eos_token_id={EOS}, temperature=0.0",
                         "" if len(start) == 1 else
-                        "a row finished before the others: keep a per-row `finished` mask and keep "
-                        "every row the same length (pad finished rows with eos_token_id)") from failure.__cause__
+                        Mistake("no_finished_mask", "a row finished before the others: keep a per-row "
+                                "`finished` mask and keep every row the same length (pad finished rows with "
+                                "eos_token_id)")) from failure.__cause__
     for key in [k for k, _, _ in RUNS] + ["eos", "eos_batch"]:
         require_tensor(f"generate ({key})", outputs[key])
     return outputs
@@ -108,12 +109,12 @@ def _explain_crash(fn, model, prompt, seed, settings, failure) -> CheckFailed:
     cropped_to = _literal_crop(fn, settings)
     if cropped_to:
         return crash("generate", failure, on,
-                     f"the context is cropped to a literal {cropped_to} tokens, not to the model's n_ctx "
-                     f"({model.cfg.n_ctx} here): feed it tokens[:, -model.cfg.n_ctx:]")
+                     Mistake("crop_to_literal", f"the context is cropped to a literal {cropped_to} tokens, not "
+                             f"to the model's n_ctx ({model.cfg.n_ctx} here): feed it tokens[:, -model.cfg.n_ctx:]"))
     return crash("generate", failure, on,
-                 f"it runs for {fits} new tokens (prompt + new = n_ctx) and crashes beyond: the "
-                 f"context is not cropped. Feed the model at most the last n_ctx tokens, "
-                 f"tokens[:, -model.cfg.n_ctx:], before each forward pass")
+                 Mistake("no_crop", f"it runs for {fits} new tokens (prompt + new = n_ctx) and crashes beyond: "
+                         f"the context is not cropped. Feed the model at most the last n_ctx tokens, "
+                         f"tokens[:, -model.cfg.n_ctx:], before each forward pass"))
 
 
 def _literal_crop(fn, settings: dict) -> int | None:
@@ -152,11 +153,12 @@ def judge_generate(case: Case, outputs: dict) -> None:
     if not torch.equal(outputs["a"], outputs["a_again"]):
         raise CheckFailed("generate(..., top_k=5): the same generator seed gave different samples. "
                           "Likely mistake: the generator is not passed down to the sampler "
-                          "(sample_next_token(..., generator, ...)).")
+                          "(sample_next_token(..., generator, ...)).", mistake="generator_not_passed")
     if torch.equal(outputs["a"], outputs["b"]):
         raise CheckFailed("generate(..., top_k=5): different generator seeds gave the same samples at "
                           "temperature 1. Likely mistake: it decodes greedily instead of sampling; "
-                          "choose each token with sample_next_token and the generator.")
+                          "choose each token with sample_next_token and the generator.",
+                          mistake="greedy_instead_of_sampling")
     with torch.no_grad():
         for key in ("a", "b"):
             out = outputs[key]
@@ -168,7 +170,7 @@ def judge_generate(case: Case, outputs: dict) -> None:
                     raise CheckFailed(f"generate(..., top_k=5): new token {step} is not among the "
                                       "5 most likely. Likely mistake: the sampling settings (top_k, "
                                       "top_p, temperature, freq_penalty) are not passed on to "
-                                      "sample_next_token.")
+                                      "sample_next_token.", mistake="settings_not_passed")
     _judge_eos(chain, chain_prompt, outputs["eos"])
     _judge_eos_batch(chain, _eos_batch_prompt(case), outputs["eos_batch"])
 
@@ -186,24 +188,25 @@ def _judge_greedy(model, prompt: torch.Tensor, outputs: dict) -> None:
     head = (f"generate(..., temperature=0.0) differs from greedy decoding at new token {first} "
             f"(the model's n_ctx is {n_ctx}, the prompt has {n_prompt} tokens).")
     if not torch.equal(out, outputs["greedy_again"]):
-        why = ("the sampling settings do not reach sample_next_token: at temperature=0.0 two "
-               "generators with different seeds gave different tokens, so it still samples. Pass "
-               "**sampling on: sample_next_token(tokens, logits, generator, **sampling).")
+        why = Mistake("settings_not_passed", "the sampling settings do not reach sample_next_token: at "
+                      "temperature=0.0 two generators with different seeds gave different tokens, so it still "
+                      "samples. Pass **sampling on: sample_next_token(tokens, logits, generator, **sampling).")
     elif torch.equal(out, greedy_variant(model, prompt, N_NEW, position=0)):
-        why = "the next token must come from the logits of the LAST position, logits[:, -1]."
+        why = Mistake("first_position_logits",
+                      "the next token must come from the logits of the LAST position, logits[:, -1].")
     elif torch.equal(out, greedy_variant(model, prompt, N_NEW, crop="first")):
-        why = ("the context is cropped to the FIRST n_ctx tokens (tokens[:, :n_ctx]); feed the "
-               "model the LAST n_ctx tokens, tokens[:, -n_ctx:], the ones the next token follows.")
+        why = Mistake("crop_first_tokens", "the context is cropped to the FIRST n_ctx tokens (tokens[:, :n_ctx]); "
+                      "feed the model the LAST n_ctx tokens, tokens[:, -n_ctx:], the ones the next token follows.")
     elif fed is not None and fed.numel() and n_prompt < int(fed.max()) < min(n_ctx, n_prompt + N_NEW - 1):
-        why = (f"the context is cropped to a literal {int(fed.max())} tokens, not to the model's n_ctx "
-               f"({n_ctx} here): feed it tokens[:, -model.cfg.n_ctx:].")
+        why = Mistake("crop_to_literal", f"the context is cropped to a literal {int(fed.max())} tokens, not to the "
+                      f"model's n_ctx ({n_ctx} here): feed it tokens[:, -model.cfg.n_ctx:].")
     elif first + n_prompt >= n_ctx:
-        why = (f"the first wrong token is the first one after the sequence outgrows n_ctx = {n_ctx}: "
-               "the context is not cropped to the last n_ctx tokens (tokens[:, -n_ctx:]).")
+        why = Mistake("no_crop", f"the first wrong token is the first one after the sequence outgrows n_ctx = "
+                      f"{n_ctx}: the context is not cropped to the last n_ctx tokens (tokens[:, -n_ctx:]).")
     else:
         raise CheckFailed(f"{head} Run the model on the tokens so far, take logits[:, -1] and choose "
                           "with sample_next_token(tokens, logits, generator, **sampling).")
-    raise CheckFailed(f"{head} Likely mistake: {why}")
+    raise CheckFailed(f"{head} Likely mistake: {why}", mistake=why.key)
 
 
 def _judge_eos(chain, chain_prompt: torch.Tensor, out: torch.Tensor) -> None:
@@ -215,14 +218,14 @@ def _judge_eos(chain, chain_prompt: torch.Tensor, out: torch.Tensor) -> None:
     n_new, n_expected = out.shape[1] - 2, expected.shape[1] - 2
     head = f"{where}: {n_new} new tokens, expected {n_expected}: {expected[0, 2:].tolist()}."
     if out.shape[1] == expected.shape[1] - 1 and torch.equal(out, expected[:, :-1]):
-        why = "the end-of-text token itself is dropped: append it, then stop."
+        why = Mistake("eos_dropped", "the end-of-text token itself is dropped: append it, then stop.")
     elif n_new == EOS_MAX_NEW and torch.equal(out[:, :expected.shape[1]], expected):
-        why = ("generation never stops at end-of-text: stop as soon as the token just sampled is "
-               "eos_token_id (keeping it).")
+        why = Mistake("no_stop_at_eos", "generation never stops at end-of-text: stop as soon as the token just "
+                      "sampled is eos_token_id (keeping it).")
     else:
         raise CheckFailed(f"{head} Generation must stop right after the end-of-text token is sampled "
                           "(and include it).")
-    raise CheckFailed(f"{head} Likely mistake: {why}")
+    raise CheckFailed(f"{head} Likely mistake: {why}", mistake=why.key)
 
 
 def _judge_eos_batch(chain, start: torch.Tensor, out: torch.Tensor) -> None:
@@ -237,15 +240,17 @@ def _judge_eos_batch(chain, start: torch.Tensor, out: torch.Tensor) -> None:
     if out.ndim == 2 and out.shape[0] == rows and out.shape[1] != expected.shape[1]:
         n_new = out.shape[1] - n_prompt
         if n_new == min(ends):
-            why = (f"generation stopped as soon as one row reached end-of-text (after {n_new} new "
-                   f"tokens), while the others had not: {rule}")
+            why = Mistake("stops_at_first_eos", f"generation stopped as soon as one row reached end-of-text "
+                          f"(after {n_new} new tokens), while the others had not: {rule}")
         elif n_new == EOS_MAX_NEW:
-            why = ("generation went on to max_new_tokens although every row had reached "
-                   "end-of-text (it stops only when all rows sample it at the same step): " + rule)
+            why = Mistake("stops_only_on_same_step", "generation went on to max_new_tokens although every row "
+                          "had reached end-of-text (it stops only when all rows sample it at the same step): "
+                          + rule)
         else:
-            why = f"it ran {n_new} steps; the last row ends after {max(ends)}: " + rule
+            why = Mistake("stops_at_wrong_step", f"it ran {n_new} steps; the last row ends after {max(ends)}: "
+                          + rule)
         raise CheckFailed(f"{where}: shape {list(out.shape)}, expected {list(expected.shape)}. "
-                          f"Likely mistake: {why}")
+                          f"Likely mistake: {why}", mistake=why.key)
     check_shape(where, out, tuple(expected.shape), ("batch", "position"))
     if torch.equal(out, expected):
         return
@@ -256,13 +261,14 @@ def _judge_eos_batch(chain, start: torch.Tensor, out: torch.Tensor) -> None:
         if torch.equal(out[r, :end], expected[r, :end]):
             after = out[r, end:]
             if bool((after == after[0]).all()) and int(after[0]) != EOS:
-                why = (f"finished rows are padded with {int(after[0])}; pad them with eos_token_id "
-                       f"({EOS}), so that a finished row only ever repeats end-of-text.")
+                why = Mistake("pad_not_eos", f"finished rows are padded with {int(after[0])}; pad them with "
+                              f"eos_token_id ({EOS}), so that a finished row only ever repeats end-of-text.")
             else:
-                why = (f"row {r} kept generating after its end-of-text token ({after.tolist()}): "
-                       + rule)
+                why = Mistake("row_continues_after_eos", f"row {r} kept generating after its end-of-text token "
+                              f"({after.tolist()}): " + rule)
             raise CheckFailed(f"{where}: row {r} is {out[r, n_prompt:].tolist()} after the prompt, "
-                              f"expected {expected[r, n_prompt:].tolist()}. Likely mistake: {why}")
+                              f"expected {expected[r, n_prompt:].tolist()}. Likely mistake: {why}",
+                              mistake=why.key)
         raise CheckFailed(f"{where}: row {r} is {out[r, n_prompt:].tolist()} after the prompt, expected "
                           f"{expected[r, n_prompt:].tolist()} (greedy decoding, then end-of-text "
                           "padding).")

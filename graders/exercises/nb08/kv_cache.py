@@ -8,33 +8,36 @@ from graders.exercises.nb08.reference import forward_with_cache, generate, gener
 from graders.exercises.common.small_models import cache_config, fed_lengths, seeded_model
 from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import crash, is_crash, judge_generated
-from graders.judging.compare import CheckFailed, compare, require_tensor, with_fix
+from graders.judging.compare import CheckFailed, Mistake, compare, mistake_key, require_tensor, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import recorded_text, run_learner, text_record
 
 CACHE_CHUNKS = (6, 1, 3, 1, 1)
-CACHE_MISTAKES = {
-    "offset": with_fix("the new tokens get position embeddings 0, 1, ... instead of continuing after "
-                       "the cached positions: they take the rows of W_pos from past_len on",
-                       "model.pos_embed.W_pos[past_len : past_len + n_new]"),
-    "no_append": "the cache is not extended: the new keys and values must be appended to the "
-                 "cached ones and returned for the next call",
-    "mask": "the causal mask ignores the cached positions: new query i sits at position "
-            "past_len + i and may attend to every key up to that position",
-    "no_mask": "the new tokens are not masked among themselves: when several new tokens come at "
-               "once, new query i may attend to the cached keys and new keys 0..i only (mask key "
-               "j > past_len + i)",
-    "only_new": with_fix("the cache returned holds only the new keys and values: return the cached "
-                         "ones with the new ones appended, so that the next call sees every earlier "
-                         "position", "k_all = torch.cat([past_k, k], dim=1)   # v_all likewise; return (k_all, v_all)"),
-    "ignored": "the cache passed in is never used: each call attends only to its own tokens, and "
-               "embeds them at positions 0, 1, ...; read the cached keys and values, and continue "
-               "the positions after them",
-    "new_first": with_fix("the new keys and values are put before the cached ones: keys must stay in "
-                          "position order, the cached positions first, for key j to be position j "
-                          "as the causal mask assumes (a single new token sees every key, so only "
-                          "the calls with several new tokens go wrong, and later calls read their "
-                          "wrong keys)", "k_all = torch.cat([past_k, k], dim=1)   # v_all likewise"),
+CACHE_MISTAKES = {    # the reference's name of each mistake (forward_with_cache's `mistake`) -> its Mistake
+    "offset": Mistake("positions_restart", with_fix(
+        "the new tokens get position embeddings 0, 1, ... instead of continuing after "
+        "the cached positions: they take the rows of W_pos from past_len on",
+        "model.pos_embed.W_pos[past_len : past_len + n_new]")),
+    "no_append": Mistake("cache_not_extended", "the cache is not extended: the new keys and values must be "
+                         "appended to the cached ones and returned for the next call"),
+    "mask": Mistake("mask_ignores_cache", "the causal mask ignores the cached positions: new query i sits at "
+                    "position past_len + i and may attend to every key up to that position"),
+    "no_mask": Mistake("new_tokens_unmasked", "the new tokens are not masked among themselves: when several new "
+                       "tokens come at once, new query i may attend to the cached keys and new keys 0..i only "
+                       "(mask key j > past_len + i)"),
+    "only_new": Mistake("only_new_cached", with_fix(
+        "the cache returned holds only the new keys and values: return the cached "
+        "ones with the new ones appended, so that the next call sees every earlier "
+        "position", "k_all = torch.cat([past_k, k], dim=1)   # v_all likewise; return (k_all, v_all)")),
+    "ignored": Mistake("cache_ignored", "the cache passed in is never used: each call attends only to its own "
+                       "tokens, and embeds them at positions 0, 1, ...; read the cached keys and values, and "
+                       "continue the positions after them"),
+    "new_first": Mistake("new_before_cached", with_fix(
+        "the new keys and values are put before the cached ones: keys must stay in "
+        "position order, the cached positions first, for key j to be position j "
+        "as the causal mask assumes (a single new token sees every key, so only "
+        "the calls with several new tokens go wrong, and later calls read their "
+        "wrong keys)", "k_all = torch.cat([past_k, k], dim=1)   # v_all likewise")),
 }
 
 
@@ -67,10 +70,11 @@ def produce_forward_cache(fn, case: Case, inputs: dict) -> dict:
             raise crash("forward_with_cache", failure,
                         f"call {calls[0] + 1}: {chunk.shape[1]} new token(s) of shape {list(chunk.shape)}, "
                         + ("no cache (cache=None)" if cache is None else f"a cache of {past} positions"),
-                        "" if cache is None else "the first call (no cache) worked, so the crash is "
-                        "in the code that reads or extends the cache: the new keys and values are "
-                        "appended to the cached ones along the positions, the mask is [new, "
-                        "past_len + new], and the positions continue at past_len") from failure.__cause__
+                        "" if cache is None else Mistake(
+                            "crash_with_cache", "the first call (no cache) worked, so the crash is "
+                            "in the code that reads or extends the cache: the new keys and values are "
+                            "appended to the cached ones along the positions, the mask is [new, "
+                            "past_len + new], and the positions continue at past_len")) from failure.__cause__
         calls[0] += 1
         if not (isinstance(result, tuple) and len(result) == 2):
             raise CheckFailed("forward_with_cache must return a pair (logits, cache).")
@@ -127,9 +131,9 @@ def _steps(model, prompt: torch.Tensor) -> int:
     return min(CACHE_STEPS, _steps_to_fill(model, prompt))
 
 
-WHOLE_AGAIN = ("each step feeds the whole sequence again together with the cache: after the first "
-               "call (the prompt), feed only the newest token, shape [batch, 1]; the cache already "
-               "holds the keys and values of everything before it")
+WHOLE_AGAIN = Mistake("whole_sequence_fed", "each step feeds the whole sequence again together with the cache: "
+                      "after the first call (the prompt), feed only the newest token, shape [batch, 1]; the "
+                      "cache already holds the keys and values of everything before it")
 
 
 def produce_generate_cache(fn, case: Case, inputs: dict) -> dict:
@@ -199,7 +203,7 @@ def _judge_context_edge(model, prompt: torch.Tensor, outputs: dict) -> None:
                               f"your generate_with_cache refuses a prompt of {FAR_PAST_N_CTX} tokens, "
                               f"but not these, on a model whose n_ctx is {n_ctx}. Compare prompt + "
                               "max_new_tokens with model.cfg.n_ctx, not a literal (the visible "
-                              "check's 128, or GPT-2's 1024).")
+                              "check's 128, or GPT-2's 1024).", mistake="literal_n_ctx_limit")
         raise CheckFailed(f"{head} Raise a ValueError that names n_ctx when prompt + max_new_tokens "
                           "> model.cfg.n_ctx, before generating anything.")
     raised = recorded_text(outputs["past_n_ctx_error"])
@@ -226,13 +230,15 @@ def judge_generate_cache(case: Case, outputs: dict) -> None:
     fed = outputs["fed"].tolist()
     if len(fed) > 1 and fed[1] > 1:
         raise CheckFailed("\n".join(lines + [f"  Likely mistake: {WHOLE_AGAIN} (it fed {fed[:4]} tokens "
-                                              "in its first calls)."]))
+                                              "in its first calls)."]), mistake=WHOLE_AGAIN.key)
+    named = None
     with torch.no_grad():
         for mistake, description in CACHE_MISTAKES.items():
             if torch.equal(out, generate_with_cache(model, prompt, steps, mistake)):
                 lines.append(f"  Likely mistake: {description}")
+                named = description
                 break
-    raise CheckFailed("\n".join(lines))
+    raise CheckFailed("\n".join(lines), mistake=mistake_key(named))
 
 
 # generate_with_cache runs with the course's forward_with_cache in place of the learner's, which has

@@ -12,7 +12,7 @@ from graders.exercises.nb08.reference import (NEG_INF, SAMPLING_PARTS, apply_fre
 from graders.exercises.nb08.transforms import as_probs, logit_batch, token_list
 from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import crash, is_crash, judge_randomness
-from graders.judging.compare import CheckFailed, check_shape, require_tensor
+from graders.judging.compare import CheckFailed, Mistake, check_shape, mistake_key, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import DECISION_MARGIN, P_VALUE_FLOOR
@@ -47,28 +47,31 @@ def judge_draws(what: str, draws: torch.Tensor, probs: torch.Tensor, mistakes: d
     counts = torch.stack([torch.bincount(row, minlength=d_vocab) for row in draws])
     for row, impossible in enumerate((counts > 0) & (probs == 0)):
         if impossible.any():
+            likely = _likely_mistake(counts[row], row, mistakes)
             raise CheckFailed(f"{what}: drew token ids {token_list(impossible.nonzero().flatten())} "
                               f"which have probability 0 (they were filtered out) in distribution "
                               f"{row}. A -inf logit must never be drawn."
-                              + _likely_mistake(counts[row], row, mistakes))
+                              + likely, mistake=mistake_key(likely))
     for row, (row_counts, row_probs) in enumerate(zip(counts, probs)):
         p_value = chi_square_p_value(row_counts, row_probs)
         if p_value < P_VALUE_FLOOR:
             top = row_probs.argsort(descending=True)[:5].tolist()
+            likely = _likely_mistake(row_counts, row, mistakes)
             raise CheckFailed(
                 f"{what}: {DRAWS} draws (fixed seed) do not follow distribution {row} (chi-square "
                 f"p-value {p_value:.2g} < {P_VALUE_FLOOR:g}). Most likely tokens {top}: expected "
                 f"frequencies {[round(float(row_probs[t]), 3) for t in top]}, drawn "
                 f"{[round(int(row_counts[t]) / DRAWS, 3) for t in top]}."
-                + _likely_mistake(row_counts, row, mistakes))
+                + likely, mistake=mistake_key(likely))
 
 
 def _likely_mistake(counts: torch.Tensor, row: int, mistakes: dict) -> str:
-    """The first named mistake whose distribution the draws do follow, as a message line."""
+    """The first named mistake whose distribution the draws do follow, as a message line (a
+    Mistake that carries its key)."""
     for description, wrong in mistakes.items():
         if not ((counts > 0) & (wrong[row] == 0)).any() and \
                 chi_square_p_value(counts, wrong[row]) >= P_VALUE_FLOOR:
-            return f"\n  Likely mistake: {description}"
+            return Mistake(mistake_key(description), f"\n  Likely mistake: {description}")
     return ""
 
 
@@ -106,15 +109,18 @@ def sampler_mistakes(logits: torch.Tensor) -> dict:
     # column is normalised over DRAWS copies of every row.
     column = logits.double().exp() / (DRAWS * logits.double().exp().sum(0, keepdim=True))
     return {
-        "softmax over the batch dimension (dim=0): each row's probabilities come from softmax "
-        "over the vocabulary, dim=-1": column / column.sum(-1, keepdim=True),
-        "sampling uniformly among the possible tokens: draw proportionally to softmax(logits)":
+        Mistake("softmax_over_batch", "softmax over the batch dimension (dim=0): each row's probabilities come "
+                "from softmax over the vocabulary, dim=-1"): column / column.sum(-1, keepdim=True),
+        Mistake("uniform_over_possible", "sampling uniformly among the possible tokens: draw proportionally to "
+                "softmax(logits)"):
             possible.double() / possible.sum(-1, keepdim=True),
-        "the logits are ignored: every token, filtered ones too, is drawn equally often; draw "
-        "proportionally to softmax(logits)": torch.full_like(logits.double(), 1 / logits.shape[-1]),
-        "the softmax is taken twice (the sampler must apply it once, to the logits)":
+        Mistake("logits_ignored", "the logits are ignored: every token, filtered ones too, is drawn equally "
+                "often; draw proportionally to softmax(logits)"):
+            torch.full_like(logits.double(), 1 / logits.shape[-1]),
+        Mistake("softmax_twice", "the softmax is taken twice (the sampler must apply it once, to the logits)"):
             logits.double().softmax(-1).softmax(-1) * possible,
-        "the logits are doubled (a temperature of 0.5 is applied)": (2 * logits.double()).softmax(-1),
+        Mistake("logits_doubled", "the logits are doubled (a temperature of 0.5 is applied)"):
+            (2 * logits.double()).softmax(-1),
     }
 
 
@@ -126,11 +132,12 @@ def judge_sampler(case: Case, outputs: dict) -> None:
         if tuple(outputs[key].shape) == (rows, 1):
             raise CheckFailed(f"{where}: shape {list(outputs[key].shape)}, expected [batch={rows}]. "
                               "Likely mistake: the [batch, 1] result of torch.multinomial is "
-                              "returned as it is: take [:, 0] (or squeeze(-1)).")
+                              "returned as it is: take [:, 0] (or squeeze(-1)).",
+                              mistake="multinomial_not_squeezed")
         check_shape(where, outputs[key], (rows,), ("batch",))
     judge_randomness("sample_basic", outputs, "tokens",
                      "torch.multinomial(probs, 1, generator=generator)",
-                     {"always takes the most likely token (argmax)":
+                     {Mistake("always_argmax", "always takes the most likely token (argmax)"):
                       _repeat_rows(logits, DRAWS).argmax(-1)})
     judge_draws(where, outputs["a"].reshape(logits.shape[0], DRAWS), as_probs(logits),
                 sampler_mistakes(logits))
@@ -158,22 +165,31 @@ def _pipeline_inputs(case: Case):
     return input_ids, logit_batch(case.seed + 61, batch, scale=2.0, vocab=PIPELINE_VOCAB)
 
 
+TEMPERATURE_MULTIPLIES = "temperature_multiplies"       # its key, whichever check names it
+ZERO_TEMPERATURE_NOT_GREEDY = "zero_temperature_not_greedy"
+
+
 def pipeline_mistakes(input_ids, logits, settings) -> dict:
     t, k, p, a = (settings.get("temperature", 1.0), settings.get("top_k", 0),
                   settings.get("top_p", 1.0), settings.get("freq_penalty", 0.0))
     penalised = apply_frequency_penalty(input_ids, logits, a)
     wrong = {
-        "the temperature is applied after top-k/top-p filtering (apply it before: filtering "
-        "must see the tempered distribution)":
+        Mistake("temperature_after_filters", "the temperature is applied after top-k/top-p filtering (apply it "
+                "before: filtering must see the tempered distribution)"):
             apply_temperature(apply_top_p(apply_top_k(penalised, k) if k else penalised, p)
                               if p < 1 else (apply_top_k(penalised, k) if k else penalised), t),
-        "the frequency penalty is applied after the temperature (penalise the raw logits first)":
+        Mistake("penalty_after_temperature", "the frequency penalty is applied after the temperature (penalise "
+                "the raw logits first)"):
             next_token_logits(input_ids, apply_temperature(logits, t), 1.0, k, p, a),
-        "the frequency penalty is ignored": next_token_logits(input_ids, logits, t, k, p, 0.0),
-        "the temperature is ignored": next_token_logits(input_ids, logits, 1.0, k, p, a),
-        "top_k is ignored (apply_top_k when top_k > 0)": next_token_logits(input_ids, logits, t, 0, p, a),
-        "top_p is ignored (apply_top_p when top_p < 1)": next_token_logits(input_ids, logits, t, k, 1.0, a),
-        "the temperature multiplies the logits instead of dividing them":
+        Mistake("penalty_ignored", "the frequency penalty is ignored"):
+            next_token_logits(input_ids, logits, t, k, p, 0.0),
+        Mistake("temperature_ignored", "the temperature is ignored"):
+            next_token_logits(input_ids, logits, 1.0, k, p, a),
+        Mistake("top_k_ignored", "top_k is ignored (apply_top_k when top_k > 0)"):
+            next_token_logits(input_ids, logits, t, 0, p, a),
+        Mistake("top_p_ignored", "top_p is ignored (apply_top_p when top_p < 1)"):
+            next_token_logits(input_ids, logits, t, k, 1.0, a),
+        Mistake(TEMPERATURE_MULTIPLIES, "the temperature multiplies the logits instead of dividing them"):
             next_token_logits(input_ids, logits, 1 / t, k, p, a),
     }
     return {d: as_probs(w) for d, w in wrong.items()}
@@ -195,9 +211,10 @@ def produce_pipeline(fn, case: Case, inputs: dict) -> dict:
         except CheckFailed as failure:
             if not is_crash(failure):
                 raise
+            greedy = Mistake(ZERO_TEMPERATURE_NOT_GREEDY, "temperature 0 means greedy decoding: return the argmax "
+                             "of the penalised logits (dividing the logits by 0 gives inf and NaN)")
             raise crash(what, failure, ", ".join(f"{k}={v}" for k, v in settings.items()),
-                        "temperature 0 means greedy decoding: return the argmax of the penalised "
-                        "logits (dividing the logits by 0 gives inf and NaN)") from failure.__cause__
+                        greedy) from failure.__cause__
     outputs["cold"] = run_learner(what, fn, input_ids.clone(), logits.clone(),
                                   torch.Generator().manual_seed(case.seed), temperature=1e-4)
     for key, value in outputs.items():
@@ -237,18 +254,21 @@ def judge_pipeline(case: Case, outputs: dict) -> None:
                                   "Temperature 0 means greedy decoding: return the argmax of the "
                                   "(penalised) logits; dividing by 0 gives inf/nan." if temperature == 0 else
                                   "Likely mistake: the temperature multiplies the logits instead of "
-                                  "dividing them (a temperature near 0 must make sampling greedy)."))
+                                  "dividing them (a temperature near 0 must make sampling greedy)."),
+                              mistake=ZERO_TEMPERATURE_NOT_GREEDY if temperature == 0 else TEMPERATURE_MULTIPLIES)
     ids = _penalty_probe(input_ids, logits)
     where = f"sample_next_token(..., temperature=0.0, freq_penalty={PROBE_PENALTY})"
     penalised = greedy_search(apply_frequency_penalty(ids, logits, PROBE_PENALTY))
     check_shape(where, outputs["greedy_penalty"], (batch,), ("batch",))
     if not torch.equal(outputs["greedy_penalty"], penalised):
+        ignored = torch.equal(outputs["greedy_penalty"], greedy_search(logits))
         why = (" Likely mistake: at temperature 0 the frequency penalty is ignored (greedy on the raw "
                "logits): penalise first, then take the argmax of the penalised logits."
-               if torch.equal(outputs["greedy_penalty"], greedy_search(logits)) else "")
+               if ignored else "")
         raise CheckFailed(f"{where} on tokens that repeat each row's most likely token returned "
                           f"{outputs['greedy_penalty'].tolist()}, expected {penalised.tolist()} (the "
-                          f"most likely tokens after the penalty).{why}")
+                          f"most likely tokens after the penalty).{why}",
+                          mistake="greedy_ignores_penalty" if ignored else None)
     for key, settings in PIPELINES.items():
         where = f"sample_next_token(..., {', '.join(f'{k}={v}' for k, v in settings.items())})"
         check_shape(where, outputs[key], (batch * DRAWS,), ("batch",))

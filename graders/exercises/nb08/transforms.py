@@ -15,15 +15,15 @@ from graders.exercises.nb08.reference import (NEG_INF, apply_frequency_penalty, 
                                               token_counts)
 from graders.judging.cases import Case, rand_float
 from graders.exercises.common.diagnosis import crash, is_crash
-from graders.judging.compare import CheckFailed, check_shape, compare, mistake_key, require_tensor, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, mistake_key, require_tensor, with_fix
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import PROBABILITY_SUM_SLACK, close
 
 DIMS = ("batch", "d_vocab")
 VOCAB = 50                       # vocabulary of the fixed logit batches
-TOP_TOKEN_REMOVED = ("the most likely token is not forced to stay; a filter must always keep at least the "
-                     "most likely token")
+TOP_TOKEN_REMOVED = Mistake("top_token_removed", "the most likely token is not forced to stay; a filter must "
+                            "always keep at least the most likely token")
 
 
 # --- Judging transformed logits ------------------------------------------------------------------
@@ -63,10 +63,10 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
             if bool(alive.any()) and torch.equal((actual > NEG_INF)[alive], (wrong > NEG_INF)[alive]):
                 raise CheckFailed(with_fix(f"{what}: row {row} has every token removed (all -inf). Likely "
                                            f"mistake: {description} (and the most likely token must always "
-                                           "stay)", fixes.get(description, fix)))
+                                           "stay)", fixes.get(description, fix)), mistake=mistake_key(description))
         raise CheckFailed(with_fix(f"{what}: row {row} has every token removed (all -inf), so nothing can "
                                    f"be sampled. Likely mistake: {TOP_TOKEN_REMOVED}.",
-                                   fixes.get(TOP_TOKEN_REMOVED, fix)))
+                                   fixes.get(TOP_TOKEN_REMOVED, fix)), mistake=TOP_TOKEN_REMOVED.key)
     kept, kept_expected = as_probs(actual) > 0, as_probs(expected) > 0
 
     def same(x, kept_x, y, kept_y):
@@ -94,14 +94,16 @@ def judge_logits(what: str, actual, expected: torch.Tensor, mistakes: dict, hint
             lines.append(f"  removed but should be kept: token ids {token_list(missing)}")
         named = next((description for description, wrong in mistakes.items()
                       if torch.equal(kept, as_probs(wrong) > 0)), None)
+        said = named      # the mistake the message names: a listed one, or the rule's (a Mistake when it names one)
         if named is not None:
             lines.append(f"  Likely mistake: {named}")
         else:
             if rule is not None:
-                lines.append("  " + rule(row, kept[row]))
+                said = rule(row, kept[row])
+                lines.append("  " + said)
             if hint:
                 lines.append(f"  Hint: {hint}")
-        raise CheckFailed(with_fix("\n".join(lines), fixes.get(named, fix)), mistake=mistake_key(named))
+        raise CheckFailed(with_fix("\n".join(lines), fixes.get(named, fix)), mistake=mistake_key(said))
     compare(f"{what} (compared as probabilities: the softmax of your logits)",
             as_probs(actual).float(), as_probs(expected), DIMS, hint=hint, fix=fix)
 
@@ -123,7 +125,8 @@ def _run_transform(what: str, fn, cases: list[tuple[str, tuple]], signature=None
                                f"{list(a.shape)}" for i, a in enumerate(args) if isinstance(a, torch.Tensor))
             cause = crash_cause(failure, *args) if crash_cause else ""
             reported = crash(what, failure, f"{what}({signature(*args)}) with {shapes}", cause)
-            raise CheckFailed(with_fix(str(reported), fix if cause else "")) from failure.__cause__
+            raise CheckFailed(with_fix(str(reported), fix if cause else ""),
+                              mistake=reported.mistake) from failure.__cause__
         require_tensor(f"{what} on case {key}", outputs[key])
         outputs[f"{key}_modified"] = torch.tensor(any(
             isinstance(a, torch.Tensor) and not torch.equal(a, c) for a, c in zip(args, copies)))
@@ -182,27 +185,30 @@ def judge_greedy(case: Case, outputs: dict) -> None:
         if shape == (logits.shape[1],) and torch.equal(out, logits.argmax(0)):
             raise CheckFailed(f"{where}: shape {list(shape)}, expected [batch={logits.shape[0]}]. "
                               "Likely mistake: argmax over the batch dimension (dim=0); take it over "
-                              "the vocabulary, dim=-1.")
+                              "the vocabulary, dim=-1.", mistake="argmax_over_batch")
         if shape == (logits.shape[0], 1):
             raise CheckFailed(f"{where}: shape {list(shape)}, expected [batch={logits.shape[0]}]. "
                               "Likely mistake: keepdim=True (or topk's [batch, 1] indices) keeps a "
-                              "trailing dimension; return one token id per row, shape [batch].")
+                              "trailing dimension; return one token id per row, shape [batch].",
+                              mistake="keepdim_true")
         if shape == () and logits.shape[0] > 1:
             raise CheckFailed(f"{where}: a single number, expected [batch={logits.shape[0]}]. Likely "
-                              "mistake: argmax without dim flattens the whole batch; use dim=-1.")
+                              "mistake: argmax without dim flattens the whole batch; use dim=-1.",
+                              mistake="argmax_without_dim")
         check_shape(where, out, (logits.shape[0],), ("batch",))
         if out.dtype != torch.long:
             raise CheckFailed(f"{where}: dtype {out.dtype}; return token ids (torch.long): the "
                               "index of the largest logit, not its value.")
         expected = greedy_search(logits)
         if not torch.equal(out, expected):
-            why = ""
+            why, key = "", None
             if torch.equal(out, logits.argmin(-1)):
-                why = " Likely mistake: argmin instead of argmax."
+                why, key = " Likely mistake: argmin instead of argmax.", "argmin"
             elif logits.shape[0] > 1 and torch.equal(out[:1], logits.argmax(0)[:1]):
-                why = " Likely mistake: argmax over the batch dimension (use dim=-1, the vocabulary)."
+                why, key = (" Likely mistake: argmax over the batch dimension (use dim=-1, the vocabulary).",
+                            "argmax_over_batch")
             raise CheckFailed(f"{where}: returned {out.tolist()}, expected the most likely token "
-                              f"of each row, {expected.tolist()}.{why}")
+                              f"of each row, {expected.tolist()}.{why}", mistake=key)
 
 
 greedy_exercise = Exercise("08_sampling", "greedy_search", produce_greedy, judge_greedy,
@@ -219,10 +225,11 @@ def _temperature_cases(case: Case):
 
 def temperature_mistakes(logits, t) -> dict:
     return {
-        "multiplying by the temperature: divide, so that a low temperature sharpens": logits * t,
-        "temperature applied after softmax: divide the LOGITS by the temperature, then let the "
-        "sampler take the softmax": logits.softmax(-1) / t,
-        "the temperature is subtracted: divide the logits by it": logits - t,
+        Mistake("multiplied_by_temperature",
+                "multiplying by the temperature: divide, so that a low temperature sharpens"): logits * t,
+        Mistake("temperature_after_softmax", "temperature applied after softmax: divide the LOGITS by the "
+                "temperature, then let the sampler take the softmax"): logits.softmax(-1) / t,
+        Mistake("temperature_subtracted", "the temperature is subtracted: divide the logits by it"): logits - t,
     }
 
 
@@ -251,18 +258,18 @@ def penalty_mistakes(input_ids, logits, penalty) -> dict:
     counts = token_counts(input_ids, logits.shape[-1]).to(logits.dtype)
     whole_batch = counts.sum(0, keepdim=True).expand_as(counts)
     return {
-        "each token seen is penalised once (a presence penalty): subtract the penalty times the "
-        "NUMBER of times the token occurs": logits - penalty * (counts > 0).to(logits.dtype),
-        "tokens are counted over the whole batch: count each row's own tokens":
+        Mistake("presence_penalty", "each token seen is penalised once (a presence penalty): subtract the "
+                "penalty times the NUMBER of times the token occurs"): logits - penalty * (counts > 0).to(logits.dtype),
+        Mistake("counted_over_batch", "tokens are counted over the whole batch: count each row's own tokens"):
             logits - penalty * whole_batch,
-        "the penalty is added: subtract it, to make repeated tokens less likely":
+        Mistake("penalty_added", "the penalty is added: subtract it, to make repeated tokens less likely"):
             logits + penalty * counts,
-        "the logits are divided by the counts: subtract penalty * count":
+        Mistake("logits_divided", "the logits are divided by the counts: subtract penalty * count"):
             logits / (1 + penalty * counts),
-        "only the last token of each row is penalised: count every token of input_ids":
+        Mistake("only_last_token", "only the last token of each row is penalised: count every token of input_ids"):
             logits - penalty * torch.nn.functional.one_hot(input_ids[:, -1], logits.shape[-1]).to(logits.dtype),
-        "the penalty is subtracted from the probabilities' log only once per distinct token per "
-        "batch (a presence penalty over the whole batch): count each row's own tokens":
+        Mistake("presence_over_batch", "the penalty is subtracted from the probabilities' log only once per "
+                "distinct token per batch (a presence penalty over the whole batch): count each row's own tokens"):
             logits - penalty * (whole_batch > 0).to(logits.dtype),
     }
 
