@@ -225,7 +225,7 @@ def judge_model(case: Case, outputs: dict) -> None:
             f"DemoTransformer logits do not match the reference. Likely mistake: self.blocks holds "
             f"{int(outputs['distinct_blocks'])} distinct block object(s) for {cfg.n_layers} layers (multiplying "
             "a list of one block repeats that ONE object, and its weights): build a new block for each layer.",
-            "nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])"), mistake="one_block_object_repeated")
+            "nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])"), mistake="shared_block_object")
     names = list(_submodules_names(cfg.n_layers))
     counts = ", ".join(f"{n} called {int(c)}x" for n, c in zip(names, outputs["calls"].tolist())
                        if not n.startswith("blocks.") or int(c) != 1)
