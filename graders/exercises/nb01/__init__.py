@@ -89,7 +89,7 @@ def _quiet(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * (eps / x.var(-1, keepdim=True, unbiased=False).mean()).sqrt()
 
 
-def eps_not_read(case: Case, global_cfg: bool) -> str | None:
+def eps_not_read(case: Case, global_cfg: bool) -> Mistake | None:
     """On a case whose config has another layer_norm_eps: the mistake of a LayerNorm that keeps
     GPT-2's default eps (a literal 1e-5, or the notebook's global `cfg`), None on other cases."""
     wanted, default = case.config().layer_norm_eps, Config().layer_norm_eps
@@ -97,8 +97,8 @@ def eps_not_read(case: Case, global_cfg: bool) -> str | None:
         return None
     how = ("it reads the notebook's global `cfg`, not `self.cfg`, the config the module was built "
            "with" if global_cfg else "read it from the module's own config, not a literal")
-    return (f"eps is not read from cfg.layer_norm_eps (your LayerNorm used {default:g}; this "
-            f"check's config has {wanted:g}): {how}")
+    return Mistake("eps_not_from_config", f"eps is not read from cfg.layer_norm_eps (your LayerNorm used "
+                   f"{default:g}; this check's config has {wanted:g}): {how}")
 
 
 def default_eps_output(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -136,7 +136,7 @@ def judge_layernorm(case: Case, outputs: dict) -> None:
     if bool(outputs["input_modified"]):
         raise CheckFailed(with_fix("LayerNorm changed its input tensor in place (e.g. `x -= mean`): the "
                                    "residual stream must not be modified by reading it. Compute a new "
-                                   "tensor instead.", CENTRE))
+                                   "tensor instead.", CENTRE), mistake="modifies_input_in_place")
     acts, w = activations(case), part(prefix)
     eps, global_cfg = case.config().layer_norm_eps, bool(outputs.get("reads_global_cfg", False))
     # The files hold GPT-2's outputs; a case with other settings is judged by the course's

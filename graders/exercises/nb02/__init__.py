@@ -67,16 +67,17 @@ EMBED_HINT = ("each token's embedding is the row of W_E its id names, whatever i
 def embed_mistakes(W_E: torch.Tensor, tokens: torch.Tensor) -> dict:
     batch, seq = tokens.shape
     return {
-        "W_E is indexed by position (0, 1, 2, ...) instead of by token id: each token's row is "
-        "W_E[token_id], whatever its position":
+        Mistake("indexed_by_position", "W_E is indexed by position (0, 1, 2, ...) instead of by token id: each "
+                "token's row is W_E[token_id], whatever its position"):
             W_E[torch.arange(seq)].expand(batch, seq, -1),
-        "the embedding is multiplied by sqrt(d_model) (the original Transformer paper does "
-        "this; GPT-2 does not)": W_E[tokens] * math.sqrt(W_E.shape[1]),
-        "every sequence in the batch uses the first sequence's tokens (tokens[0])":
+        Mistake("scaled_by_sqrt_d_model", "the embedding is multiplied by sqrt(d_model) (the original "
+                "Transformer paper does this; GPT-2 does not)"): W_E[tokens] * math.sqrt(W_E.shape[1]),
+        Mistake("first_sequence_only", "every sequence in the batch uses the first sequence's tokens (tokens[0])"):
             W_E[tokens[0]].expand(batch, seq, -1),
-        "the token ids are off by one (W_E[tokens - 1]): row i of W_E is token i's": W_E[tokens - 1],
-        "the token ids are off by one (W_E[tokens + 1], or rows shifted as in W_E[1:][tokens]): "
-        "row i of W_E is token i's": W_E[(tokens + 1).clamp(max=W_E.shape[0] - 1)],
+        Mistake("ids_minus_one", "the token ids are off by one (W_E[tokens - 1]): row i of W_E is token i's"):
+            W_E[tokens - 1],
+        Mistake("ids_plus_one", "the token ids are off by one (W_E[tokens + 1], or rows shifted as in "
+                "W_E[1:][tokens]): row i of W_E is token i's"): W_E[(tokens + 1).clamp(max=W_E.shape[0] - 1)],
     }
 
 
@@ -87,18 +88,18 @@ def _embed_shape(what: str, actual, tokens: torch.Tensor, W_E: torch.Tensor) -> 
     shape = tuple(actual.shape)
     note = None
     if shape == (d_vocab, d_model):
-        note = ("it has the shape of W_E itself [d_vocab, d_model]: return the rows the tokens "
-                "name, not the whole table")
+        note = Mistake("returns_whole_table", "it has the shape of W_E itself [d_vocab, d_model]: return the "
+                       "rows the tokens name, not the whole table")
     elif len(shape) == 3 and shape[-1] == d_vocab:
-        note = ("the last dimension is d_vocab, not d_model: you looked up rows of W_E "
-                "transposed. W_E is [d_vocab, d_model]: its rows are the tokens', one per id")
+        note = Mistake("transposed_table", "the last dimension is d_vocab, not d_model: you looked up rows "
+                       "of W_E transposed. W_E is [d_vocab, d_model]: its rows are the tokens', one per id")
     elif shape == (seq, d_model):
-        note = ("the batch dimension is missing: index with the whole [batch, position] "
-                "tokens tensor, not with one sequence")
+        note = Mistake("batch_dim_missing", "the batch dimension is missing: index with the whole [batch, "
+                       "position] tokens tensor, not with one sequence")
     if note:
         raise CheckFailed(with_fix(f"{what}: shape {list(shape)}, expected "
                                    f"[batch={batch}, position={seq}, d_model={d_model}].\n"
-                                   f"  Likely mistake: {note}.", EMBED_FIX))
+                                   f"  Likely mistake: {note}.", EMBED_FIX), mistake=note.key)
 
 
 def produce_embed(Embed, case: Case, inputs: dict) -> dict:
@@ -115,7 +116,8 @@ def judge_embed(case: Case, outputs: dict) -> None:
             hint=EMBED_HINT, fix=EMBED_FIX)
     _crash(outputs)
     if bool(outputs["input_modified"]):
-        raise CheckFailed("Embed changed its input tokens in place. Read them, don't write them.")
+        raise CheckFailed("Embed changed its input tokens in place. Read them, don't write them.",
+                          mistake="modifies_input_in_place")
     tokens = case.tokens()
     what = "Embed output (hook_embed)"
     _embed_shape(what, outputs["out"], tokens, W_E)
@@ -142,16 +144,18 @@ def pos_embed_mistakes(W_pos: torch.Tensor, tokens: torch.Tensor) -> dict:
     n_ctx = W_pos.shape[0]
     mistakes = {}
     if int(tokens.max()) < n_ctx:
-        mistakes["W_pos is indexed by the token ids instead of by the positions 0, 1, ..., "
-                 "seq_len - 1 (PosEmbed ignores which tokens they are, only how many)"] = W_pos[tokens]
+        mistakes[Mistake("indexed_by_token_id", "W_pos is indexed by the token ids instead of by the positions "
+                         "0, 1, ..., seq_len - 1 (PosEmbed ignores which tokens they are, only how many)")] = \
+            W_pos[tokens]
     mistakes.update({
         Mistake("offset_by_one", "the positions are offset by one (W_pos[1:seq_len + 1]): the first token is at "
                 "position 0"):
             W_pos[1:seq + 1].expand(batch, seq, -1),
-        "the last seq_len rows of W_pos (W_pos[-seq_len:]): position p is row p, from the first row":
+        Mistake("last_rows", "the last seq_len rows of W_pos (W_pos[-seq_len:]): position p is row p, from the "
+                "first row"):
             W_pos[n_ctx - seq:].expand(batch, seq, -1),
-        "the positions are in reverse order": W_pos[:seq].flip(0).expand(batch, seq, -1),
-        "the embedding is multiplied by sqrt(d_model) (GPT-2 does not scale it)":
+        Mistake("positions_reversed", "the positions are in reverse order"): W_pos[:seq].flip(0).expand(batch, seq, -1),
+        Mistake("scaled_by_sqrt_d_model", "the embedding is multiplied by sqrt(d_model) (GPT-2 does not scale it)"):
             W_pos[:seq].expand(batch, seq, -1) * math.sqrt(W_pos.shape[1]),
     })
     return mistakes
@@ -164,20 +168,21 @@ def _pos_shape(what: str, actual, tokens: torch.Tensor, W_pos: torch.Tensor) -> 
     shape = tuple(actual.shape)
     note = None
     if shape == (seq, d_model):
-        note = ("the batch dimension is missing: the rows of W_pos are [position, d_model]; "
-                "repeat or expand them to [batch, position, d_model]")
+        note = Mistake("batch_dim_missing", "the batch dimension is missing: the rows of W_pos are [position, "
+                       "d_model]; repeat or expand them to [batch, position, d_model]")
     elif len(shape) == 3 and shape[0] == 1 and batch > 1 and shape[1:] == (seq, d_model):
-        note = ("the batch dimension is 1: broadcast over the batch (einops.repeat or .expand "
-                "to the tokens' batch size), every sequence gets the same positional embeddings")
+        note = Mistake("batch_dim_one", "the batch dimension is 1: broadcast over the batch (einops.repeat or "
+                       ".expand to the tokens' batch size), every sequence gets the same positional embeddings")
     elif shape == (n_ctx, d_model) or (len(shape) == 3 and shape[1] == n_ctx and seq != n_ctx):
-        note = (f"all n_ctx={n_ctx} rows of W_pos are returned: take only as many rows as the "
-                "tokens have positions (the second dimension of their shape)")
+        note = Mistake("all_rows_returned", f"all n_ctx={n_ctx} rows of W_pos are returned: take only as many "
+                       "rows as the tokens have positions (the second dimension of their shape)")
     elif len(shape) == 3 and shape[0] == seq and shape[1] == batch and seq != batch:
-        note = "batch and position are swapped: the output is [batch, position, d_model]"
+        note = Mistake("batch_position_swapped", "batch and position are swapped: the output is [batch, position, "
+                       "d_model]")
     if note:
         raise CheckFailed(with_fix(f"{what}: shape {list(shape)}, expected "
                                    f"[batch={batch}, position={seq}, d_model={d_model}].\n"
-                                   f"  Likely mistake: {note}.", POS_FIX))
+                                   f"  Likely mistake: {note}.", POS_FIX), mistake=note.key)
 
 
 def produce_pos_embed(PosEmbed, case: Case, inputs: dict) -> dict:
@@ -194,7 +199,8 @@ def judge_pos_embed(case: Case, outputs: dict) -> None:
             mistakes=lambda: pos_embed_mistakes(W_pos, small), hint=POS_HINT, fix=POS_FIX)
     _crash(outputs)
     if bool(outputs["input_modified"]):
-        raise CheckFailed("PosEmbed changed its input tokens in place. Read them, don't write them.")
+        raise CheckFailed("PosEmbed changed its input tokens in place. Read them, don't write them.",
+                          mistake="modifies_input_in_place")
     tokens = case.tokens()
     what = "PosEmbed output (hook_pos_embed)"
     _pos_shape(what, outputs["out"], tokens, W_pos)

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from graders.judging.compare import CheckFailed, check_shape, compare
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare
 from graders.judging.cases import Case, rand_float
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
@@ -75,10 +75,11 @@ def judge(case: Case, outputs: dict) -> None:
     right, swapped = _expected(case), _expected(case, swap_qk=True)
     compare(f"x W_QK x^T / sqrt(d_head) on {POSITIONS} random residual vectors (block {case.block})",
             outputs["scores"], right["scores"], ("head", "query_pos", "key_pos"),
-            mistakes={"W_QK is W_K W_Q^T: the query's side comes first, W_Q^h (W_K^h)^T, so that "
-                      "x_q W_QK x_k^T is query q's score for key k": swapped["scores"],
-                      "W_QK is already divided by sqrt(d_head): the scale belongs to the scores, "
-                      "the circuit is the plain product W_Q^h (W_K^h)^T": right["scores"] / math.sqrt(d_head)},
+            mistakes={Mistake("key_side_first", "W_QK is W_K W_Q^T: the query's side comes first, W_Q^h "
+                              "(W_K^h)^T, so that x_q W_QK x_k^T is query q's score for key k"): swapped["scores"],
+                      Mistake("circuit_scaled", "W_QK is already divided by sqrt(d_head): the scale belongs to "
+                              "the scores, the circuit is the plain product W_Q^h (W_K^h)^T"):
+                          right["scores"] / math.sqrt(d_head)},
             hint="a head's QK circuit is the product of its query and key weights, query side first: "
                  "[d_model, d_model] per head, no biases, no scale.",
             fix="W_QK = attn.W_Q @ attn.W_K.transpose(-1, -2)")

@@ -11,7 +11,7 @@ from graders.exercises.nb03.common import (DIMS, FORBIDDEN, MASK_FIX, PER_HEAD_P
 from graders.exercises.nb03.mask import missing_mask_method
 from graders.exercises.nb03.mistakes import MASKS_THE_DIAGONAL, attention_mistakes, head_settings_not_read
 from graders.exercises.common.diagnosis import crash, is_crash
-from graders.judging.compare import LIKELY, CheckFailed, check_shape, compare, with_fix
+from graders.judging.compare import LIKELY, CheckFailed, Mistake, check_shape, compare, mistake_key, with_fix
 from graders.judging.rendering import split_fix
 from graders.judging.cases import Case, rand_float, unseen_variant
 from graders.judging.exercise import Exercise
@@ -67,11 +67,13 @@ def produce_attention(Attention, case: Case, inputs: dict) -> dict:
     except CheckFailed as failure:
         missing = missing_mask_method(attn)
         if missing and "apply_causal_mask" in str(failure):
-            raise CheckFailed(missing + " (Your forward calls self.apply_causal_mask.)") from failure.__cause__
+            raise CheckFailed(missing + " (Your forward calls self.apply_causal_mask.)",
+                              mistake=mistake_key(missing)) from failure.__cause__
         if case.settings() and is_crash(failure):
             raise crash("Attention", failure, f"this check's config ({cfg.n_heads} heads of {cfg.d_head}, "
-                        f"d_model {cfg.d_model})", "n_heads or d_head is hard-coded (GPT-2's 12 or 64) "
-                        "instead of read from self.cfg") from failure.__cause__
+                        f"d_model {cfg.d_model})", Mistake("head_settings_hard_coded", "n_heads or d_head is "
+                                                           "hard-coded (GPT-2's 12 or 64) instead of read from "
+                                                           "self.cfg")) from failure.__cause__
         raise
     if has_mask:    # the later runs need the course's mask, not another record of their scores
         attn.apply_causal_mask = lambda attn_scores, *args, **kwargs: _course_mask(attn_scores)
@@ -114,12 +116,13 @@ def _indented(failure: CheckFailed) -> list[str]:
     return ["    " + line for line in str(failure).splitlines()]
 
 
-def _localise(case: Case, outputs: dict) -> list[str]:
+def _localise(case: Case, outputs: dict) -> tuple[list[str], str | None]:
     """Where inside the learner's forward the difference starts, from what produce recorded (on
-    GPT-2's own head settings: it reads the reference's queries, keys and z)."""
+    GPT-2's own head settings: it reads the reference's queries, keys and z), and the key of the
+    mistake those lines name (None when they name none)."""
     if case.settings():
-        return []
-    prefix, lines, cfg = prefix_of(case), [], Config()
+        return [], None
+    prefix, lines, cfg, key = prefix_of(case), [], Config(), None
     acts, w = activations(case), part(prefix)
     scores = reference_scores(case)
     if int(outputs["mask_calls"]) == 0:
@@ -131,19 +134,22 @@ def _localise(case: Case, outputs: dict) -> list[str]:
         try:
             compare("The scores your forward passed to apply_causal_mask", seen, scores, SCORE_DIMS,
                     mistakes={
-                        "scaled by 1/sqrt(d_model) instead of 1/sqrt(d_head)":
+                        Mistake("scaled_by_d_model", "scaled by 1/sqrt(d_model) instead of 1/sqrt(d_head)"):
                             scores * math.sqrt(cfg.d_head / cfg.d_model),
-                        "not scaled by 1/sqrt(d_head)": scores * math.sqrt(cfg.d_head),
-                        "divided by d_head instead of sqrt(d_head)": scores / math.sqrt(cfg.d_head),
-                        "these are already probabilities: the softmax was taken before the mask":
+                        Mistake("not_scaled", "not scaled by 1/sqrt(d_head)"): scores * math.sqrt(cfg.d_head),
+                        Mistake("divided_by_d_head", "divided by d_head instead of sqrt(d_head)"):
+                            scores / math.sqrt(cfg.d_head),
+                        Mistake("mask_after_softmax", "these are already probabilities: the softmax was taken "
+                                "before the mask"):
                             scores.softmax(-1),
-                        "b_Q missing from the queries": _scores_without(x, w, "b_Q"),
+                        Mistake("no_b_q", "b_Q missing from the queries"): _scores_without(x, w, "b_Q"),
                     })
             lines.append("  The scores your forward passed to apply_causal_mask are right, so the "
                          "difference comes later: the mask, the softmax, z, W_O or b_O.")
         except CheckFailed as failed:
             lines.append("  The difference starts before the mask:")
             lines += _indented(failed)
+            key = failed.mistake
     per_head = outputs["per_head_out"]
     n_heads = w["W_O"].shape[0]
     if per_head.shape[:1] == (n_heads,):
@@ -155,12 +161,13 @@ def _localise(case: Case, outputs: dict) -> list[str]:
             lines.append("  With W_O and b_O kept to one head at a time, every head's contribution is "
                          "right: look at what you add after summing the heads (b_O).")
         elif len(wrong) < n_heads:
+            key = key or "some_heads_wrong"
             lines.append(f"  Likely mistake: heads whose own contribution (z[:, :, h] @ W_O[h]) is wrong: "
                          f"{', '.join(map(str, wrong))} (the others are right); look for a head "
                          "dropped, or indexed wrongly, when the heads are split or summed.")
         else:
             lines.append("  Every head's own contribution (z[:, :, h] @ W_O[h]) is wrong.")
-    return lines
+    return lines, key
 
 
 def _scores_without(x, w, bias: str) -> torch.Tensor:
@@ -179,7 +186,8 @@ def judge_attention(case: Case, outputs: dict) -> None:
                 (2, 4, d_model), DIMS)
     if bool(outputs["input_modified"]):
         raise CheckFailed("Attention changed its input tensor in place. Compute new tensors instead: "
-                          "the residual stream must not be modified by reading it.")
+                          "the residual stream must not be modified by reading it.",
+                          mistake="modifies_input_in_place")
     acts, w = activations(case), attention_weights(case)
     x = acts[f"blocks.{case.block}.ln1.hook_out"]
     course = course_attention(case)
@@ -194,23 +202,28 @@ def judge_attention(case: Case, outputs: dict) -> None:
             f"Attention output ({prefix}) is wrong. Likely mistake: the causal mask is applied after "
             "the softmax: your forward passes probabilities (rows summing to 1) to "
             "self.apply_causal_mask. Mask the SCORES first, then take the softmax, so that each "
-            "query's weights sum to 1 over the keys it may see.")
+            "query's weights sum to 1 over the keys it may see.", mistake="mask_after_softmax")
     if out.is_floating_point() and not bool(torch.isfinite(out).all()):
         bad = (~torch.isfinite(out)).any(dim=0).any(dim=-1).nonzero().flatten().tolist()
         lines = [f"Attention output ({prefix}) has NaN or infinite values at positions "
                  f"{', '.join(map(str, bad[:10]))}."]
+        key = None
         if bad == [0]:
+            key = "masks_diagonal"
             lines.append("  Likely mistake: the mask hides the diagonal too, so the first token has no "
                          "key left and softmax over all -inf gives NaN. A token may attend to itself: "
                          "mask only the keys after the query.")
         elif bad == [x.shape[1] - 1]:
+            key = "masks_past_and_diagonal"
             lines.append("  Likely mistake: the mask hides the past and the diagonal (tril instead of "
                          "triu), so the last token has no key left. Rows are queries, columns keys: "
                          "the future is above the diagonal.")
         else:
             lines.append("  A row of scores that is entirely -inf gives NaN after softmax; look for a "
                          "mask that hides every key of some query, or a division by zero.")
-        raise CheckFailed(with_fix("\n".join(lines + _localise(case, outputs)), MASK_FIX if bad == [0] else ""))
+        where, where_key = _localise(case, outputs)
+        raise CheckFailed(with_fix("\n".join(lines + where), MASK_FIX if bad == [0] else ""),
+                          mistake=key or where_key)
     global_cfg = bool(outputs.get("reads_global_cfg", False))
 
     def mistakes(inp: torch.Tensor) -> dict:
@@ -221,12 +234,13 @@ def judge_attention(case: Case, outputs: dict) -> None:
                 fixes={MASKS_THE_DIAGONAL: MASK_FIX})
     except CheckFailed as failed:
         shown, fix = split_fix(str(failed))
-        where = _localise(case, outputs)
+        where, where_key = _localise(case, outputs)
         if not where and LIKELY not in shown:   # nothing more precise known: a pointer to the steps
             where = ["  Hint: follow the notebook's steps of one head (queries, keys, values; scores "
                      "scaled by sqrt(d_head); the causal mask; a softmax over keys; the weighted values; "
                      "W_O), the heads' outputs summed."]
-        raise CheckFailed(with_fix("\n".join([shown] + where), fix or ""), mistake=failed.mistake) from None
+        raise CheckFailed(with_fix("\n".join([shown] + where), fix or ""),
+                          mistake=failed.mistake or where_key) from None
     t = _causal_split(x.shape[1])
     later = outputs["changed_later_out"]
     check_shape("Attention output with later positions changed", later, expected.shape, DIMS)

@@ -39,8 +39,8 @@ def attention_variant(x, w, *, scale=None, mask="future", softmax_dim=-1, drop=(
     return einops.einsum(z, w["W_O"], "b q n h, n h d -> b q d") + b["b_O"]
 
 
-MASKS_THE_DIAGONAL = ("the mask hides the diagonal too (a token must be able to attend to itself: mask "
-                      "only the keys after the query)")
+MASKS_THE_DIAGONAL = Mistake("masks_diagonal", "the mask hides the diagonal too (a token must be able to attend "
+                             "to itself: mask only the keys after the query)")
 
 
 def attention_mistakes(x, w) -> dict:
@@ -49,29 +49,33 @@ def attention_mistakes(x, w) -> dict:
         Mistake("scaled_by_d_model", "scaling the scores by 1/sqrt(d_model); divide by sqrt(d_head) (the size "
                 "of each dot product)"):
             attention_variant(x, w, scale=d_model),
-        "the scores are divided by d_head instead of its square root: divide q.k by sqrt(d_head)":
+        Mistake("divided_by_d_head", "the scores are divided by d_head instead of its square root: divide q.k "
+                "by sqrt(d_head)"):
             attention_variant(x, w, scale=d_head ** 2),
-        "the scores are not scaled: divide q.k by sqrt(d_head)": attention_variant(x, w, scale=1),
+        Mistake("not_scaled", "the scores are not scaled: divide q.k by sqrt(d_head)"):
+            attention_variant(x, w, scale=1),
         MASKS_THE_DIAGONAL: attention_variant(x, w, mask="future+diagonal", ignore=-1e5),
-        "the mask hides the past instead of the future (tril and triu swapped, or query/key axes "
-        "swapped: rows are queries, columns are keys)": attention_variant(x, w, mask="past"),
-        "softmax over the query axis; normalise over key positions (dim=-1 of [batch, n_heads, "
-        "query_pos, key_pos])": attention_variant(x, w, softmax_dim=-2),
-        "the causal mask is not applied (call self.apply_causal_mask on the scores before the softmax)":
+        Mistake("masks_past", "the mask hides the past instead of the future (tril and triu swapped, or "
+                "query/key axes swapped: rows are queries, columns are keys)"): attention_variant(x, w, mask="past"),
+        Mistake("softmax_over_queries", "softmax over the query axis; normalise over key positions (dim=-1 of "
+                "[batch, n_heads, query_pos, key_pos])"): attention_variant(x, w, softmax_dim=-2),
+        Mistake("no_causal_mask", "the causal mask is not applied (call self.apply_causal_mask on the scores "
+                "before the softmax)"):
             attention_variant(x, w, mask="none"),
-        "the causal mask is applied after the softmax: mask the SCORES, then take the softmax, so "
-        "that each row of the pattern sums to 1 over the allowed keys":
+        Mistake("mask_after_softmax", "the causal mask is applied after the softmax: mask the SCORES, then take "
+                "the softmax, so that each row of the pattern sums to 1 over the allowed keys"):
             attention_variant(x, w, softmax_first=True, ignore=-1e5),
-        "the future is zeroed after the softmax, so the rows of the pattern no longer sum to 1: "
-        "mask the scores with -inf (self.IGNORE) before the softmax":
+        Mistake("future_zeroed_after_softmax", "the future is zeroed after the softmax, so the rows of the "
+                "pattern no longer sum to 1: mask the scores with -inf (self.IGNORE) before the softmax"):
             attention_variant(x, w, softmax_first=True, ignore=0.0),
-        "b_Q is not added to the queries": attention_variant(x, w, drop=("b_Q",)),
-        "b_V is not added to the values": attention_variant(x, w, drop=("b_V",)),
-        "b_O is not added to the output": attention_variant(x, w, drop=("b_O",)),
-        "heads mixed up: z of shape [batch, n_heads, posn, d_head] was reshaped to [batch, posn, "
-        "n_heads*d_head] without first moving the heads axis after posn":
+        Mistake("no_b_q", "b_Q is not added to the queries"): attention_variant(x, w, drop=("b_Q",)),
+        Mistake("no_b_v", "b_V is not added to the values"): attention_variant(x, w, drop=("b_V",)),
+        Mistake("no_b_o", "b_O is not added to the output"): attention_variant(x, w, drop=("b_O",)),
+        Mistake("heads_reshaped_without_transpose", "heads mixed up: z of shape [batch, n_heads, posn, d_head] "
+                "was reshaped to [batch, posn, n_heads*d_head] without first moving the heads axis after posn"):
             attention_variant(x, w, z_order="heads-first"),
-        "heads mixed up: z was flattened as (d_head n_heads) instead of (n_heads d_head) before W_O":
+        Mistake("heads_flattened_d_head_first", "heads mixed up: z was flattened as (d_head n_heads) instead of "
+                "(n_heads d_head) before W_O"):
             attention_variant(x, w, z_order="d_head-major"),
     }
 
@@ -88,11 +92,12 @@ def head_settings_not_read(case, x, w, global_cfg: bool) -> dict:
              f"config's {cfg.n_heads} heads of {cfg.d_head}: read n_heads and d_head from self.cfg"
              + (global_read if global_cfg else ", not literals"))
     return {
-        f"d_head is not read from cfg: the scores are divided by sqrt({gpt2.d_head}) (GPT-2's d_head); "
-        f"this check's config has d_head {cfg.d_head}: divide by the square root of self.cfg.d_head"
-        + (global_read if global_cfg else ", not a literal"):
+        Mistake("d_head_not_from_config",
+                f"d_head is not read from cfg: the scores are divided by sqrt({gpt2.d_head}) (GPT-2's d_head); "
+                f"this check's config has d_head {cfg.d_head}: divide by the square root of self.cfg.d_head"
+                + (global_read if global_cfg else ", not a literal")):
             attention_variant(x, w, scale=gpt2.d_head),
-        split: attention_variant(x, as_gpt2),
-        split + " (only the scale reads this config's d_head)":
+        Mistake("head_split_not_from_config", split): attention_variant(x, as_gpt2),
+        Mistake("head_split_not_from_config", split + " (only the scale reads this config's d_head)"):
             attention_variant(x, as_gpt2, scale=cfg.d_head),
     }

@@ -17,7 +17,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import course_component, part
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, mistake_key, with_fix
 from graders.exercises.common.diagnosis import crash, is_crash
 from graders.judging.learner import Forbidden, run_learner
 from graders.integrity.library_kernels import GELU_KERNELS, TORCH_REFERENCES
@@ -53,20 +53,22 @@ def activation_mistakes(x: torch.Tensor) -> dict:
     x = x.double()
     c = math.sqrt(2.0 / math.pi)
     return {
-        "the exact GELU, x * Phi(x) with the erf (what F.gelu / nn.GELU compute by default); "
-        "GPT-2 uses the tanh approximation": 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
-        "ReLU instead of GELU": x.clamp(min=0),
-        "the sigmoid approximation x * sigmoid(1.702 x); GPT-2 uses the tanh one":
+        Mistake("exact_gelu", "the exact GELU, x * Phi(x) with the erf (what F.gelu / nn.GELU compute by "
+                "default); GPT-2 uses the tanh approximation"): 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
+        Mistake("relu", "ReLU instead of GELU"): x.clamp(min=0),
+        Mistake("sigmoid_approximation", "the sigmoid approximation x * sigmoid(1.702 x); GPT-2 uses the tanh one"):
             x * torch.sigmoid(1.702 * x),
-        "the cubic term is missing: inside the tanh, x gets a small multiple of its cube added":
+        Mistake("no_cubic_term", "the cubic term is missing: inside the tanh, x gets a small multiple of its cube "
+                "added"):
             0.5 * x * (1.0 + torch.tanh(c * x)),
-        "the factor sqrt(2/pi) is missing inside the tanh":
+        Mistake("no_sqrt_2_over_pi", "the factor sqrt(2/pi) is missing inside the tanh"):
             0.5 * x * (1.0 + torch.tanh(x + 0.044715 * x.pow(3))),
         Mistake("squared_not_cubed", "x**2 instead of x**3 in the cubic term"):
             0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * x.pow(2)))),
-        "the leading factor 0.5 is missing": x * (1.0 + torch.tanh(c * (x + 0.044715 * x.pow(3)))),
-        "the `1 +` before the tanh is missing": 0.5 * x * torch.tanh(c * (x + 0.044715 * x.pow(3))),
-        "no activation at all (returns x unchanged)": x,
+        Mistake("no_half", "the leading factor 0.5 is missing"): x * (1.0 + torch.tanh(c * (x + 0.044715 * x.pow(3)))),
+        Mistake("no_one_plus", "the `1 +` before the tanh is missing"):
+            0.5 * x * torch.tanh(c * (x + 0.044715 * x.pow(3))),
+        Mistake("identity", "no activation at all (returns x unchanged)"): x,
     }
 
 
@@ -95,7 +97,8 @@ def judge_gelu(case: Case, outputs: dict) -> None:
             ("x",), mistakes=lambda: activation_mistakes(grid), hint=GELU_HINT, fix=GELU_FIX)
     if bool(outputs["input_modified"]):
         raise CheckFailed(with_fix("gelu_new changed its input tensor in place (e.g. `x *= ...` or "
-                                   "`x.pow_(3)`). Compute new tensors instead.", GELU_FIX))
+                                   "`x.pow_(3)`). Compute new tensors instead.", GELU_FIX),
+                          mistake="modifies_input_in_place")
     acts = activations(case)
     b = f"blocks.{case.block}.mlp"
     compare(f"gelu_new on {b}.hook_pre (compared with {b}.hook_post)", outputs["out"],
@@ -122,19 +125,28 @@ MLP_HINT = ("the MLP is two layers, each with its bias, and gelu_new between the
             "[batch, position, d_model]: see the notebook's MLP.")
 CALLS_ANOTHER_ACTIVATION = ("the MLP's activation is {name}. This check runs the course's gelu_new in "
                             "place of yours, so your MLP calls another activation: call gelu_new")
-NO_B_IN = "b_in is missing: the hidden layer has a bias, added before gelu_new"
-NO_B_OUT = "b_out is missing: the output projection has a bias too"
-B_IN_AFTER = "b_in is added after the activation instead of before it"
-ADDS_INPUT = ("the MLP adds its input back (the residual connection belongs to the block, not the "
-              "MLP): return only the MLP's output")
-ACTIVATION_LAST = ("the activation is applied after the output projection: gelu_new goes between the two "
-                   "layers, on the hidden layer")
-ACTIVATION_BEFORE_B_OUT = ("the activation is applied after the output projection, before b_out: gelu_new "
-                           "goes between the two layers, on the hidden layer")
-ACTIVATION_TWICE = ("the activation is applied twice, after each layer: only the hidden layer goes through "
-                    "gelu_new")
+NO_B_IN = Mistake("no_b_in", "b_in is missing: the hidden layer has a bias, added before gelu_new")
+NO_B_OUT = Mistake("no_b_out", "b_out is missing: the output projection has a bias too")
+B_IN_AFTER = Mistake("b_in_after_activation", "b_in is added after the activation instead of before it")
+ADDS_INPUT = Mistake("adds_input", "the MLP adds its input back (the residual connection belongs to the block, "
+                     "not the MLP): return only the MLP's output")
+ACTIVATION_LAST = Mistake("activation_after_output", "the activation is applied after the output projection: "
+                          "gelu_new goes between the two layers, on the hidden layer")
+ACTIVATION_BEFORE_B_OUT = Mistake("activation_after_output_before_b_out", "the activation is applied after the "
+                                  "output projection, before b_out: gelu_new goes between the two layers, on the "
+                                  "hidden layer")
+ACTIVATION_TWICE = Mistake("activation_twice", "the activation is applied twice, after each layer: only the hidden "
+                           "layer goes through gelu_new")
+
+
+def calls_another_activation(name: Mistake) -> Mistake:
+    """The MLP's mistake of calling the activation `name` (one of activation_mistakes') instead of
+    gelu_new; its key is that activation's, prefixed "activation_" ("activation_relu")."""
+    return Mistake(f"activation_{mistake_key(name)}", CALLS_ANOTHER_ACTIVATION.format(name=name))
+
+
 MLP_FIXES = {
-    **{CALLS_ANOTHER_ACTIVATION.format(name=name): ACTIVATION for name in activation_mistakes(torch.zeros(1))},
+    **{calls_another_activation(name): ACTIVATION for name in activation_mistakes(torch.zeros(1))},
     NO_B_IN: HIDDEN_LAYER, B_IN_AFTER: HIDDEN_LAYER, NO_B_OUT: OUTPUT, ADDS_INPUT: OUTPUT, ACTIVATION_TWICE: OUTPUT,
     ACTIVATION_LAST: f"{ACTIVATION}; {OUTPUT}", ACTIVATION_BEFORE_B_OUT: f"{ACTIVATION}; {OUTPUT}",
 }
@@ -147,7 +159,7 @@ def mlp_mistakes(x: torch.Tensor, w: dict) -> dict:
     pre = x @ W_in + b_in
     mistakes = {}
     for name, post in activation_mistakes(pre).items():
-        mistakes[CALLS_ANOTHER_ACTIVATION.format(name=name)] = post @ W_out + b_out
+        mistakes[calls_another_activation(name)] = post @ W_out + b_out
     right = reference_gelu_new(pre) @ W_out
     mistakes.update({
         NO_B_IN: reference_gelu_new(x @ W_in) @ W_out + b_out,
@@ -187,10 +199,10 @@ def produce_mlp(MLP, case: Case, inputs: dict) -> dict:
 
 SHAPE_CRASHES = ("cannot be multiplied", "must match the size", "does not broadcast",
                  "size mismatch", "Shape mismatch", "inconsistent size")
-SHAPE_HINT = ("a weight matrix is used transposed (or the two are swapped). They are stored "
-              "input-first: W_in is [d_model, d_mlp] and W_out is [d_mlp, d_model], so x @ W_in "
-              "and post @ W_out work without a transpose (x is [batch, position, d_model], the "
-              "hidden layer [batch, position, d_mlp]).")
+SHAPE_HINT = Mistake("weight_transposed", "a weight matrix is used transposed (or the two are swapped). They are "
+                     "stored input-first: W_in is [d_model, d_mlp] and W_out is [d_mlp, d_model], so x @ W_in "
+                     "and post @ W_out work without a transpose (x is [batch, position, d_model], the "
+                     "hidden layer [batch, position, d_mlp]).")
 
 
 def judge_mlp(case: Case, outputs: dict) -> None:
@@ -199,7 +211,8 @@ def judge_mlp(case: Case, outputs: dict) -> None:
                 (2, 4, Config().d_model), dims)
     if bool(outputs["input_modified"]):
         raise CheckFailed("MLP changed its input tensor in place. Compute new tensors instead: "
-                          "the residual stream must not be modified by reading it.")
+                          "the residual stream must not be modified by reading it.",
+                          mistake="modifies_input_in_place")
     b = f"blocks.{case.block}"
     acts = activations(case)
     compare(f"MLP output ({b}.hook_mlp_out)", outputs["out"], acts[f"{b}.hook_mlp_out"], dims,

@@ -87,33 +87,34 @@ def course_block(case: Case) -> nn.Module:
 
 # Each common mistake as a forward of a block with the course's submodules.
 BLOCK_MISTAKES: dict[str, Callable] = {
-    "post-norm (LayerNorm after each residual addition, as in the original Transformer): GPT-2 is "
-    "pre-norm, resid_mid = resid_pre + attn(ln1(resid_pre))":
+    Mistake("post_norm", "post-norm (LayerNorm after each residual addition, as in the original Transformer): "
+            "GPT-2 is pre-norm, resid_mid = resid_pre + attn(ln1(resid_pre))"):
         lambda b, x: (lambda m: b.ln2(m + b.mlp(m)))(b.ln1(x + b.attn(x))),
     Mistake("no_attention_residual", "no residual connection around attention: resid_mid = resid_pre + "
             "attn_out, not attn_out alone"):
         lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(b.attn(b.ln1(x))),
-    "no residual connection around the MLP: resid_post = resid_mid + mlp_out, not mlp_out alone":
+    Mistake("no_mlp_residual", "no residual connection around the MLP: resid_post = resid_mid + mlp_out, not "
+            "mlp_out alone"):
         lambda b, x: (lambda m: b.mlp(b.ln2(m)))(x + b.attn(b.ln1(x))),
-    "no residual connections at all: each sublayer adds its output to the stream":
+    Mistake("no_residuals", "no residual connections at all: each sublayer adds its output to the stream"):
         lambda b, x: b.mlp(b.ln2(b.attn(b.ln1(x)))),
-    "the same LayerNorm (ln1) is used before attention and before the MLP: the MLP reads "
-    "ln2(resid_mid), each sublayer has its own LayerNorm":
+    Mistake("ln1_used_twice", "the same LayerNorm (ln1) is used before attention and before the MLP: the MLP "
+            "reads ln2(resid_mid), each sublayer has its own LayerNorm"):
         lambda b, x: (lambda m: m + b.mlp(b.ln1(m)))(x + b.attn(b.ln1(x))),
-    "the same LayerNorm (ln2) is used before attention and before the MLP: attention reads "
-    "ln1(resid_pre)":
+    Mistake("ln2_used_twice", "the same LayerNorm (ln2) is used before attention and before the MLP: attention "
+            "reads ln1(resid_pre)"):
         lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(x + b.attn(b.ln2(x))),
-    "attention and MLP in parallel on one shared LayerNorm (GPT-J style): in GPT-2 the MLP reads "
-    "ln2(resid_mid), after attention":
+    Mistake("parallel_shared_layernorm", "attention and MLP in parallel on one shared LayerNorm (GPT-J style): "
+            "in GPT-2 the MLP reads ln2(resid_mid), after attention"):
         lambda b, x: x + b.attn(b.ln1(x)) + b.mlp(b.ln1(x)),
-    "the MLP reads resid_pre instead of resid_mid, i.e. attention and MLP run in parallel "
-    "(GPT-J style): in GPT-2 ln2 normalises resid_mid = resid_pre + attn_out, after attention":
+    Mistake("mlp_reads_resid_pre", "the MLP reads resid_pre instead of resid_mid, i.e. attention and MLP run in "
+            "parallel (GPT-J style): in GPT-2 ln2 normalises resid_mid = resid_pre + attn_out, after attention"):
         lambda b, x: x + b.attn(b.ln1(x)) + b.mlp(b.ln2(x)),
-    "the MLP branch is missing: the block returns resid_mid":
+    Mistake("no_mlp", "the MLP branch is missing: the block returns resid_mid"):
         lambda b, x: x + b.attn(b.ln1(x)),
-    "attention reads the raw residual stream (ln1 is skipped)":
+    Mistake("no_ln1", "attention reads the raw residual stream (ln1 is skipped)"):
         lambda b, x: (lambda m: m + b.mlp(b.ln2(m)))(x + b.attn(x)),
-    "the MLP reads the raw resid_mid (ln2 is skipped)":
+    Mistake("no_ln2", "the MLP reads the raw resid_mid (ln2 is skipped)"):
         lambda b, x: (lambda m: m + b.mlp(m))(x + b.attn(b.ln1(x))),
 }
 
@@ -126,16 +127,17 @@ def mistake_traces(block: nn.Module, resid_pre: torch.Tensor, how_read: str = ""
             traces[description] = block_trace(block, resid_pre, lambda x, f=forward: f(block, x))
         shared = copy.deepcopy(block)
         shared.ln1 = shared.ln2  # what loading does to `self.ln2 = self.ln1`: ln2's weights win
-        traces["ln1 and ln2 are one LayerNorm object (e.g. `self.ln2 = self.ln1`): create two "
-               "separate LayerNorms, each gets its own weights"] = block_trace(shared, resid_pre)
+        traces[Mistake("shared_layernorm", "ln1 and ln2 are one LayerNorm object (e.g. `self.ln2 = self.ln1`): "
+                       "create two separate LayerNorms, each gets its own weights")] = block_trace(shared, resid_pre)
         wanted, default = block.ln1.cfg.layer_norm_eps, Config().layer_norm_eps
         for names in (("ln1", "ln2"), ("ln1",), ("ln2",)) if wanted != default else ():
             gpt2_eps = copy.deepcopy(block)
             for name in names:
                 getattr(gpt2_eps, name).cfg = replace(block.ln1.cfg, layer_norm_eps=default)
-            traces[f"eps is not read from cfg.layer_norm_eps: {' and '.join(names)} used {default:g} "
-                   f"(GPT-2's); this check's config has {wanted:g}. Build the LayerNorms with the cfg "
-                   f"given to TransformerBlock(cfg)" + how_read] = block_trace(gpt2_eps, resid_pre)
+            traces[Mistake("eps_not_from_config",
+                           f"eps is not read from cfg.layer_norm_eps: {' and '.join(names)} used {default:g} "
+                           f"(GPT-2's); this check's config has {wanted:g}. Build the LayerNorms with the cfg "
+                           f"given to TransformerBlock(cfg)" + how_read)] = block_trace(gpt2_eps, resid_pre)
     return traces
 
 
@@ -184,7 +186,7 @@ def judge_block(case: Case, outputs: dict) -> None:
     if bool(outputs["input_modified"]):
         raise CheckFailed(with_fix("TransformerBlock changed its input tensor in place (e.g. `resid += attn_out`): "
                                    "the residual stream must not be modified. Compute a new tensor instead.",
-                                   RESID_MID))
+                                   RESID_MID), mistake="modifies_input_in_place")
     course = course_block(case)
     acts = expected_activations(case, course)
     expected = acts[f"blocks.{i}.hook_resid_post"]
@@ -197,7 +199,7 @@ def judge_block(case: Case, outputs: dict) -> None:
         raise CheckFailed(f"TransformerBlock output (blocks.{i}) does not match the reference. "
                           "Likely mistake: ln1 and ln2 are one LayerNorm object (e.g. "
                           "`self.ln2 = self.ln1`): create two separate LayerNorms, each gets its own weights."
-                          + fix_line("self.ln2 = LayerNorm(cfg)"))
+                          + fix_line("self.ln2 = LayerNorm(cfg)"), mistake="shared_layernorm")
     counts = ", ".join(f"self.{n} called {int(outputs[f'calls.{n}'])}x" for n in SUBMODULES)
     how_read = recorded_how_cfg_is_read(outputs)
     traces = mistake_traces(course, acts[f"blocks.{i}.hook_resid_pre"], how_read)

@@ -23,7 +23,7 @@ from graders.judging.exercise import Exercise
 from graders.judging.learner import loaded
 from graders.reference.store import part, weights
 from graders.reference.config import Config
-from graders.judging.compare import CheckFailed, check_shape, compare, with_fix
+from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, with_fix
 from graders.exercises.common.config_cases import (built_with_another_config, course_module, fitted_weights,
                                                    how_cfg_is_read, load_or_name, record_how_cfg_is_read,
                                                    recorded_how_cfg_is_read)
@@ -49,12 +49,13 @@ UNEMBED_FORBIDDEN = Forbidden(
 def unembed_mistakes(x, W_U, b_U):
     right = x @ W_U + b_U
     return {
-        "the bias b_U is not added": x @ W_U,
-        "the bias b_U is subtracted": x @ W_U - b_U,
-        "the bias b_U is added twice": right + b_U,
-        "softmax applied: Unembed returns logits (unnormalised scores), not probabilities":
+        Mistake("no_b_u", "the bias b_U is not added"): x @ W_U,
+        Mistake("b_u_subtracted", "the bias b_U is subtracted"): x @ W_U - b_U,
+        Mistake("b_u_added_twice", "the bias b_U is added twice"): right + b_U,
+        Mistake("softmax_applied", "softmax applied: Unembed returns logits (unnormalised scores), not "
+                "probabilities"):
             right.softmax(-1),
-        "log_softmax applied: Unembed returns raw logits": right.log_softmax(-1),
+        Mistake("log_softmax_applied", "log_softmax applied: Unembed returns raw logits"): right.log_softmax(-1),
     }
 
 
@@ -84,12 +85,14 @@ def judge_unembed(case: Case, outputs: dict) -> None:
     cfg, w = Config(), part("unembed")
     random_in, b_U = rand_float(case.seed, 2, 4, cfg.d_model), _random_bias(case.seed)
     if bool(outputs["input_modified"]):
-        raise CheckFailed("Unembed changed its input tensor in place. Compute a new tensor instead.")
+        raise CheckFailed("Unembed changed its input tensor in place. Compute a new tensor instead.",
+                          mistake="modifies_input_in_place")
     biased = outputs["biased_out"]
     if isinstance(biased, torch.Tensor) and tuple(biased.shape) == (2, cfg.d_vocab):
         raise CheckFailed("Unembed output on a random [2, 4, d_model] input: shape [2, d_vocab]. "
                           "Likely mistake: only the last position is unembedded (x[:, -1]); return "
-                          "the logits of every position, [batch, position, d_vocab].")
+                          "the logits of every position, [batch, position, d_vocab].",
+                          mistake="last_position_only")
     compare("Unembed output on a random [2, 4, d_model] input with a nonzero bias b_U",
             outputs["biased_out"], random_in @ w["W_U"] + b_U, LOGIT_DIMS,
             mistakes=lambda: unembed_mistakes(random_in, w["W_U"], b_U),
@@ -150,10 +153,13 @@ def produce_model(DemoTransformer, case: Case, inputs: dict) -> dict:
         cfg = case.config()
         on = f"this check's config ({cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head})"
         raise crash("DemoTransformer", failure, on, (
-            f"n_layers is not read from cfg: this model has {cfg.n_layers} blocks; loop over "
-            f"self.blocks, or range(self.cfg.n_layers)" + (how_cfg_is_read(DemoTransformer) or ", not range(12)")
+            Mistake("n_layers_not_from_config",
+                    f"n_layers is not read from cfg: this model has {cfg.n_layers} blocks; loop over "
+                    f"self.blocks, or range(self.cfg.n_layers)"
+                    + (how_cfg_is_read(DemoTransformer) or ", not range(12)"))
             if isinstance(failure.__cause__, IndexError) else
-            "a setting is hard-coded (GPT-2's) instead of read from self.cfg")) from failure.__cause__
+            Mistake("setting_hard_coded", "a setting is hard-coded (GPT-2's) instead of read from self.cfg"))
+        ) from failure.__cause__
     short = tokens[:, :CAUSAL_LEN]  # a short prefix keeps the property check cheap
     base, changed = runner(model, short), runner(model, _changed_last(short))
     if isinstance(base, torch.Tensor) and isinstance(changed, torch.Tensor) and base.ndim == 3:
@@ -179,9 +185,10 @@ def _not_built_with(model: nn.Module, case: Case) -> str:
     """Why the learner's model does not fit the case's config, when a setting was not read."""
     blocks, cfg = getattr(model, "blocks", None), case.config()
     if case.settings() and isinstance(blocks, nn.ModuleList) and len(blocks) != cfg.n_layers:
-        return (f"n_layers is not read from cfg: self.blocks holds {len(blocks)} blocks; this check's "
-                f"config has n_layers {cfg.n_layers}. Build cfg.n_layers of them"
-                + (how_cfg_is_read(type(model)) or ", not a literal"))
+        return Mistake("n_layers_not_from_config",
+                       f"n_layers is not read from cfg: self.blocks holds {len(blocks)} blocks; this check's "
+                       f"config has n_layers {cfg.n_layers}. Build cfg.n_layers of them"
+                       + (how_cfg_is_read(type(model)) or ", not a literal"))
     return built_with_another_config("DemoTransformer", model, case)
 
 
@@ -218,7 +225,7 @@ def judge_model(case: Case, outputs: dict) -> None:
             f"DemoTransformer logits do not match the reference. Likely mistake: self.blocks holds "
             f"{int(outputs['distinct_blocks'])} distinct block object(s) for {cfg.n_layers} layers (multiplying "
             "a list of one block repeats that ONE object, and its weights): build a new block for each layer.",
-            "nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])"))
+            "nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])"), mistake="shared_block_object")
     names = list(_submodules_names(cfg.n_layers))
     counts = ", ".join(f"{n} called {int(c)}x" for n, c in zip(names, outputs["calls"].tolist())
                        if not n.startswith("blocks.") or int(c) != 1)
@@ -262,7 +269,7 @@ def _run_loss(next_token_loss, logits: torch.Tensor, tokens: torch.Tensor):
             raise
         on = f"logits of shape {list(logits.shape)} and tokens of shape {list(tokens.shape)}"
         named = crash("next_token_loss", failure, on, likely)
-        raise CheckFailed(with_fix(str(named), FLATTENED_FIX)) from failure.__cause__
+        raise CheckFailed(with_fix(str(named), FLATTENED_FIX), mistake=named.mistake) from failure.__cause__
 
 
 def produce_loss(next_token_loss, case: Case, inputs: dict) -> dict:
@@ -276,7 +283,8 @@ def produce_loss(next_token_loss, case: Case, inputs: dict) -> dict:
 
 def judge_loss(case: Case, outputs: dict) -> None:
     if bool(outputs["input_modified"]):
-        raise CheckFailed("next_token_loss changed the logits tensor in place. Compute new tensors instead.")
+        raise CheckFailed("next_token_loss changed the logits tensor in place. Compute new tensors instead.",
+                          mistake="modifies_input_in_place")
     logits, tokens = activations(case)["logits"], case.tokens()
     judge_loss_value("next_token_loss", outputs["loss"], logits, tokens)
     judge_loss_value("next_token_loss on rescaled, noisy logits that no file holds",

@@ -65,20 +65,25 @@ def _model_mistakes(n: int):
         Mistake("no_pos_embed", "no positional embedding: the residual stream starts as embed(tokens) + "
                 "pos_embed(tokens)"):
             lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t), every))),
-        "ln_final is missing: the last residual stream goes through ln_final before unembed":
+        Mistake("no_ln_final", "ln_final is missing: the last residual stream goes through ln_final before "
+                "unembed"):
             lambda m, t: m.unembed(_blocks(m, m.embed(t) + m.pos_embed(t), every)),
-        "the blocks run in reverse order: blocks[0] first, blocks[n_layers - 1] last":
+        Mistake("blocks_reversed", "the blocks run in reverse order: blocks[0] first, blocks[n_layers - 1] last"):
             lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), every[::-1]))),
-        "only the first block runs: loop over all of self.blocks, feeding each block's output to the next":
+        Mistake("only_first_block", "only the first block runs: loop over all of self.blocks, feeding each "
+                "block's output to the next"):
             lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), [0]))),
-        "only the last block runs: loop over all of self.blocks, feeding each block's output to the next":
+        Mistake("only_last_block", "only the last block runs: loop over all of self.blocks, feeding each "
+                "block's output to the next"):
             lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), [n - 1]))),
-        "blocks[0] is applied n_layers times: use each block of self.blocks once, in order":
+        Mistake("first_block_repeated", "blocks[0] is applied n_layers times: use each block of self.blocks "
+                "once, in order"):
             lambda m, t: m.unembed(m.ln_final(_blocks(m, m.embed(t) + m.pos_embed(t), [0] * n))),
-        "every block reads the embeddings (the loop does not feed each block's output to the next)":
+        Mistake("blocks_read_embeddings", "every block reads the embeddings (the loop does not feed each block's "
+                "output to the next)"):
             lambda m, t: m.unembed(m.ln_final([m.blocks[i](m.embed(t) + m.pos_embed(t)) for i in every][-1])),
-        "the residual is added twice (resid = resid + block(resid)): a block already returns "
-        "resid + its sublayers' outputs":
+        Mistake("residual_added_twice", "the residual is added twice (resid = resid + block(resid)): a block "
+                "already returns resid + its sublayers' outputs"):
             lambda m, t: m.unembed(m.ln_final(_double_residual(m, m.embed(t) + m.pos_embed(t)))),
     }
 
@@ -106,9 +111,10 @@ def _mistake_traces(model: nn.Module, tokens: torch.Tensor, how_read: str) -> di
     mistakes = _model_mistakes(model.cfg.n_layers)
     wanted, default = model.cfg.layer_norm_eps, Config().layer_norm_eps
     if wanted != default:
-        mistakes[f"eps is not read from cfg.layer_norm_eps: ln_final used {default:g} (GPT-2's); this "
-                 f"check's config has {wanted:g}. Build ln_final with the cfg given to "
-                 f"DemoTransformer(cfg)" + how_read] = lambda m, t: _with_ln_final_eps(m, t, default)
+        mistakes[Mistake("eps_not_from_config",
+                         f"eps is not read from cfg.layer_norm_eps: ln_final used {default:g} (GPT-2's); this "
+                         f"check's config has {wanted:g}. Build ln_final with the cfg given to "
+                         f"DemoTransformer(cfg)" + how_read)] = lambda m, t: _with_ln_final_eps(m, t, default)
     with torch.no_grad():
         return {d: model_trace(model, tokens, lambda t, f=f: f(model, t)) for d, f in mistakes.items()}
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed
+from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.reference.config import Config
@@ -94,26 +94,34 @@ def count_mistakes(cfg: Config, right: dict[str, int]) -> dict[str, dict[str, in
     blocks = cfg.n_layers * sum(right[k] for k in PER_BLOCK)
     ends = right["embed"] + right["pos_embed"] + right["ln_final"]
     return {
-        "attn": {"the attention biases b_Q, b_K, b_V, b_O are not counted": 4 * heads * d,
-                 "b_O is not counted (it has d_model entries)": right["attn"] - d,
-                 "only one head is counted: W_Q, W_K, W_V, W_O and b_Q, b_K, b_V hold n_heads heads each":
+        "attn": {Mistake("attention_biases_not_counted", "the attention biases b_Q, b_K, b_V, b_O are not "
+                         "counted"): 4 * heads * d,
+                 Mistake("b_o_not_counted", "b_O is not counted (it has d_model entries)"): right["attn"] - d,
+                 Mistake("one_head", "only one head is counted: W_Q, W_K, W_V, W_O and b_Q, b_K, b_V hold n_heads "
+                         "heads each"):
                      4 * cfg.d_head * d + 3 * cfg.d_head + d,
-                 "W_O is not counted": right["attn"] - heads * d},
-        "mlp": {"the MLP biases b_in and b_out are not counted": 2 * d * cfg.d_mlp,
-                "only one of the two weight matrices is counted": d * cfg.d_mlp + cfg.d_mlp + d},
-        "layer_norms": {"half of them: each block has two LayerNorms (ln1 and ln2), each with a "
-                        "gain w and a bias b of d_model entries": 2 * d},
-        "pos_embed": {"W_pos has one row per position (n_ctx), not per token (d_vocab)": cfg.d_vocab * d},
-        "embed": {"W_E has one row per token (d_vocab), not per position (n_ctx)": cfg.n_ctx * d},
-        "unembed": {"b_U is not counted (d_vocab entries)": d * cfg.d_vocab},
-        "total": {"the blocks are counted once: there are n_layers of them":
+                 Mistake("w_o_not_counted", "W_O is not counted"): right["attn"] - heads * d},
+        "mlp": {Mistake("mlp_biases_not_counted", "the MLP biases b_in and b_out are not counted"): 2 * d * cfg.d_mlp,
+                Mistake("one_mlp_matrix", "only one of the two weight matrices is counted"):
+                    d * cfg.d_mlp + cfg.d_mlp + d},
+        "layer_norms": {Mistake("one_layer_norm", "half of them: each block has two LayerNorms (ln1 and ln2), each "
+                                "with a gain w and a bias b of d_model entries"): 2 * d},
+        "pos_embed": {Mistake("pos_embed_per_token", "W_pos has one row per position (n_ctx), not per token "
+                              "(d_vocab)"): cfg.d_vocab * d},
+        "embed": {Mistake("embed_per_position", "W_E has one row per token (d_vocab), not per position (n_ctx)"):
+                      cfg.n_ctx * d},
+        "unembed": {Mistake("b_u_not_counted", "b_U is not counted (d_vocab entries)"): d * cfg.d_vocab},
+        "total": {Mistake("blocks_counted_once", "the blocks are counted once: there are n_layers of them"):
                       ends + right["unembed"] + blocks // cfg.n_layers,
-                  "the unembedding is left out of the total": ends + blocks,
-                  "the final LayerNorm is left out of the total": right["total"] - right["ln_final"]},
-        "total_tied": {"b_U is still counted: GPT-2 has no unembedding bias": right["total_tied"] + cfg.d_vocab,
-                       "the untied total: with tying, W_U and W_E are one matrix, counted once":
+                  Mistake("total_without_unembed", "the unembedding is left out of the total"): ends + blocks,
+                  Mistake("total_without_ln_final", "the final LayerNorm is left out of the total"):
+                      right["total"] - right["ln_final"]},
+        "total_tied": {Mistake("tied_keeps_b_u", "b_U is still counted: GPT-2 has no unembedding bias"):
+                           right["total_tied"] + cfg.d_vocab,
+                       Mistake("tied_is_untied", "the untied total: with tying, W_U and W_E are one matrix, "
+                               "counted once"):
                            right["total"],
-                       "the embedding is left out as well as the unembedding":
+                       Mistake("tied_without_embed", "the embedding is left out as well as the unembedding"):
                            right["total_tied"] - right["embed"]},
     }
 
@@ -154,7 +162,8 @@ def judge(case: Case, outputs: dict) -> None:
         likely = f" Likely mistake: {named[0]}." if named else ""
         raise CheckFailed(f"count_parameters[{key!r}] on {where}: {got:,} is not the number of "
                           f"parameters in {MEANING[key]}.{likely} Count each parameter's shape "
-                          "from the module's __init__ and multiply its sizes.")
+                          "from the module's __init__ and multiply its sizes.",
+                          mistake=mistake_key(named[0]) if named else None)
 
 
 def _short(cfg: Config) -> str:
