@@ -132,11 +132,14 @@ def _judge_naming_late(case, outputs):
 
 
 def test_every_verdict_names_its_mistake_first_and_its_fix_last_whatever_the_judge_wrote():
-    from graders.judging.exercise import Exercise
+    from types import SimpleNamespace
+
+    from graders.judging.cases import Case
     from graders.judging.verdict import LearnerCode, decide
 
-    exercise = Exercise("98_wording", "wording", lambda learner, case, inputs: {}, _judge_naming_late)
-    verdict = decide(exercise, exercise.case(), {}, "", LearnerCode())
+    # an exercise as decide reads it, not registered among the course's
+    exercise = SimpleNamespace(notebook="98_wording", name="wording", judge=_judge_naming_late, forbidden=())
+    verdict = decide(exercise, Case(), {}, "", LearnerCode())
     lines = verdict.message.splitlines()
     assert lines[0] == "out does not match the reference. Likely mistake: every value is one", lines
     assert lines[1:] == ["  largest error 1 at [a=0]", "  (checked on seed 0)",

@@ -87,16 +87,21 @@ def test_a_failure_while_the_learners_code_runs_keeps_its_key_through_the_record
     """A mistake recognised in the kernel, while the learner's code runs (a crash with a likely
     cause), reaches the graded verdict through the check's record; a key that is not one word of
     lower-case letters, digits and underscores (a kernel writes it) is no key."""
+    from types import SimpleNamespace
+
     from graders.harness import grading
-    from graders.judging.exercise import Exercise
+    from graders.judging.cases import Case
     from graders.judging.records import load_records
     from graders.judging.session import Session, save_record
 
-    exercise = Exercise("98_keys", "f", _crashes_with_a_likely_cause, lambda case, outputs: None)
+    # an exercise as decide reads it, not registered among the course's
+    exercise = SimpleNamespace(notebook="98_keys", name="f", key=("98_keys", "f"), forbidden=(),
+                               judge=lambda case, outputs: None)
     monkeypatch.setattr(grading, "find", {exercise.key: exercise}.__getitem__)
-    case = exercise.case()
-    outputs, failure = exercise.run(None, case, {})
-    shown = decide(exercise, case, outputs, str(failure), LearnerCode(), failure.mistake)
+    with pytest.raises(CheckFailed) as raised:
+        _crashes_with_a_likely_cause(None, Case(), {})
+    failure = raised.value
+    shown = decide(exercise, Case(), None, str(failure), LearnerCode(), failure.mistake)
     assert shown.mistake == "98_keys/f/fixed_size_mask"
     cell = {"metadata": {"nbgrader": {"grade_id": "f_test", "points": 1}}}
     for written, graded_as in ((failure.mistake, shown.mistake), ("../../x y", None), (["list"], None)):
