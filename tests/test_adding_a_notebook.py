@@ -33,7 +33,7 @@ HELPERS = '''
 """Grader for 99_throwaway: `unit_rows`, every row scaled to length 1."""
 import torch
 
-from graders.judging.compare import CheckFailed, compare
+from graders.judging.compare import CheckFailed, Mistake, compare
 from graders.judging.cases import Case, rand_float
 from graders.judging.learner import run_learner
 
@@ -54,7 +54,8 @@ def produce(unit_rows, case: Case, inputs: dict) -> dict:
 def judge(case: Case, outputs: dict) -> None:
     x = rand_float(case.seed, 3, 4)
     compare("unit_rows", outputs["out"], course_unit_rows(x), ("row", "feature"),
-            mistakes={"the rows are divided by their squared norm": x / (x * x).sum(-1, keepdim=True)},
+            mistakes={Mistake("squared_norm", "the rows are divided by their squared norm"):
+                      x / (x * x).sum(-1, keepdim=True)},
             hint="divide each row by the square root of its sum of squares.")
 
 
