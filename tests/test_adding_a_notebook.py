@@ -33,7 +33,7 @@ HELPERS = '''
 """Grader for 99_throwaway: `unit_rows`, every row scaled to length 1."""
 import torch
 
-from graders.judging.compare import CheckFailed, Mistake, compare
+from graders.judging.compare import Mistake, compare
 from graders.judging.cases import Case, rand_float
 from graders.judging.learner import run_learner
 
@@ -66,6 +66,7 @@ import torch
 
 from graders.exercises import nb99
 from graders.judging.cases import Case
+from graders.judging.compare import CheckFailed
 
 
 def test_a_right_answer_passes_and_the_squared_norm_is_named():
