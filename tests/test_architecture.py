@@ -208,6 +208,19 @@ def test_no_module_imports_a_higher_layer_even_inside_a_function():
     assert not upward, upward
 
 
+def test_what_notebooks_share_imports_no_notebooks_grader():
+    """graders/exercises/common/ is below the notebooks' graders: a shared diagnosis that reached
+    into one notebook's package would tie every notebook that shares it to that one."""
+    reaching = []
+    for path in sorted((ROOT / "graders" / "exercises" / "common").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            reaching += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                         if re.match(r"graders\.exercises\.nb\d\d", n)]
+    assert not reaching, reaching
+
+
 def test_a_missing_inputs_file_is_a_grader_error_naming_the_exercise_and_the_file(tmp_path):
     from graders.exercises import find
     from graders.judging.session import GraderError, Session, recorded_inputs

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 
+import einops
 from torch import nn
 
-from graders.exercises.nb03.common import regrouped
 from graders.judging.cases import Case
 from graders.judging.compare import CheckFailed, Mistake, mistake_key
 from graders.judging.learner import load_learner, reads_global, recorded_text, text_record
@@ -21,6 +21,16 @@ from graders.reference.config import Config
 from graders.reference.weights import load_strict
 
 ATTENTION = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+
+
+def regrouped(w: dict, n_heads: int, d_head: int) -> dict:
+    """Attention weights `w` split into `n_heads` heads of `d_head` (n_heads * d_head unchanged)."""
+    def heads_in(W):   # [n, d_model, h] -> [n_heads, d_model, d_head]
+        return einops.rearrange(einops.rearrange(W, "n d h -> d (n h)"), "d (n h) -> n d h", n=n_heads)
+
+    return {**w, **{name: heads_in(w[name]) for name in ("W_Q", "W_K", "W_V")},
+            **{name: w[name].reshape(n_heads, d_head) for name in ("b_Q", "b_K", "b_V")},
+            "W_O": w["W_O"].reshape(n_heads, d_head, -1)}
 
 
 def fitted_weights(weights: dict, cfg: Config) -> dict:

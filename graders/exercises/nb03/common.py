@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graders.exercises.common.config_cases import regrouped
 from graders.judging.cases import Case
 from graders.judging.cases import activations as _load_activations
 from graders.judging.learner import Forbidden
@@ -77,16 +78,6 @@ def attention_weights(case: Case) -> dict:
     w = part(prefix_of(case))
     cfg = case.config()
     return w if (cfg.n_heads, cfg.d_head) == tuple(w["W_Q"].shape[::2]) else regrouped(w, cfg.n_heads, cfg.d_head)
-
-
-def regrouped(w: dict, n_heads: int, d_head: int) -> dict:
-    """Attention weights `w` split into `n_heads` heads of `d_head` (n_heads * d_head unchanged)."""
-    def heads_in(W):   # [n, d_model, h] -> [n_heads, d_model, d_head]
-        return einops.rearrange(einops.rearrange(W, "n d h -> d (n h)"), "d (n h) -> n d h", n=n_heads)
-
-    return {**w, **{name: heads_in(w[name]) for name in ("W_Q", "W_K", "W_V")},
-            **{name: w[name].reshape(n_heads, d_head) for name in ("b_Q", "b_K", "b_V")},
-            "W_O": w["W_O"].reshape(n_heads, d_head, -1)}
 
 
 def course_attention(case: Case) -> nn.Module:

@@ -5,7 +5,8 @@ import math
 import einops
 import torch
 
-from graders.exercises.nb03.common import future_mask, regrouped
+from graders.exercises.common.config_cases import regrouped
+from graders.exercises.nb03.common import future_mask
 from graders.judging.compare import Mistake
 from graders.reference.config import Config
 
