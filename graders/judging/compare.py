@@ -40,6 +40,13 @@ def mistake_key(description) -> str | None:
     return getattr(description, "key", None)
 
 
+def keyed_like(named, text: str) -> str:
+    """`text`, a message or description that names the mistake `named`, carrying `named`'s key
+    (plain text when `named` has none): how a check that rewords a known mistake keeps its key."""
+    key = mistake_key(named)
+    return Mistake(key, text) if key else text
+
+
 # Known mistakes: their description -> the output each produces; or a function that computes
 # them, called only when the learner's output differs (a correct answer never pays for them).
 Mistakes = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]] | None

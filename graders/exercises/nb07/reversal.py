@@ -11,7 +11,8 @@ from graders.exercises.common.small_models import seeded_model
 from graders.exercises.nb07.tasks import (D_VOCAB, HALF, SEQ_LEN, reference_reversal, reversal_config)
 from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import judge_randomness
-from graders.judging.compare import CheckFailed, Mistake, check_shape, compare, mistake_key, require_tensor
+from graders.judging.compare import (CheckFailed, Mistake, check_shape,
+                                     compare, keyed_like, mistake_key, require_tensor)
 from graders.exercises.common.next_token import loss_mistakes, reference_loss
 from graders.judging.tolerance import close
 from graders.judging.exercise import Exercise
@@ -282,7 +283,7 @@ def evaluate_mistakes(model, tokens: torch.Tensor, logits: torch.Tensor, other: 
                              f"one of {size}): sum each chunk's loss times its length, then divide by the number "
                              "of sequences")] = torch.stack([reference_loss(model(c), c) for c in chunks]).mean()
     for description, value in loss_mistakes(logits, tokens).items():
-        mistakes[Mistake(mistake_key(description), f"evaluate's loss: {description}")] = value
+        mistakes[keyed_like(description, f"evaluate's loss: {description}")] = value
     return mistakes
 
 

@@ -12,7 +12,7 @@ from graders.exercises.nb08.reference import (NEG_INF, SAMPLING_PARTS, apply_fre
 from graders.exercises.nb08.transforms import as_probs, logit_batch, token_list
 from graders.judging.cases import Case
 from graders.exercises.common.diagnosis import crash, is_crash, judge_randomness
-from graders.judging.compare import CheckFailed, Mistake, check_shape, mistake_key, require_tensor
+from graders.judging.compare import CheckFailed, Mistake, check_shape, keyed_like, mistake_key, require_tensor
 from graders.judging.exercise import Exercise
 from graders.judging.learner import run_learner
 from graders.judging.tolerance import DECISION_MARGIN, P_VALUE_FLOOR
@@ -71,7 +71,7 @@ def _likely_mistake(counts: torch.Tensor, row: int, mistakes: dict) -> str:
     for description, wrong in mistakes.items():
         if not ((counts > 0) & (wrong[row] == 0)).any() and \
                 chi_square_p_value(counts, wrong[row]) >= P_VALUE_FLOOR:
-            return Mistake(mistake_key(description), f"\n  Likely mistake: {description}")
+            return keyed_like(description, f"\n  Likely mistake: {description}")
     return ""
 
 

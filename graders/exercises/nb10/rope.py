@@ -16,7 +16,8 @@ from dataclasses import replace
 import torch
 
 from graders.exercises.common.diagnosis import is_crash
-from graders.judging.compare import FIX, LIKELY, CheckFailed, Mistake, compare, diagnosed, mistake_key, with_fix
+from graders.judging.compare import (FIX, LIKELY, CheckFailed, Mistake,
+                                     compare, diagnosed, keyed_like, mistake_key, with_fix)
 from graders.exercises.nb10 import reference as ref
 from graders.exercises.nb10.norm_mlp import DEFAULTS, NOTEBOOK
 from graders.exercises.common.properties import axis_reordered, signed_map
@@ -177,7 +178,7 @@ def table_localised(cos, sin, positions: torch.Tensor, theta: float, named: bool
         for exponent, base in itertools.product(settings["exponent"], settings["base"]):
             whys = [why for why in (settings["exponent"][exponent], settings["base"][base]) if why]
             if whys and (_wrapped(_frequencies(exponent, base) - step).abs() < 1e-2).all():
-                lines.append(Mistake(mistake_key(joined(whys)), f"  {LIKELY} {joined(whys)}"))
+                lines.append(keyed_like(joined(whys), f"  {LIKELY} {joined(whys)}"))
                 break
     return lines
 

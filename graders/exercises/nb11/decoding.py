@@ -11,7 +11,7 @@ from graders.exercises.nb11.encoding import CourseTable
 from graders.exercises.nb11.pieces import TIKTOKEN, _text, _where, run_answer
 from graders.exercises.nb11.wire import ids_tensor, tensor_text, text_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, Mistake, mistake_key
+from graders.judging.compare import CheckFailed, Mistake, keyed_like, mistake_key
 from graders.judging.exercise import Exercise
 from graders.reference.tokenizer import END_OF_TEXT, gpt2_encoding
 
@@ -126,7 +126,7 @@ def _diagnosis(run: list[int], theirs: str, expected: str, at: int) -> str:
                        f"tokens joined with {separator!r} between them: a token holds its own spaces; join them with "
                        f"nothing between{also}.")
     if _moved_lost(b"".join(pieces), theirs, expected, at):
-        return Mistake(mistake_key(LATIN_1), "Only the bytes the table moved (the space, the newline, control bytes) "
+        return keyed_like(LATIN_1, "Only the bytes the table moved (the space, the newline, control bytes) "
                        f"come out wrong. Likely mistake: {LATIN_1}.")
     if len(theirs) < len(expected) and difflib.SequenceMatcher(None, expected, theirs, autojunk=False).ratio() > 0.8:
         return "Yours leaves part of the text out: every id's bytes belong in the text, the special token's too."

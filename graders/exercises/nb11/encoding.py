@@ -18,7 +18,7 @@ from graders.exercises.nb11.libraries import refuse_library_parts
 from graders.exercises.nb11.pieces import TIKTOKEN, _text, _where
 from graders.exercises.nb11.wire import (as_list, ids_tensor, pieces_tensors, tensor_text, tensors_pieces, text_tensor)
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, Mistake, mistake_key
+from graders.judging.compare import CheckFailed, Mistake, keyed_like, mistake_key
 from graders.integrity import Guard
 from graders.judging.exercise import Exercise
 from graders.judging.learner import course_functions, run_learner
@@ -224,7 +224,7 @@ def _cut_diagnosis(word: str, mine: list[str], right: list[str], ranks: dict, cu
     only when its cut is the learner's on every one of them."""
     left = next(((a, b) for a, b in zip(mine, mine[1:]) if (a, b) in ranks), None)
     if left is not None:
-        return Mistake(mistake_key(ONE_PASS),
+        return keyed_like(ONE_PASS,
                        f"{left} (rank {ranks[left]}) is still side by side in yours. Likely mistake: {ONE_PASS}.")
     named = [name for name, made in cut_mistakes(word, ranks).items() if made == mine]
     for other, cut in cuts:
@@ -234,7 +234,7 @@ def _cut_diagnosis(word: str, mine: list[str], right: list[str], ranks: dict, cu
         named = [name for name in named if variants[name] == cut]
     if named:   # two when they cut every pre-token of this text alike: both are said
         also = f" Or: {named[1]}; the two cut every pre-token of this text alike." if len(named) > 1 else ""
-        return Mistake(mistake_key(named[0]), f"Likely mistake: {named[0]}.{also}")
+        return keyed_like(named[0], f"Likely mistake: {named[0]}.{also}")
     order, symbols = [], list(word)
     while len(order) < 6 and symbols != right:
         best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, float("inf")))
@@ -323,12 +323,7 @@ def _first_difference(theirs: list[int], expected: list[int], text: str, allow_s
     cuts = [("".join(written(tiktokens)), written(ids))
             for (_, ids), (_, tiktokens) in zip(_aligned(theirs, chunks), chunks)]
     diagnosis = _cut_diagnosis("".join(written(right)), written(mine), written(right), ranks, cuts)
-    return _keyed_as(diagnosis, head + " " + diagnosis)
-
-
-def _keyed_as(named: str, text: str) -> str:
-    """`text`, carrying the key of the mistake `named` declares (plain text when it declares none)."""
-    return Mistake(mistake_key(named), text) if mistake_key(named) else text
+    return keyed_like(diagnosis, head + " " + diagnosis)
 
 
 def _judge_ids(case: Case, outputs: dict) -> None:

@@ -21,7 +21,7 @@ from graders.exercises.nb11.pieces import REFUSED_WORDS, TOKENIZER_CODE, TOKENIZ
 from graders.exercises.nb11.texts import hidden_corpus
 from graders.exercises.nb11.wire import pieces_tensors, tensor_text, tensors_pieces, text_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, Mistake, mistake_key
+from graders.judging.compare import CheckFailed, Mistake, keyed_like, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 
@@ -226,14 +226,14 @@ def _diagnosis(text: str, learned: list, step: int, ours: tuple, counts: Counter
     before, theirs = learned[:step], learned[step]
     mine, right = counts.get(theirs, 0), counts[ours]
     if any(_whole_character(side, before) for side in theirs):
-        return _named(NAMES['characters'], f"Likely mistake: {NAMES['characters']}.")
+        return keyed_like(NAMES['characters'], f"Likely mistake: {NAMES['characters']}.")
     if _spans_pre_tokens(theirs):
-        return _named(NAMES['across pre-tokens'], f"Likely mistake: {NAMES['across pre-tokens']}.")
+        return keyed_like(NAMES['across pre-tokens'], f"Likely mistake: {NAMES['across pre-tokens']}.")
     if theirs == ours[::-1]:
         return Mistake("pair_reversed", "Likely mistake: the pair recorded the other way round: record (left, "
                        "right), in the text's order.")
     if theirs in before:
-        return _named(NAMES['index not updated'], f"Yours was merged before, at merge {before.index(theirs) + 1}, "
+        return keyed_like(NAMES['index not updated'], f"Yours was merged before, at merge {before.index(theirs) + 1}, "
                       f"and kept a count. Likely mistake: {NAMES['index not updated']} (or the merged pair's count "
                       "is not dropped).")
     if mine == right:
@@ -247,7 +247,7 @@ def _diagnosis(text: str, learned: list, step: int, ours: tuple, counts: Counter
                        "count first.")
     mistake = _explaining(text, learned, step, ours, depth)
     if mistake:
-        return _named(NAMES[mistake], f"Likely mistake: {NAMES[mistake]}.")
+        return keyed_like(NAMES[mistake], f"Likely mistake: {NAMES[mistake]}.")
     if mine == 0:
         return Mistake("count_left_over", "Yours is not a pair of adjacent tokens inside any pre-token at that "
                        "point: its count is left over. Likely mistake: the counts of the pairs a merge removes are "
@@ -255,11 +255,6 @@ def _diagnosis(text: str, learned: list, step: int, ours: tuple, counts: Counter
     return Mistake("miscounted", "Likely mistake: the pairs are miscounted: count each adjacent pair of each "
                    "pre-token's current tokens, times the number of times that pre-token occurs, and take the most "
                    "frequent.")
-
-
-def _named(mistake: Mistake, text: str) -> Mistake:
-    """`text`, which names `mistake`, under that mistake's key."""
-    return Mistake(mistake_key(mistake), text)
 
 
 def _where(case: Case) -> str:

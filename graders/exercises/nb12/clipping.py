@@ -10,7 +10,7 @@ from graders.exercises.nb12.adamw import gradient, named_params
 from graders.exercises.nb12.loss import NOTEBOOK
 from graders.exercises.nb12.readers import shown, real_number, real_tensor
 from graders.judging.cases import Case
-from graders.judging.compare import CheckFailed, Mistake, mistake_key
+from graders.judging.compare import CheckFailed, Mistake, keyed_like, mistake_key
 from graders.judging.exercise import Exercise
 from graders.judging.learner import Forbidden, run_learner
 from graders.integrity import WATCH_PARTS, Guard, LibraryOps, refused_ops
@@ -167,7 +167,7 @@ def _localised(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor, nam
     said = (f"{n_wrong} of {len(names)} gradients differ from clip_grad_norm_'s: " + "; ".join(notes[:3])
             + f".{one_factor} Every gradient is multiplied by the same coefficient, "
             "min(1, max_norm / (norm + 1e-6)).")
-    return Mistake(mistake_key(one_factor), said) if mistake_key(one_factor) else said
+    return keyed_like(one_factor, said)
 
 
 def _one_factor(got: torch.Tensor, grads: torch.Tensor, before: torch.Tensor) -> str:
