@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from graders.reference import synthetic
-from graders.reference.paths import atomic_folder, building, cache_dir
+from graders.reference.paths import atomic_folder, atomic_write, building, cache_dir
 
 SOURCE_ENV = "GPT2_COURSE_WEIGHTS"
 PRETRAINED_DIR_ENV = "GPT2_COURSE_PRETRAINED_DIR"
@@ -106,7 +106,7 @@ def _synthetic_model():
             print(f"Generating the synthetic GPT-2 reference in {folder} (once) ...")
             _quiet_transformers()
             with building("generating the synthetic reference GPT-2, once"):
-                atomic_folder(folder, synthetic.write_synthetic)
+                atomic_folder(folder, synthetic.write_synthetic, replace_broken=attempt > 0)
         try:
             model = _load_hf(folder)
         except Exception:  # unreadable or truncated files (OSError, SafetensorError, ...)
@@ -172,7 +172,7 @@ def _pretrained_fingerprint(folder: Path) -> str:
     if record.is_file():
         return json.loads(record.read_text())["sha256"]
     _, digest, _ = _pretrained_model()
-    record.write_text(json.dumps({"sha256": digest, "files": stamp}))
+    atomic_write(record, lambda temporary: temporary.write_text(json.dumps({"sha256": digest, "files": stamp})))
     return digest
 
 

@@ -36,15 +36,20 @@ def atomic_write(path: Path, write) -> Path:
     return path
 
 
-def atomic_folder(path: Path, write) -> Path:
-    """Call `write(temporary_folder)`, then put it at `path` (replacing a broken one) in one step."""
+def atomic_folder(path: Path, write, replace_broken: bool = False) -> Path:
+    """Call `write(temporary_folder)`, then put it at `path` in one step.
+
+    A folder another process put at `path` meanwhile is kept (it is complete: it got there the
+    same way) unless `replace_broken`: the caller found the one there unreadable. Removing a
+    good copy would pull it from under the processes reading it.
+    """
     import shutil
     import tempfile
 
     temporary = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
         write(temporary)
-        if path.exists():
+        if replace_broken and path.exists():
             shutil.rmtree(path, ignore_errors=True)
         try:
             os.replace(temporary, path)
