@@ -107,16 +107,18 @@ def hf_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoTokenizer, GPT2TokenizerFast
 
-    directory = cache_dir("tokenizer-gpt2")
+    from graders.reference.paths import atomic_folder
+
+    directory = cache_dir("tokenizer-gpt2") / "hugging-face"
     if not (directory / "tokenizer.json").is_file():
         encoder_json, vocab_bpe = bpe_files()
         backend = Tokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
-        GPT2TokenizerFast(
-            tokenizer_object=backend, bos_token=END_OF_TEXT, eos_token=END_OF_TEXT,
-            unk_token=END_OF_TEXT,
-        ).save_pretrained(directory)
+        tokenizer = GPT2TokenizerFast(tokenizer_object=backend, bos_token=END_OF_TEXT,
+                                      eos_token=END_OF_TEXT, unk_token=END_OF_TEXT)
+        # whole or not at all: a process grading beside this one may be reading the folder
+        atomic_folder(directory, tokenizer.save_pretrained, replace_broken=directory.exists())
     # Loaded from a local folder so that TransformerLens can re-open it by path.
     return AutoTokenizer.from_pretrained(str(directory), add_bos_token=True)
 

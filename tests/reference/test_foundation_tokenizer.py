@@ -140,4 +140,4 @@ def test_tokenizers_build_without_network_in_a_fresh_cache(tmp_path):
     assert result["tiktoken"] == TOKEN_IDS[1:]
     assert result["hf"] == TOKEN_IDS
     assert result["round_trip"] == TEXT
-    assert (tmp_path / "tokenizer-gpt2" / "tokenizer.json").is_file()  # built from scratch here
+    assert (tmp_path / "tokenizer-gpt2" / "hugging-face" / "tokenizer.json").is_file()  # built from scratch here
