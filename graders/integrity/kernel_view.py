@@ -301,12 +301,14 @@ STALE_VIEW_SECONDS = 14 * 24 * 3600
 def _prune_stale_views(current: Path) -> None:
     """Each version and place of the graders gets views of its own; those not used for two weeks
     (an older version, a checkout since removed) are removed when a new one is made."""
+    import contextlib
     import shutil
     import time
 
     for other in current.parent.iterdir():
-        if other != current and other.is_dir() and other.stat().st_mtime < time.time() - STALE_VIEW_SECONDS:
-            shutil.rmtree(other, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):   # pruned by another grader meanwhile
+            if other != current and other.is_dir() and other.stat().st_mtime < time.time() - STALE_VIEW_SECONDS:
+                shutil.rmtree(other, ignore_errors=True)
 
 
 def _package_sources() -> list[Path]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -102,10 +103,18 @@ def kernel_files(inputs_dir: Path) -> list[Path]:
     files = sorted({Path(os.path.abspath(f)) for f in files if f.exists()})
     for path in files:  # the cache writes files 0600 (atomic_write): let the kernel's uid read
         for where in [path, *(path.rglob("*") if path.is_dir() else ())]:
-            readable = 0o555 if where.is_dir() else 0o444
-            if where.stat().st_mode & readable != readable:
-                where.chmod(where.stat().st_mode | readable)
+            # another grading process's half-written file (atomic_write's ".name.*.tmp") may be
+            # renamed or removed between the listing and here: it is not the kernel's to read
+            with contextlib.suppress(FileNotFoundError):
+                _readable_by_all(where)
     return files
+
+
+def _readable_by_all(path: Path) -> None:
+    mode = path.stat().st_mode
+    readable = 0o555 if stat.S_ISDIR(mode) else 0o444
+    if mode & readable != readable:
+        path.chmod(mode | readable)
 
 
 def sandbox_plan(workdir: Path, records: Path, files: list[Path], uid: int, sockets: Path,
