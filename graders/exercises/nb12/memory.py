@@ -128,22 +128,21 @@ def _with_grad(fn, *args):
 
 
 @course_answer("saved_activation_bytes")
-def saved_records(model: torch.nn.Module, args: tuple, mixed: bool, keep: bool = True) -> list[dict]:
+def saved_records(model: torch.nn.Module, args: tuple, mixed: bool) -> list[dict]:
     """Every tensor autograd saves while `model(*args)` runs: its storage, the storage's bytes, its
     own address, bytes and element size, whether it is a parameter's storage, whether it is a parameter
-    object itself. keep=False: pack returns None, so nothing saved is kept (a freed storage's
-    address can then be another's)."""
+    object itself."""
     owned = list(model.parameters())
     parameters = {p.untyped_storage().data_ptr() for p in owned}
     records = []
 
-    def pack(t: torch.Tensor) -> torch.Tensor | None:
+    def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         records.append({"storage": storage.data_ptr(), "storage_bytes": storage.nbytes(), "address": t.data_ptr(),
                         "bytes": t.numel() * t.element_size(), "element": t.element_size(),
                         "parameter": storage.data_ptr() in parameters,
                         "parameter_object": any(t is p for p in owned)})
-        return t if keep else None
+        return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
@@ -154,9 +153,9 @@ def saved_records(model: torch.nn.Module, args: tuple, mixed: bool, keep: bool =
 
 PACK_RETURNS_NONE = Mistake(
     "pack_returns_none",
-    "the pack hook returns None, so autograd keeps nothing and each saved tensor is freed at once: its "
-    "storage's address is then reused by the next, and fewer distinct storages are counted (the backward "
-    "pass would fail, too). Return the tensor from pack, and from unpack what pack returned")
+    "the pack hook returns None, so autograd keeps nothing: each saved tensor can be freed at once and its "
+    "storage's address given to the next, so what is counted depends on the allocator, and the backward pass "
+    "fails. Return the tensor from pack, and from unpack what pack returned")
 
 
 def counts_mistakes(records: list[dict]) -> dict[str, int]:
@@ -192,6 +191,9 @@ def counts_mistakes(records: list[dict]) -> dict[str, int]:
 
 
 def judge(case: Case, outputs: dict) -> None:
+    if bool(outputs.get("pack_returns_none", False)):   # before any count: those vary from run to run
+        raise CheckFailed(f"saved_activation_bytes: Likely mistake: {PACK_RETURNS_NONE}.",
+                          mistake=mistake_key(PACK_RETURNS_NONE))
     for i, (label, what, mixed) in enumerate(cases(case)):
         model, args = measured_run(case, what)
         counts = counts_mistakes(saved_records(model, args, mixed))
@@ -204,8 +206,6 @@ def judge(case: Case, outputs: dict) -> None:
         named = next((description for description, count in counts.items() if description and count == got), None)
         if named:
             raise CheckFailed(f"{head} Likely mistake: {named}.", mistake=mistake_key(named))
-        if bool(outputs.get("pack_returns_none", False)):
-            raise CheckFailed(f"{head} Likely mistake: {PACK_RETURNS_NONE}.", mistake=mistake_key(PACK_RETURNS_NONE))
         if got == 0:
             raise CheckFailed(f"{head} Likely mistake: nothing was recorded: run model(*inputs) inside "
                               "`with torch.autograd.graph.saved_tensors_hooks(pack, unpack):`, where pack "
