@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from graders.reference.paths import cache_dir, sha256_file
+from graders.reference.paths import atomic_folder, cache_dir, sha256_file
 
 RUNS_IN_LEARNER_CODE = True   # graders.marks: this file's code may run inside the learner's code
 
@@ -106,8 +106,6 @@ def hf_tokenizer():
     """A Hugging Face GPT-2 tokenizer from the same files, prepending BOS like TransformerLens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoTokenizer, GPT2TokenizerFast
-
-    from graders.reference.paths import atomic_folder
 
     directory = cache_dir("tokenizer-gpt2") / "hugging-face"
     if not (directory / "tokenizer.json").is_file():
