@@ -109,6 +109,7 @@ def hf_tokenizer():
 
     directory = cache_dir("tokenizer-gpt2") / "hugging-face"
     if not (directory / "tokenizer.json").is_file():
+        broken = directory.exists()   # judged now: a folder that appears while this one is built is whole
         encoder_json, vocab_bpe = bpe_files()
         backend = Tokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -116,7 +117,7 @@ def hf_tokenizer():
         tokenizer = GPT2TokenizerFast(tokenizer_object=backend, bos_token=END_OF_TEXT,
                                       eos_token=END_OF_TEXT, unk_token=END_OF_TEXT)
         # whole or not at all: a process grading beside this one may be reading the folder
-        atomic_folder(directory, tokenizer.save_pretrained, replace_broken=directory.exists())
+        atomic_folder(directory, tokenizer.save_pretrained, replace_broken=broken)
     # Loaded from a local folder so that TransformerLens can re-open it by path.
     return AutoTokenizer.from_pretrained(str(directory), add_bos_token=True)
 

@@ -141,3 +141,23 @@ def test_tokenizers_build_without_network_in_a_fresh_cache(tmp_path):
     assert result["hf"] == TOKEN_IDS
     assert result["round_trip"] == TEXT
     assert (tmp_path / "tokenizer-gpt2" / "hugging-face" / "tokenizer.json").is_file()  # built from scratch here
+
+
+def test_a_tokenizer_folder_another_worker_completes_while_this_one_builds_is_kept(tmp_path, monkeypatch):
+    """Two workers on a new machine both find no tokenizer folder and both build one; the second
+    to finish keeps the first's copy, which the first may already be reading."""
+    monkeypatch.setenv("GPT2_COURSE_CACHE", str(tmp_path / "other-worker"))
+    tok.hf_tokenizer.__wrapped__()   # the other worker's whole copy
+    theirs = tmp_path / "other-worker" / "tokenizer-gpt2" / "hugging-face"
+    (theirs / "from-the-other-worker").write_text("")
+    monkeypatch.setenv("GPT2_COURSE_CACHE", str(tmp_path / "cache"))
+    ours = tmp_path / "cache" / "tokenizer-gpt2" / "hugging-face"
+    real_bpe_files = tok.bpe_files
+
+    def the_other_worker_finishes_first():
+        shutil.copytree(theirs, ours)
+        return real_bpe_files()
+
+    monkeypatch.setattr(tok, "bpe_files", the_other_worker_finishes_first)
+    assert tok.hf_tokenizer.__wrapped__()("Hello")["input_ids"] == TOKEN_IDS[:1] + [15496]
+    assert (ours / "from-the-other-worker").is_file()
