@@ -27,6 +27,7 @@ comments in its gradebook, autograded/<student>/<assignment>/ and feedback/<stud
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 import threading
@@ -262,9 +263,21 @@ def _grade_on_cluster(todo: list[Submission], limits, workers: int, scheduler: s
                 save(member, each)
     finally:
         progress.close()
-        client.close()
-        if cluster:
-            cluster.close()
+        _shut_down(client, cluster)
+
+
+def _shut_down(client, cluster) -> None:
+    """Close the client and the local cluster, each within CLOSE_SECONDS. A close that fails or
+    times out (a Ctrl-C reaches the workers too, and they die under it) must not replace the
+    interrupt or the finished run: every graded notebook is saved by then."""
+    with contextlib.suppress(Exception):   # TimeoutError, CommClosedError, OSError, ...
+        client.close(timeout=CLOSE_SECONDS)
+    if cluster:
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=CLOSE_SECONDS)
+
+
+CLOSE_SECONDS = 10
 
 
 def _died(submission: Submission, err: Exception) -> dict:

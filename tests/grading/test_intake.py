@@ -172,3 +172,26 @@ def test_a_missing_notebook_is_reported_and_costs_no_grading(tmp_path):
     report = (out / "reports" / "alice.txt").read_text()
     assert f"note: {LN}.ipynb is missing from the submission" in report
     assert f"layernorm_test: lost 5 (missing-notebook): {LN}.ipynb was not submitted" in report
+
+
+def test_an_interrupt_stays_an_interrupt_when_dask_cannot_close_in_time(monkeypatch):
+    """A Ctrl-C reaches the Dask workers too; closing the client after it can time out. The run
+    still ends as interrupted (the command then says how to resume), not with the close's error."""
+    from distributed import Client, LocalCluster
+
+    def graded(submission, *args):
+        return {"entry": {"student": submission.student, "notebook": submission.notebook, "cells": []}, "alike": []}
+
+    def interrupted_while_saving(submission, done):
+        raise KeyboardInterrupt
+
+    def close_times_out(self, timeout=None):
+        raise TimeoutError(f"timed out after {timeout} s.")
+
+    monkeypatch.setattr(classroom, "grade_task", graded)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster:
+        with monkeypatch.context() as patched:
+            patched.setattr(Client, "close", close_times_out)
+            with pytest.raises(KeyboardInterrupt):
+                classroom._grade_on_cluster([classroom.Submission("alice", LN)], None, 1,
+                                            cluster.scheduler_address, interrupted_while_saving)
